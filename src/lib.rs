@@ -1,0 +1,2 @@
+//! Squall: Storm-style topologies over Amazon Kinesis.
+pub use squall_topology as topology;

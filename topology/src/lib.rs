@@ -1,0 +1,1 @@
+//! Squall topology engine.
