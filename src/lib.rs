@@ -1,2 +1,14 @@
-//! Squall: Storm-style topologies over Amazon Kinesis.
+//! Squall: Storm-style topologies over Amazon Kinesis, coordinated through ZooKeeper.
+//!
+//! Layout:
+//! - [`topology`]: the engine (re-export of `squall-topology`): spouts, bolts, groupings, acking.
+//! - [`kinesis`]: Kinesis client construction, shard listing, stream helpers and the test producer.
+//! - [`cli`]: the `squall` command line.
+//! - [`logging`]: tracing set-up for binaries and workers.
+
 pub use squall_topology as topology;
+
+pub mod cli;
+pub mod coord;
+pub mod kinesis;
+pub mod logging;

@@ -1,0 +1,49 @@
+# Squall: the whole set-up on a fresh Debian/Ubuntu machine is `make demo` or `make test`.
+# Ports and the state folder can be moved with SQUALL_KINESIS_PORT, SQUALL_ZK_PORT, SQUALL_STATE_DIR.
+
+SQUALL_KINESIS_PORT ?= 4566
+SQUALL_ZK_PORT ?= 2181
+export SQUALL_KINESIS_PORT SQUALL_ZK_PORT
+export SQUALL_KINESIS_ENDPOINT ?= http://127.0.0.1:$(SQUALL_KINESIS_PORT)
+export SQUALL_ZK ?= 127.0.0.1:$(SQUALL_ZK_PORT)
+CARGO ?= cargo
+
+.PHONY: all up down lint build test demo bench clean
+
+all: build
+
+up:
+	./localstack/up
+
+down:
+	./localstack/down
+
+build:
+	$(CARGO) build --workspace --all-targets
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# up + fmt + clippy + every test of the workspace + down (down runs even when a step fails).
+test:
+	./localstack/up
+	@status=0; \
+	  $(MAKE) --no-print-directory lint && \
+	  $(CARGO) test --workspace --all-targets --no-fail-fast && \
+	  $(CARGO) test --workspace --doc || status=$$?; \
+	  ./localstack/down; \
+	  exit $$status
+
+demo:
+	./localstack/up
+	$(CARGO) build --release --bin squall
+	./scripts/demo.sh
+
+bench:
+	./localstack/up
+	$(CARGO) bench --workspace
+
+clean:
+	./localstack/down
+	$(CARGO) clean

@@ -1,0 +1,50 @@
+//! The `squall` command line: stream helpers for LocalStack (and AWS), and topology operations.
+
+mod stream;
+
+use clap::{Parser, Subcommand};
+
+use crate::kinesis::KinesisEndpoint;
+
+/// Squall: Storm-style topologies over Amazon Kinesis, coordinated through ZooKeeper.
+#[derive(Debug, Parser)]
+#[command(name = "squall", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Kinesis endpoint URL, or `aws` for the SDK's own endpoint resolution and credential chain.
+    #[arg(long, global = true, env = "SQUALL_KINESIS_ENDPOINT", default_value = crate::kinesis::DEFAULT_ENDPOINT)]
+    pub endpoint: String,
+    /// AWS region.
+    #[arg(long, global = true, env = "SQUALL_REGION", default_value = crate::kinesis::DEFAULT_REGION)]
+    pub region: String,
+    /// ZooKeeper connect string.
+    #[arg(long, global = true, env = "SQUALL_ZK", default_value = "127.0.0.1:2181")]
+    pub zk: String,
+    /// ZooKeeper root path under which Squall keeps its state.
+    #[arg(long, global = true, env = "SQUALL_ZK_ROOT", default_value = "/squall")]
+    pub zk_root: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Kinesis stream helpers (create, describe, put, split, merge, scale, delete).
+    #[command(subcommand)]
+    Stream(stream::StreamCommand),
+}
+
+impl Cli {
+    /// The Kinesis endpoint these flags name.
+    pub fn kinesis(&self) -> KinesisEndpoint {
+        KinesisEndpoint::new(self.endpoint.clone(), self.region.clone())
+    }
+}
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match &cli.command {
+        Command::Stream(cmd) => stream::run(&cli, cmd).await,
+    }
+}

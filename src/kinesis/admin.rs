@@ -1,0 +1,356 @@
+//! Stream administration and the test producer, as used by `squall stream ...`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use aws_sdk_kinesis::Client;
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ScalingType, StreamStatus};
+
+use super::payload::{AuditPayload, Manifest};
+use super::{KinesisError, ShardDescription};
+
+/// Creates a stream with `shards` shards and waits until it is ACTIVE.
+pub async fn create_stream(client: &Client, endpoint: &str, stream: &str, shards: i32) -> Result<(), KinesisError> {
+    if shards < 1 {
+        return Err(KinesisError::Config {
+            field: "shards".into(),
+            reason: format!("is {shards}; a stream needs at least 1 shard (--shards N)"),
+        });
+    }
+    client
+        .create_stream()
+        .stream_name(stream)
+        .shard_count(shards)
+        .send()
+        .await
+        .map_err(|e| KinesisError::from_sdk("CreateStream", stream, endpoint, e))?;
+    wait_active(client, endpoint, stream, Duration::from_secs(60)).await
+}
+
+/// Waits until the stream's status is ACTIVE (after create, split, merge, scale).
+pub async fn wait_active(client: &Client, endpoint: &str, stream: &str, timeout: Duration) -> Result<(), KinesisError> {
+    let start = Instant::now();
+    loop {
+        let out = client
+            .describe_stream_summary()
+            .stream_name(stream)
+            .send()
+            .await
+            .map_err(|e| KinesisError::from_sdk("DescribeStreamSummary", stream, endpoint, e))?;
+        if let Some(d) = out.stream_description_summary() {
+            if d.stream_status() == &StreamStatus::Active {
+                return Ok(());
+            }
+        }
+        if start.elapsed() > timeout {
+            return Err(KinesisError::Timeout { stream: stream.to_string(), want: "ACTIVE", secs: timeout.as_secs() });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Lists every shard of the stream (open and closed), following pagination, sorted by shard id.
+pub async fn list_shards(client: &Client, endpoint: &str, stream: &str) -> Result<Vec<ShardDescription>, KinesisError> {
+    let mut shards = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let req = match &token {
+            // With a NextToken, the stream name must not be sent.
+            Some(t) => client.list_shards().next_token(t),
+            None => client.list_shards().stream_name(stream),
+        };
+        let out = req.send().await.map_err(|e| KinesisError::from_sdk("ListShards", stream, endpoint, e))?;
+        shards.extend(out.shards().iter().map(ShardDescription::from_sdk));
+        match out.next_token() {
+            Some(t) if !t.is_empty() => token = Some(t.to_string()),
+            _ => break,
+        }
+    }
+    shards.sort_by(|a, b| a.shard_id.cmp(&b.shard_id));
+    Ok(shards)
+}
+
+/// Same as [`list_shards`]: the stream's shards with parents, hash ranges and open/closed.
+pub async fn describe_stream(
+    client: &Client,
+    endpoint: &str,
+    stream: &str,
+) -> Result<Vec<ShardDescription>, KinesisError> {
+    list_shards(client, endpoint, stream).await
+}
+
+fn find_shard<'a>(
+    shards: &'a [ShardDescription],
+    stream: &str,
+    shard: &str,
+) -> Result<&'a ShardDescription, KinesisError> {
+    shards
+        .iter()
+        .find(|s| s.shard_id == shard)
+        .ok_or_else(|| KinesisError::ShardNotFound { stream: stream.to_string(), shard: shard.to_string() })
+}
+
+fn refused(op: &'static str, stream: &str, message: String) -> KinesisError {
+    KinesisError::Refused { op, stream: stream.to_string(), message }
+}
+
+/// Splits an open shard at the midpoint of its hash range and waits until the stream is ACTIVE.
+/// Returns the new hash key.
+pub async fn split_shard(client: &Client, endpoint: &str, stream: &str, shard: &str) -> Result<String, KinesisError> {
+    let shards = list_shards(client, endpoint, stream).await?;
+    let s = find_shard(&shards, stream, shard)?;
+    if s.closed {
+        return Err(refused("SplitShard", stream, format!("shard {shard} is closed; split an open shard")));
+    }
+    let lo: u128 = s
+        .starting_hash_key
+        .parse()
+        .map_err(|_| refused("SplitShard", stream, format!("shard {shard} has a non-numeric hash range")))?;
+    let hi: u128 = s
+        .ending_hash_key
+        .parse()
+        .map_err(|_| refused("SplitShard", stream, format!("shard {shard} has a non-numeric hash range")))?;
+    if hi <= lo {
+        return Err(refused(
+            "SplitShard",
+            stream,
+            format!("shard {shard} covers a single hash key and cannot be split"),
+        ));
+    }
+    let mid = lo + (hi - lo) / 2 + 1;
+    client
+        .split_shard()
+        .stream_name(stream)
+        .shard_to_split(shard)
+        .new_starting_hash_key(mid.to_string())
+        .send()
+        .await
+        .map_err(|e| KinesisError::from_sdk("SplitShard", stream, endpoint, e))?;
+    wait_active(client, endpoint, stream, Duration::from_secs(60)).await?;
+    Ok(mid.to_string())
+}
+
+/// Merges two adjacent open shards and waits until the stream is ACTIVE.
+pub async fn merge_shards(client: &Client, endpoint: &str, stream: &str, a: &str, b: &str) -> Result<(), KinesisError> {
+    let shards = list_shards(client, endpoint, stream).await?;
+    let sa = find_shard(&shards, stream, a)?;
+    let sb = find_shard(&shards, stream, b)?;
+    for s in [sa, sb] {
+        if s.closed {
+            return Err(refused(
+                "MergeShards",
+                stream,
+                format!("shard {} is closed; merge two open shards", s.shard_id),
+            ));
+        }
+    }
+    let (lo, hi) = if sa.starting_hash_key.parse::<u128>().ok() < sb.starting_hash_key.parse::<u128>().ok() {
+        (sa, sb)
+    } else {
+        (sb, sa)
+    };
+    let adjacent = lo.ending_hash_key.parse::<u128>().ok().and_then(|e| e.checked_add(1)).map(|e| e.to_string())
+        == Some(hi.starting_hash_key.clone());
+    if !adjacent {
+        return Err(refused(
+            "MergeShards",
+            stream,
+            format!(
+                "shards {a} and {b} are not adjacent (their hash ranges do not touch); see `squall stream describe {stream}`"
+            ),
+        ));
+    }
+    client
+        .merge_shards()
+        .stream_name(stream)
+        .shard_to_merge(lo.shard_id.clone())
+        .adjacent_shard_to_merge(hi.shard_id.clone())
+        .send()
+        .await
+        .map_err(|e| KinesisError::from_sdk("MergeShards", stream, endpoint, e))?;
+    wait_active(client, endpoint, stream, Duration::from_secs(60)).await
+}
+
+/// Scales the stream to `shards` open shards (uniform scaling) and waits until it is ACTIVE.
+pub async fn scale_stream(client: &Client, endpoint: &str, stream: &str, shards: i32) -> Result<(), KinesisError> {
+    if shards < 1 {
+        return Err(KinesisError::Config {
+            field: "shards".into(),
+            reason: format!("is {shards}; scale to at least 1 shard"),
+        });
+    }
+    client
+        .update_shard_count()
+        .stream_name(stream)
+        .target_shard_count(shards)
+        .scaling_type(ScalingType::UniformScaling)
+        .send()
+        .await
+        .map_err(|e| KinesisError::from_sdk("UpdateShardCount", stream, endpoint, e))?;
+    wait_active(client, endpoint, stream, Duration::from_secs(60)).await
+}
+
+/// Deletes the stream.
+pub async fn delete_stream(client: &Client, endpoint: &str, stream: &str) -> Result<(), KinesisError> {
+    client
+        .delete_stream()
+        .stream_name(stream)
+        .enforce_consumer_deletion(true)
+        .send()
+        .await
+        .map_err(|e| KinesisError::from_sdk("DeleteStream", stream, endpoint, e))?;
+    Ok(())
+}
+
+/// Options of the test producer.
+#[derive(Debug, Clone)]
+pub struct PutOptions {
+    /// Records to write.
+    pub count: u64,
+    /// Distinct partition keys (`key-0` .. `key-{keys-1}`), records spread round-robin.
+    pub keys: u64,
+    /// Records per second, or unlimited.
+    pub rate: Option<f64>,
+    /// Minimum payload size in bytes.
+    pub size: usize,
+    /// Run id; a fresh one when empty.
+    pub run: String,
+    /// Key prefix.
+    pub key_prefix: String,
+}
+
+impl Default for PutOptions {
+    fn default() -> Self {
+        Self { count: 100, keys: 10, rate: None, size: 0, run: String::new(), key_prefix: "key-".into() }
+    }
+}
+
+/// What a producer run wrote.
+#[derive(Debug, Clone)]
+pub struct PutReport {
+    /// The manifest (run id, per-key counts).
+    pub manifest: Manifest,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// PutRecords calls made, including retries.
+    pub calls: u64,
+    /// Records that had to be retried.
+    pub retried: u64,
+}
+
+/// Writes `count` audit records. Per-key order is guaranteed: a PutRecords batch never holds two
+/// records of one key, and a failed record is retried before that key's next record is sent.
+pub async fn put_records(
+    client: &Client,
+    endpoint: &str,
+    stream: &str,
+    opts: &PutOptions,
+) -> Result<PutReport, KinesisError> {
+    if opts.keys == 0 {
+        return Err(KinesisError::Config {
+            field: "keys".into(),
+            reason: "is 0; use at least 1 key (--keys K)".into(),
+        });
+    }
+    if let Some(r) = opts.rate {
+        if !(r > 0.0 && r.is_finite()) {
+            return Err(KinesisError::Config {
+                field: "rate".into(),
+                reason: format!("is {r}; give a positive records/second (--rate R)"),
+            });
+        }
+    }
+    if opts.size > 1_000_000 {
+        return Err(KinesisError::Config {
+            field: "size".into(),
+            reason: format!("is {}; a Kinesis record holds at most 1 MB (--size BYTES)", opts.size),
+        });
+    }
+    let run = if opts.run.is_empty() {
+        uuid::Uuid::new_v4().simple().to_string()[..12].to_string()
+    } else {
+        opts.run.clone()
+    };
+    let start = Instant::now();
+    let keys: Vec<String> = (0..opts.keys).map(|i| format!("{}{i}", opts.key_prefix)).collect();
+    // next sequence per key; per-key target counts
+    let mut target: Vec<u64> = vec![opts.count / opts.keys; keys.len()];
+    for t in target.iter_mut().take((opts.count % opts.keys) as usize) {
+        *t += 1;
+    }
+    let mut next: Vec<u64> = vec![0; keys.len()];
+    let mut written: u64 = 0;
+    let mut calls = 0u64;
+    let mut retried = 0u64;
+    let max_batch = 500usize.min(keys.len()).max(1);
+    let mut cursor = 0usize;
+    let mut failures_in_row = 0u32;
+    while written < opts.count {
+        // Build a batch with at most one record per key, round-robin from the cursor.
+        let mut batch: Vec<usize> = Vec::with_capacity(max_batch);
+        let mut scanned = 0;
+        while batch.len() < max_batch && scanned < keys.len() {
+            let k = cursor % keys.len();
+            cursor += 1;
+            scanned += 1;
+            if next[k] < target[k] {
+                batch.push(k);
+            }
+        }
+        if let Some(rate) = opts.rate {
+            let due = Duration::from_secs_f64((written + batch.len() as u64) as f64 / rate);
+            let el = start.elapsed();
+            if due > el {
+                tokio::time::sleep(due - el).await;
+            }
+        }
+        let entries: Vec<PutRecordsRequestEntry> = batch
+            .iter()
+            .map(|&k| {
+                let p = AuditPayload::new(&run, &keys[k], next[k], opts.size);
+                PutRecordsRequestEntry::builder()
+                    .partition_key(keys[k].clone())
+                    .data(Blob::new(p.to_bytes()))
+                    .build()
+                    .map_err(|e| KinesisError::Config { field: "record".into(), reason: e.to_string() })
+            })
+            .collect::<Result<_, _>>()?;
+        calls += 1;
+        let out = match client.put_records().stream_name(stream).set_records(Some(entries)).send().await {
+            Ok(out) => out,
+            Err(e) => {
+                let err = KinesisError::from_sdk("PutRecords", stream, endpoint, e);
+                if err.is_retryable() && failures_in_row < 8 {
+                    failures_in_row += 1;
+                    retried += batch.len() as u64;
+                    tokio::time::sleep(Duration::from_millis(50 << failures_in_row.min(6))).await;
+                    // Retry the same records: nothing advanced.
+                    cursor -= scanned;
+                    continue;
+                }
+                return Err(err);
+            }
+        };
+        failures_in_row = 0;
+        let results = out.records();
+        for (i, &k) in batch.iter().enumerate() {
+            let ok = results.get(i).map(|r| r.error_code().is_none()).unwrap_or(false);
+            if ok {
+                next[k] += 1;
+                written += 1;
+            } else {
+                // Not advanced: this key's record is sent again before its next one.
+                retried += 1;
+            }
+        }
+    }
+    let counts: BTreeMap<String, u64> =
+        keys.iter().cloned().zip(next.iter().copied()).filter(|(_, c)| *c > 0).collect();
+    Ok(PutReport {
+        manifest: Manifest { run, stream: stream.to_string(), counts, total: written },
+        elapsed: start.elapsed(),
+        calls,
+        retried,
+    })
+}

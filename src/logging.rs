@@ -1,0 +1,9 @@
+//! Logging set-up for the binary and workers: `tracing` to stderr, filtered by `RUST_LOG`
+//! (default `info` for Squall, `warn` for everything else).
+
+/// Installs the global subscriber once; later calls do nothing.
+pub fn init() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,squall=info,squall_topology=info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}

@@ -1,0 +1,116 @@
+//! Shared integration-test support: endpoints from the environment (set by `make test`, defaults
+//! match `localstack/up`), unique stream names and ZooKeeper roots per test, and clean-up.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use squall::kinesis::KinesisEndpoint;
+
+/// The Kinesis endpoint under test (`SQUALL_KINESIS_ENDPOINT`, default LocalStack on 4566).
+pub fn kinesis_endpoint() -> KinesisEndpoint {
+    let url = std::env::var("SQUALL_KINESIS_ENDPOINT").unwrap_or_else(|_| squall::kinesis::DEFAULT_ENDPOINT.into());
+    KinesisEndpoint::new(url, "us-east-1")
+}
+
+/// The ZooKeeper connect string under test (`SQUALL_ZK`, default 127.0.0.1:2181).
+pub fn zk_connect() -> String {
+    std::env::var("SQUALL_ZK").unwrap_or_else(|_| "127.0.0.1:2181".into())
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A name no other test (in this or a parallel run) uses: prefix, pid, counter, random suffix.
+pub fn unique_name(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let r: u32 = rand::random::<u32>() & 0xffff;
+    format!("{prefix}-{}-{n}-{r:04x}", std::process::id())
+}
+
+/// A ZooKeeper root path of this test's own, e.g. `/squall-test-coord-1234-0-ab12`.
+pub fn unique_zk_root(prefix: &str) -> String {
+    format!("/{}", unique_name(&format!("squall-test-{prefix}")))
+}
+
+/// A stream created for one test, deleted when the test calls [`TestStream::delete`] or, best effort,
+/// when it is dropped.
+pub struct TestStream {
+    pub name: String,
+    pub endpoint: KinesisEndpoint,
+    pub client: aws_sdk_kinesis::Client,
+    deleted: bool,
+}
+
+impl TestStream {
+    /// Creates a stream with a unique name and `shards` shards, and waits until ACTIVE.
+    pub async fn create(prefix: &str, shards: i32) -> TestStream {
+        let endpoint = kinesis_endpoint();
+        let client = endpoint.client().await.expect("kinesis client");
+        let name = unique_name(prefix);
+        squall::kinesis::create_stream(&client, &endpoint.label(), &name, shards)
+            .await
+            .unwrap_or_else(|e| panic!("creating test stream {name}: {e}. Are the services up (make up)?"));
+        TestStream { name, endpoint, client, deleted: false }
+    }
+
+    /// The endpoint label for error messages and helpers.
+    pub fn label(&self) -> String {
+        self.endpoint.label()
+    }
+
+    /// Deletes the stream now.
+    pub async fn delete(mut self) {
+        self.deleted = true;
+        let _ = squall::kinesis::delete_stream(&self.client, &self.endpoint.label(), &self.name).await;
+    }
+}
+
+impl Drop for TestStream {
+    fn drop(&mut self) {
+        if self.deleted {
+            return;
+        }
+        let name = self.name.clone();
+        let endpoint = self.endpoint.clone();
+        // Own thread and runtime: works from inside or outside a tokio runtime.
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+            rt.block_on(async move {
+                if let Ok(client) = endpoint.client().await {
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        squall::kinesis::delete_stream(&client, &endpoint.label(), &name),
+                    )
+                    .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Connects a raw ZooKeeper client (for tests that inspect or tamper with znodes).
+pub async fn zk_client() -> zookeeper_client::Client {
+    zookeeper_client::Client::connector()
+        .with_session_timeout(Duration::from_secs(6))
+        .connect(&zk_connect())
+        .await
+        .unwrap_or_else(|e| panic!("connecting to ZooKeeper at {}: {e}. Are the services up (make up)?", zk_connect()))
+}
+
+/// Deletes a znode and everything below it (test clean-up).
+pub async fn zk_delete_tree(client: &zookeeper_client::Client, path: &str) {
+    let mut stack = vec![path.to_string()];
+    let mut order = Vec::new();
+    while let Some(p) = stack.pop() {
+        if let Ok(children) = client.list_children(&p).await {
+            for c in children {
+                stack.push(if p == "/" { format!("/{c}") } else { format!("{p}/{c}") });
+            }
+        }
+        order.push(p);
+    }
+    for p in order.into_iter().rev() {
+        let _ = client.delete(&p, None).await;
+    }
+}
