@@ -1,0 +1,254 @@
+//! The JSON documents stored in znodes.
+//!
+//! Unknown fields are accepted (a newer Squall may add fields); missing or mistyped fields are
+//! reported as [`CoordError::Malformed`] naming the znode.
+
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::error::CoordError;
+use super::logic::sequence_cmp;
+
+/// One shard as the leader last listed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRecord {
+    pub shard_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_shard_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adjacent_parent_shard_id: Option<String>,
+    pub starting_hash_key: String,
+    pub ending_hash_key: String,
+    /// The shard has an ending sequence number (split, merged or resharded away).
+    pub closed: bool,
+}
+
+impl ShardRecord {
+    /// The parents of this shard (none, one for a split child, two for a merge child).
+    pub fn parents(&self) -> impl Iterator<Item = &str> {
+        self.parent_shard_id.iter().chain(self.adjacent_parent_shard_id.iter()).map(String::as_str)
+    }
+}
+
+/// The `shards` znode: every shard of the stream, sorted by `shard_id`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardList {
+    pub shards: Vec<ShardRecord>,
+    pub updated_at_ms: i64,
+}
+
+impl ShardList {
+    /// Builds a list sorted by shard id (the stored form).
+    pub fn new(mut shards: Vec<ShardRecord>, updated_at_ms: i64) -> Self {
+        shards.sort_by(|a, b| a.shard_id.cmp(&b.shard_id));
+        Self { shards, updated_at_ms }
+    }
+
+    /// Looks up one shard (binary search; the list is sorted).
+    pub fn get(&self, shard_id: &str) -> Option<&ShardRecord> {
+        self.shards
+            .binary_search_by(|s| s.shard_id.as_str().cmp(shard_id))
+            .ok()
+            .map(|i| &self.shards[i])
+            .or_else(|| self.shards.iter().find(|s| s.shard_id == shard_id))
+    }
+}
+
+/// Where reading of a shard resumes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum CheckpointPosition {
+    /// From the oldest record still retained.
+    TrimHorizon,
+    /// From the first record at or after this time. LATEST at the first start is persisted as
+    /// `AtTimestamp(first start)` so a restart before the first record loses nothing.
+    AtTimestamp { millis: i64 },
+    /// After this record (sequence number as a decimal string, KPL sub-sequence).
+    AfterSequence { sequence: String, sub_sequence: u64 },
+}
+
+impl fmt::Display for CheckpointPosition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckpointPosition::TrimHorizon => f.write_str("TRIM_HORIZON"),
+            CheckpointPosition::AtTimestamp { millis } => write!(f, "AT_TIMESTAMP {millis}"),
+            CheckpointPosition::AfterSequence { sequence, sub_sequence } => {
+                write!(f, "AFTER_SEQUENCE {sequence}/{sub_sequence}")
+            }
+        }
+    }
+}
+
+/// The `checkpoints/{shardId}` znode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub position: CheckpointPosition,
+    /// The shard was read to its end and every record of it acked; children may start.
+    pub finished: bool,
+    pub updated_at_ms: i64,
+    /// Which task wrote it (for operators); free-form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer: Option<String>,
+}
+
+impl Checkpoint {
+    /// An unfinished checkpoint at `position`.
+    pub fn at(position: CheckpointPosition, updated_at_ms: i64) -> Self {
+        Self { position, finished: false, updated_at_ms, writer: None }
+    }
+
+    /// Checks what can be checked without the stored value.
+    pub(crate) fn validate(&self, shard_id: &str) -> Result<(), CoordError> {
+        if let CheckpointPosition::AfterSequence { sequence, .. } = &self.position {
+            if sequence.is_empty() || !sequence.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(CoordError::InvalidCheckpoint {
+                    shard_id: shard_id.to_string(),
+                    reason: format!("sequence number {sequence:?} is not a decimal number"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// True when writing `self` over `current` would move the shard backwards.
+    ///
+    /// A finished checkpoint may always be written (shard end). Otherwise: a finished shard is never
+    /// reopened, and an `AfterSequence` checkpoint only moves forward (by sequence, then
+    /// sub-sequence); replacing an `AfterSequence` with a start position is a rewind too.
+    /// Ending-sequence sentinels never take part: only stored checkpoints are compared.
+    pub fn moves_back_from(&self, current: &Checkpoint) -> bool {
+        use CheckpointPosition::*;
+        if self.finished {
+            return false;
+        }
+        if current.finished {
+            return true;
+        }
+        match (&current.position, &self.position) {
+            (
+                AfterSequence { sequence: cur, sub_sequence: cur_sub },
+                AfterSequence { sequence: new, sub_sequence: new_sub },
+            ) => sequence_cmp(new, cur).then(new_sub.cmp(cur_sub)).is_lt(),
+            (AfterSequence { .. }, TrimHorizon | AtTimestamp { .. }) => true,
+            _ => false,
+        }
+    }
+}
+
+/// A value with the znode version it was read at (for compare-and-set writes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Versioned<T> {
+    pub value: T,
+    pub version: i32,
+}
+
+/// The data of a `tasks/task-N` znode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskInfo {
+    pub worker_id: String,
+    pub host: String,
+    pub pid: u32,
+    pub task_index: u32,
+    pub since_ms: i64,
+}
+
+/// Topology lifecycle states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Lifecycle {
+    Active,
+    Inactive,
+    Draining,
+    Drained,
+    Killed,
+}
+
+/// The `state` znode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopologyState {
+    pub state: Lifecycle,
+    pub deployment_id: String,
+    pub updated_at_ms: i64,
+}
+
+/// The data of a lease znode (for operators; ownership is decided by the sequence only).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseInfo {
+    pub writer: String,
+    pub session_id: String,
+    pub since_ms: i64,
+}
+
+/// Parses znode data, naming the path in the error.
+pub(crate) fn decode<T: DeserializeOwned>(path: &str, what: &str, data: &[u8]) -> Result<T, CoordError> {
+    if data.is_empty() {
+        return Err(CoordError::Malformed {
+            path: path.to_string(),
+            reason: format!("empty znode, expected {what} JSON"),
+        });
+    }
+    serde_json::from_slice(data)
+        .map_err(|e| CoordError::Malformed { path: path.to_string(), reason: format!("not valid {what} JSON ({e})") })
+}
+
+/// Serializes a value (our own types never fail to serialize).
+pub(crate) fn encode<T: Serialize>(path: &str, value: &T) -> Result<Vec<u8>, CoordError> {
+    serde_json::to_vec(value)
+        .map_err(|e| CoordError::Malformed { path: path.to_string(), reason: format!("cannot serialize: {e}") })
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn after(seq: &str, sub: u64) -> Checkpoint {
+        Checkpoint::at(CheckpointPosition::AfterSequence { sequence: seq.into(), sub_sequence: sub }, 0)
+    }
+
+    #[test]
+    fn json_round_trip_and_forward_compat() {
+        let cp = after("49590338271490256608559692538361571095921575989136588898", 3);
+        let json = serde_json::to_string(&cp).unwrap();
+        assert!(json.contains(r#""type":"AFTER_SEQUENCE""#), "{json}");
+        assert_eq!(decode::<Checkpoint>("/p", "checkpoint", json.as_bytes()).unwrap(), cp);
+        // Unknown fields from a newer version are accepted.
+        let newer = r#"{"position":{"type":"TRIM_HORIZON","x":1},"finished":false,"updated_at_ms":5,"future":true}"#;
+        let cp: Checkpoint = decode("/p", "checkpoint", newer.as_bytes()).unwrap();
+        assert_eq!(cp.position, CheckpointPosition::TrimHorizon);
+        let err = decode::<Checkpoint>("/s/checkpoints/a", "checkpoint", b"{\"finished\":1").unwrap_err();
+        assert!(err.to_string().contains("/s/checkpoints/a"), "{err}");
+        assert!(decode::<Checkpoint>("/p", "checkpoint", b"").is_err());
+    }
+
+    #[test]
+    fn moving_back() {
+        let big = "49590338271490256608559692538361571095921575989136588898";
+        let sentinel = "9223372036854775807";
+        assert!(after(sentinel, 0).moves_back_from(&after(big, 0)), "shorter number is smaller");
+        assert!(!after(big, 0).moves_back_from(&after(sentinel, 0)));
+        assert!(after(big, 0).moves_back_from(&after(big, 1)));
+        assert!(!after(big, 1).moves_back_from(&after(big, 1)), "same position is not backwards");
+        assert!(Checkpoint::at(CheckpointPosition::TrimHorizon, 0).moves_back_from(&after(big, 0)));
+        assert!(!after("1", 0).moves_back_from(&Checkpoint::at(CheckpointPosition::TrimHorizon, 0)));
+        let mut fin = after(big, 0);
+        fin.finished = true;
+        assert!(after(big, 5).moves_back_from(&fin), "a finished shard is never reopened");
+        let mut fin_low = after("1", 0);
+        fin_low.finished = true;
+        assert!(!fin_low.moves_back_from(&after(big, 0)), "finishing is always allowed");
+    }
+
+    #[test]
+    fn validate_sequence_digits() {
+        assert!(after("12a", 0).validate("s").is_err());
+        assert!(after("", 0).validate("s").is_err());
+        assert!(after("0012", 0).validate("s").is_ok());
+    }
+}

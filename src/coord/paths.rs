@@ -1,0 +1,201 @@
+//! The znode layout of one topology reading one stream.
+//!
+//! ```text
+//! {root}/topologies/{topology}/
+//!   state                              lifecycle JSON (versioned get/set)
+//!   tasks/task-NNNNNNNNNN              EPHEMERAL_SEQUENTIAL, one per live spout task
+//!   streams/{stream}/
+//!     shards                           the shard list JSON (versioned writes; < 900 KB)
+//!     checkpoints/{shardId}            checkpoint JSON, one per shard
+//!     owners/{shardId}/lease-NNNNNNNNNN  EPHEMERAL_SEQUENTIAL; the lowest sequence owns the shard
+//! ```
+
+use super::error::CoordError;
+
+/// Prefix of task registration znodes.
+pub const TASK_PREFIX: &str = "task-";
+/// Prefix of lease znodes.
+pub const LEASE_PREFIX: &str = "lease-";
+
+/// Every path the store uses, computed once from root, topology and stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopologyPaths {
+    root: String,
+    topology_name: String,
+    stream_name: String,
+    topology: String,
+    state: String,
+    tasks: String,
+    stream: String,
+    shards: String,
+    checkpoints: String,
+    owners: String,
+}
+
+impl TopologyPaths {
+    /// Builds the layout; rejects names that would escape their directory.
+    pub fn new(root: &str, topology: &str, stream: &str) -> Result<Self, CoordError> {
+        validate_root(root)?;
+        validate_name("topology name", topology)?;
+        validate_name("stream name", stream)?;
+        let topo = format!("{root}/topologies/{topology}");
+        let stream_path = format!("{topo}/streams/{stream}");
+        Ok(Self {
+            root: root.to_string(),
+            topology_name: topology.to_string(),
+            stream_name: stream.to_string(),
+            state: format!("{topo}/state"),
+            tasks: format!("{topo}/tasks"),
+            shards: format!("{stream_path}/shards"),
+            checkpoints: format!("{stream_path}/checkpoints"),
+            owners: format!("{stream_path}/owners"),
+            stream: stream_path,
+            topology: topo,
+        })
+    }
+
+    /// The configured root, e.g. `/squall`.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+    /// The topology name.
+    pub fn topology_name(&self) -> &str {
+        &self.topology_name
+    }
+    /// The stream name.
+    pub fn stream_name(&self) -> &str {
+        &self.stream_name
+    }
+    /// `{root}/topologies/{topology}`.
+    pub fn topology(&self) -> &str {
+        &self.topology
+    }
+    /// `.../{topology}/state`.
+    pub fn state(&self) -> &str {
+        &self.state
+    }
+    /// `.../{topology}/tasks`.
+    pub fn tasks(&self) -> &str {
+        &self.tasks
+    }
+    /// `.../{topology}/streams/{stream}`.
+    pub fn stream(&self) -> &str {
+        &self.stream
+    }
+    /// `.../streams/{stream}/shards`.
+    pub fn shards(&self) -> &str {
+        &self.shards
+    }
+    /// `.../streams/{stream}/checkpoints`.
+    pub fn checkpoints(&self) -> &str {
+        &self.checkpoints
+    }
+    /// `.../streams/{stream}/owners`.
+    pub fn owners(&self) -> &str {
+        &self.owners
+    }
+    /// `.../tasks/task-` (the sequential-create prefix).
+    pub fn task_prefix(&self) -> String {
+        format!("{}/{TASK_PREFIX}", self.tasks)
+    }
+    /// `.../tasks/{node}`.
+    pub fn task(&self, node: &str) -> String {
+        format!("{}/{node}", self.tasks)
+    }
+    /// `.../checkpoints/{shard_id}`.
+    pub fn checkpoint(&self, shard_id: &str) -> String {
+        format!("{}/{shard_id}", self.checkpoints)
+    }
+    /// `.../owners/{shard_id}`.
+    pub fn owner_dir(&self, shard_id: &str) -> String {
+        format!("{}/{shard_id}", self.owners)
+    }
+    /// `.../owners/{shard_id}/lease-` (the sequential-create prefix).
+    pub fn lease_prefix(&self, shard_id: &str) -> String {
+        format!("{}/{shard_id}/{LEASE_PREFIX}", self.owners)
+    }
+
+    /// The persistent directories [`super::ZkStore::connect`] creates.
+    pub fn persistent_dirs(&self) -> [&str; 3] {
+        [&self.tasks, &self.checkpoints, &self.owners]
+    }
+}
+
+/// Checks an absolute root path such as `/squall` or `/a/b`.
+pub(crate) fn validate_root(root: &str) -> Result<(), CoordError> {
+    let bad = |reason: &'static str| CoordError::InvalidName { what: "root znode", name: root.to_string(), reason };
+    if !root.starts_with('/') || root.len() < 2 {
+        return Err(bad("must be an absolute path below /, e.g. /squall"));
+    }
+    if root.ends_with('/') {
+        return Err(bad("must not end with /"));
+    }
+    for part in root[1..].split('/') {
+        validate_segment(part).map_err(bad)?;
+    }
+    Ok(())
+}
+
+/// Checks a single path segment: topology, stream or shard name.
+pub(crate) fn validate_name(what: &'static str, name: &str) -> Result<(), CoordError> {
+    validate_segment(name).map_err(|reason| CoordError::InvalidName { what, name: name.to_string(), reason })
+}
+
+fn validate_segment(s: &str) -> Result<(), &'static str> {
+    if s.is_empty() {
+        return Err("must not be empty");
+    }
+    if s == "." || s == ".." || s == "zookeeper" {
+        return Err("is reserved by ZooKeeper");
+    }
+    if s.contains('/') {
+        return Err("must not contain /");
+    }
+    if s.chars().any(|c| c.is_control()) {
+        return Err("must not contain control characters");
+    }
+    Ok(())
+}
+
+/// The numeric sequence suffix of a sequential znode name (`task-0000000012` -> 12).
+pub(crate) fn sequence_of(name: &str) -> Option<u64> {
+    let digits = name.rsplit_once('-').map(|(_, d)| d)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout() {
+        let p = TopologyPaths::new("/squall", "wc", "events").unwrap();
+        assert_eq!(p.topology(), "/squall/topologies/wc");
+        assert_eq!(p.state(), "/squall/topologies/wc/state");
+        assert_eq!(p.task_prefix(), "/squall/topologies/wc/tasks/task-");
+        assert_eq!(p.shards(), "/squall/topologies/wc/streams/events/shards");
+        assert_eq!(p.checkpoint("shardId-000"), "/squall/topologies/wc/streams/events/checkpoints/shardId-000");
+        assert_eq!(p.lease_prefix("s1"), "/squall/topologies/wc/streams/events/owners/s1/lease-");
+    }
+
+    #[test]
+    fn rejects_escaping_names() {
+        assert!(TopologyPaths::new("/squall", "a/b", "s").is_err());
+        assert!(TopologyPaths::new("/squall", "..", "s").is_err());
+        assert!(TopologyPaths::new("/squall", "t", "").is_err());
+        assert!(TopologyPaths::new("squall", "t", "s").is_err());
+        assert!(TopologyPaths::new("/squall//x", "t", "s").is_err());
+    }
+
+    #[test]
+    fn sequences() {
+        assert_eq!(sequence_of("task-0000000012"), Some(12));
+        assert_eq!(sequence_of("lease-0000000000000000042"), Some(42));
+        assert_eq!(sequence_of("task-"), None);
+        assert_eq!(sequence_of("task-12a"), None);
+        assert_eq!(sequence_of("nodash"), None);
+    }
+}
