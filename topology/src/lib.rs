@@ -1,1 +1,99 @@
-//! Squall topology engine.
+//! Squall's topology engine: Storm-style spouts and bolts on tokio, with at-least-once acking,
+//! in-band watermarks and drain.
+//!
+//! # Layout
+//!
+//! - [`value`]: [`Value`] and [`Values`], the dynamically typed fields of a tuple.
+//! - [`tuple`]: [`Tuple`], [`Fields`], typed accessors and [`TupleError`].
+//! - [`component`]: the [`Spout`] and [`Bolt`] traits, [`TaskContext`], [`Watermark`],
+//!   [`ComponentError`].
+//! - [`output`]: [`SpoutOutput`] and [`BoltOutput`], where components emit; [`AckHandle`].
+//! - [`grouping`]: the [`Grouping`]/[`Router`] strategy traits and the built-in groupings.
+//! - [`builder`]: [`TopologyBuilder`] and its validation ([`BuildError`]) into a [`Topology`].
+//! - [`config`]: [`TopologyConfig`] (serde, validated).
+//! - [`acker`]: Storm's XOR ack trees, kept by the spout task that owns each root.
+//! - `executor` (private): one tokio task per component instance, bounded channels, backpressure.
+//! - [`metrics`]: per-component counters ([`TopologyMetrics`]).
+//! - [`local`]: the in-process runner, [`run_local`] / [`LocalCluster`] and [`RunningTopology`].
+//!
+//! # Example
+//!
+//! A spout of sentences, a bolt that splits them into words, and a counting bolt that receives
+//! each word on one task (fields grouping). Every sentence is tracked: it is acked to the spout
+//! once all its words have been counted.
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use squall_topology::*;
+//!
+//! struct Sentences { left: u32 }
+//! impl Spout for Sentences {
+//!     type MsgId = u32;
+//!     async fn next_tuple(&mut self, out: &mut SpoutOutput<u32>) -> Result<(), ComponentError> {
+//!         if self.left > 0 {
+//!             self.left -= 1;
+//!             out.emit_tracked(["the cat and the hat"], self.left)?;
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! struct Split;
+//! impl Bolt for Split {
+//!     async fn execute(&mut self, t: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
+//!         for w in t.get_str("sentence")?.split(' ') {
+//!             out.emit([w])?; // anchored to `t`
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! #[derive(Default)]
+//! struct Count(HashMap<String, u64>);
+//! impl Bolt for Count {
+//!     async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+//!         *self.0.entry(t.get_str("word")?.to_owned()).or_default() += 1;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let mut b = TopologyBuilder::new("word-count");
+//! b.set_spout("sentences", 1, |_| Sentences { left: 100 }).fields(&["sentence"]);
+//! b.set_bolt("split", 2, |_| Split).shuffle_grouping("sentences").fields(&["word"]);
+//! b.set_bolt("count", 2, |_| Count::default()).fields_grouping("split", &["word"]);
+//! let topology = b.build().expect("valid topology");
+//!
+//! let running = run_local(topology, TopologyConfig::default()).expect("valid config");
+//! while running.metrics().component("sentences").map_or(0, |m| m.acked) < 100 {
+//!     tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+//! }
+//! assert_eq!(running.metrics().component("count").unwrap().executed, 500);
+//! running.drain().await.unwrap();
+//! running.wait().await.unwrap();
+//! # }
+//! ```
+
+pub mod acker;
+pub mod builder;
+pub mod component;
+pub mod config;
+mod executor;
+pub mod grouping;
+pub mod local;
+pub mod metrics;
+pub mod output;
+pub mod tuple;
+pub mod value;
+
+pub use acker::{EdgeRng, PendingTrees};
+pub use builder::{BoltDeclarer, BuildError, SpoutDeclarer, Topology, TopologyBuilder};
+pub use component::{Bolt, ComponentError, ErrorDomain, Spout, TaskContext, Wakeup, Watermark};
+pub use config::{ConfigError, TopologyConfig};
+pub use executor::TopologyError;
+pub use grouping::{All, Direct, FieldsGrouping, Global, Grouping, LocalOrShuffle, RouteContext, Router, Shuffle};
+pub use local::{LocalCluster, RunningTopology, run_local};
+pub use metrics::{ComponentKind, ComponentMetrics, LatencySummary, TopologyMetrics};
+pub use output::{AckHandle, BoltOutput, EmitError, SpoutOutput};
+pub use tuple::{DEFAULT_STREAM, Fields, Tuple, TupleError};
+pub use value::{Value, Values};

@@ -1,0 +1,253 @@
+//! Per-task counters, aggregated per component into a [`TopologyMetrics`] snapshot.
+//!
+//! Each task owns its counters and is their only writer (relaxed load + store, no locked
+//! instructions on the hot path); readers sum over the tasks of a component.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use serde::Serialize;
+
+const SUB: usize = 4;
+const BUCKETS: usize = 64 * SUB;
+
+#[inline]
+fn bump(a: &AtomicU64, n: u64) {
+    a.store(a.load(Relaxed).wrapping_add(n), Relaxed);
+}
+
+fn bucket_of(ns: u64) -> usize {
+    if ns < SUB as u64 {
+        return ns as usize;
+    }
+    let log = 63 - ns.leading_zeros() as usize;
+    let sub = ((ns >> (log - 2)) & 3) as usize;
+    log * SUB + sub
+}
+
+fn bucket_upper(b: usize) -> u64 {
+    if b < SUB {
+        return b as u64;
+    }
+    let log = b / SUB;
+    let sub = (b % SUB) as u64;
+    let base = 1u64 << log;
+    base.saturating_add((sub + 1) * (base / 4))
+}
+
+/// The counters of one task.
+#[derive(Debug)]
+pub(crate) struct TaskMetrics {
+    pub(crate) emitted: AtomicU64,
+    pub(crate) executed: AtomicU64,
+    pub(crate) acked: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) timed_out: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) pending: AtomicU64,
+    lat_sum_ns: AtomicU64,
+    lat_max_ns: AtomicU64,
+    lat_count: AtomicU64,
+    lat_buckets: Box<[AtomicU64]>,
+}
+
+impl Default for TaskMetrics {
+    fn default() -> Self {
+        TaskMetrics {
+            emitted: AtomicU64::new(0),
+            executed: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            timed_out: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            pending: AtomicU64::new(0),
+            lat_sum_ns: AtomicU64::new(0),
+            lat_max_ns: AtomicU64::new(0),
+            lat_count: AtomicU64::new(0),
+            lat_buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl TaskMetrics {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        if n > 0 {
+            bump(counter, n);
+        }
+    }
+
+    pub(crate) fn set(counter: &AtomicU64, v: u64) {
+        counter.store(v, Relaxed);
+    }
+
+    /// Records one execute latency (single writer).
+    pub(crate) fn record_latency(&self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        bump(&self.lat_count, 1);
+        bump(&self.lat_sum_ns, ns);
+        if ns > self.lat_max_ns.load(Relaxed) {
+            self.lat_max_ns.store(ns, Relaxed);
+        }
+        bump(&self.lat_buckets[bucket_of(ns).min(BUCKETS - 1)], 1);
+    }
+}
+
+/// Whether a component is a spout or a bolt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComponentKind {
+    /// A spout.
+    Spout,
+    /// A bolt.
+    Bolt,
+}
+
+/// Execute latency of a bolt component.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LatencySummary {
+    /// Number of executes measured.
+    pub count: u64,
+    /// Mean, in nanoseconds.
+    pub mean_ns: u64,
+    /// Maximum, in nanoseconds.
+    pub max_ns: u64,
+    /// 99th percentile, in nanoseconds (upper bound of a histogram bucket, within 25%).
+    pub p99_ns: u64,
+}
+
+/// Counters of one component, summed over its tasks.
+///
+/// For a spout, `acked`/`failed`/`timed_out` count tracked tuple trees (timed-out trees are also
+/// counted as failed) and `pending` the trees in flight. For a bolt, `executed` counts inputs and
+/// `acked`/`failed` the inputs it acked or failed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ComponentMetrics {
+    /// Spout or bolt.
+    pub kind: ComponentKind,
+    /// Number of tasks.
+    pub tasks: usize,
+    /// Tuples emitted (one per emit call, however many tasks receive it).
+    pub emitted: u64,
+    /// Inputs executed (bolts) or `next_tuple` calls (spouts).
+    pub executed: u64,
+    /// Acked trees (spouts) or acked inputs (bolts).
+    pub acked: u64,
+    /// Failed trees (spouts, including timeouts) or failed inputs (bolts).
+    pub failed: u64,
+    /// Trees failed by the message timeout (spouts).
+    pub timed_out: u64,
+    /// Errors returned or panics raised by the component's hooks.
+    pub errors: u64,
+    /// Tracked tuples in flight (spouts).
+    pub pending: u64,
+    /// Execute latency (bolts).
+    pub execute_latency: LatencySummary,
+}
+
+/// A snapshot of every component's counters.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TopologyMetrics {
+    /// Per component id.
+    pub components: BTreeMap<String, ComponentMetrics>,
+}
+
+impl TopologyMetrics {
+    /// The counters of one component.
+    pub fn component(&self, id: &str) -> Option<&ComponentMetrics> {
+        self.components.get(id)
+    }
+}
+
+/// The counters of every task, grouped by component.
+#[derive(Debug, Default)]
+pub(crate) struct MetricsRegistry {
+    pub(crate) components: Vec<(String, ComponentKind, Vec<Arc<TaskMetrics>>)>,
+}
+
+impl MetricsRegistry {
+    pub(crate) fn snapshot(&self) -> TopologyMetrics {
+        let mut components = BTreeMap::new();
+        for (id, kind, tasks) in &self.components {
+            let sum = |f: fn(&TaskMetrics) -> &AtomicU64| tasks.iter().map(|t| f(t).load(Relaxed)).sum::<u64>();
+            let count = sum(|t| &t.lat_count);
+            let total = sum(|t| &t.lat_sum_ns);
+            let max = tasks.iter().map(|t| t.lat_max_ns.load(Relaxed)).max().unwrap_or(0);
+            let mut buckets = vec![0u64; BUCKETS];
+            for t in tasks {
+                for (b, a) in buckets.iter_mut().zip(t.lat_buckets.iter()) {
+                    *b += a.load(Relaxed);
+                }
+            }
+            let bucket_total: u64 = buckets.iter().sum();
+            let rank = bucket_total - bucket_total / 100;
+            let mut seen = 0;
+            let mut p99 = 0;
+            for (i, b) in buckets.iter().enumerate() {
+                seen += b;
+                if seen >= rank && *b > 0 {
+                    p99 = bucket_upper(i).min(max);
+                    break;
+                }
+            }
+            components.insert(
+                id.clone(),
+                ComponentMetrics {
+                    kind: *kind,
+                    tasks: tasks.len(),
+                    emitted: sum(|t| &t.emitted),
+                    executed: sum(|t| &t.executed),
+                    acked: sum(|t| &t.acked),
+                    failed: sum(|t| &t.failed),
+                    timed_out: sum(|t| &t.timed_out),
+                    errors: sum(|t| &t.errors),
+                    pending: sum(|t| &t.pending),
+                    execute_latency: LatencySummary {
+                        count,
+                        mean_ns: total.checked_div(count).unwrap_or(0),
+                        max_ns: max,
+                        p99_ns: p99,
+                    },
+                },
+            );
+        }
+        TopologyMetrics { components }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_monotonic_and_bound_values() {
+        let mut last = 0;
+        for ns in [0u64, 1, 3, 4, 5, 7, 8, 100, 1000, 1_000_000, u64::MAX / 2] {
+            let b = bucket_of(ns);
+            assert!(b >= last);
+            last = b;
+            assert!(bucket_upper(b) >= ns, "{ns} -> {b} -> {}", bucket_upper(b));
+        }
+    }
+
+    #[test]
+    fn snapshot_sums_tasks_and_summarizes_latency() {
+        let a = Arc::new(TaskMetrics::default());
+        let b = Arc::new(TaskMetrics::default());
+        TaskMetrics::add(&a.executed, 3);
+        TaskMetrics::add(&b.executed, 4);
+        for i in 1..=100u64 {
+            a.record_latency(Duration::from_micros(i));
+        }
+        let reg = MetricsRegistry { components: vec![("c".into(), ComponentKind::Bolt, vec![a, b])] };
+        let s = reg.snapshot();
+        let c = s.component("c").unwrap();
+        assert_eq!(c.executed, 7);
+        assert_eq!(c.tasks, 2);
+        assert_eq!(c.execute_latency.count, 100);
+        assert_eq!(c.execute_latency.max_ns, 100_000);
+        assert_eq!(c.execute_latency.mean_ns, 50_500);
+        assert!(c.execute_latency.p99_ns >= 99_000 && c.execute_latency.p99_ns <= 100_000);
+    }
+}

@@ -1,0 +1,300 @@
+//! Tuples: values of declared output fields on a named stream, with typed accessors by field name.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use smallvec::SmallVec;
+
+use crate::value::{Value, Values};
+
+/// The name of the stream a component emits on when none is given.
+pub const DEFAULT_STREAM: &str = "default";
+
+/// The declared field names of a stream. Cheap to clone.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Fields(Arc<[Arc<str>]>);
+
+impl Fields {
+    /// Builds a field list from names.
+    pub fn new<S: AsRef<str>>(names: &[S]) -> Self {
+        Fields(names.iter().map(|n| Arc::from(n.as_ref())).collect())
+    }
+
+    /// The position of a field, if declared.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.0.iter().position(|f| &**f == name)
+    }
+
+    /// Number of fields.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when no field is declared.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The field names in order.
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|f| &**f)
+    }
+
+    /// The field names as owned strings (for error messages).
+    pub fn to_vec(&self) -> Vec<String> {
+        self.iter().map(str::to_owned).collect()
+    }
+}
+
+impl fmt::Debug for Fields {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// Errors reading a tuple's fields.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TupleError {
+    /// The field is not declared on the tuple's stream. The caller's fault; not retryable.
+    #[error("unknown field `{field}` on stream `{stream}` of component `{component}`; declared fields: {declared:?}")]
+    UnknownField {
+        /// Requested field.
+        field: String,
+        /// Stream of the tuple.
+        stream: String,
+        /// Component that emitted the tuple.
+        component: String,
+        /// The fields declared on that stream.
+        declared: Vec<String>,
+    },
+    /// The field holds a value of another type. The caller's fault; not retryable.
+    #[error("field `{field}` on stream `{stream}` of component `{component}` is {found}, not {expected}")]
+    TypeMismatch {
+        /// Requested field.
+        field: String,
+        /// Stream of the tuple.
+        stream: String,
+        /// Component that emitted the tuple.
+        component: String,
+        /// The requested type.
+        expected: &'static str,
+        /// The type found.
+        found: &'static str,
+    },
+}
+
+/// Where a stream's tuples come from; shared by every tuple a task emits on that stream.
+#[derive(Debug)]
+pub(crate) struct StreamMeta {
+    pub(crate) component: Arc<str>,
+    pub(crate) task: usize,
+    pub(crate) stream: Arc<str>,
+    pub(crate) fields: Fields,
+}
+
+#[derive(Debug)]
+pub(crate) struct TupleData {
+    pub(crate) meta: Arc<StreamMeta>,
+    pub(crate) values: Values,
+}
+
+/// Ack-tree membership of one tuple copy: `(root id, edge id)` pairs. Empty when untracked.
+pub(crate) type Anchors = SmallVec<[(u64, u64); 1]>;
+
+/// A tuple delivered to a bolt. Cheap to clone: values and metadata are shared behind an `Arc`.
+#[derive(Clone)]
+pub struct Tuple {
+    pub(crate) data: Arc<TupleData>,
+    pub(crate) anchors: Anchors,
+}
+
+impl Tuple {
+    /// Builds a free-standing tuple, e.g. to unit-test a bolt's `execute` without a topology.
+    pub fn new_for_test(component: &str, stream: &str, fields: &[&str], values: Values) -> Tuple {
+        Tuple {
+            data: Arc::new(TupleData {
+                meta: Arc::new(StreamMeta {
+                    component: Arc::from(component),
+                    task: 0,
+                    stream: Arc::from(stream),
+                    fields: Fields::new(fields),
+                }),
+                values,
+            }),
+            anchors: Anchors::new(),
+        }
+    }
+
+    /// The id of the component that emitted this tuple.
+    pub fn source_component(&self) -> &str {
+        &self.data.meta.component
+    }
+
+    /// The task index (0-based within its component) that emitted this tuple.
+    pub fn source_task(&self) -> usize {
+        self.data.meta.task
+    }
+
+    /// The stream this tuple was emitted on.
+    pub fn stream(&self) -> &str {
+        &self.data.meta.stream
+    }
+
+    /// The declared fields of the stream.
+    pub fn fields(&self) -> &Fields {
+        &self.data.meta.fields
+    }
+
+    /// All values in field order.
+    pub fn values(&self) -> &Values {
+        &self.data.values
+    }
+
+    /// True when the tuple is part of an ack tree (anchored to a tracked spout tuple).
+    pub fn is_tracked(&self) -> bool {
+        !self.anchors.is_empty()
+    }
+
+    /// The value of a field by name.
+    pub fn get(&self, field: &str) -> Result<&Value, TupleError> {
+        let meta = &self.data.meta;
+        match meta.fields.index_of(field) {
+            Some(i) => Ok(self.data.values.get(i).unwrap_or(&Value::Null)),
+            None => Err(TupleError::UnknownField {
+                field: field.to_owned(),
+                stream: meta.stream.to_string(),
+                component: meta.component.to_string(),
+                declared: meta.fields.to_vec(),
+            }),
+        }
+    }
+
+    fn mismatch(&self, field: &str, expected: &'static str, found: &Value) -> TupleError {
+        TupleError::TypeMismatch {
+            field: field.to_owned(),
+            stream: self.data.meta.stream.to_string(),
+            component: self.data.meta.component.to_string(),
+            expected,
+            found: found.type_name(),
+        }
+    }
+
+    /// A string field.
+    pub fn get_str(&self, field: &str) -> Result<&str, TupleError> {
+        match self.get(field)? {
+            Value::Str(s) => Ok(s),
+            v => Err(self.mismatch(field, "str", v)),
+        }
+    }
+
+    /// A string field as a shared `Arc<str>` (no copy).
+    pub fn get_arc_str(&self, field: &str) -> Result<Arc<str>, TupleError> {
+        match self.get(field)? {
+            Value::Str(s) => Ok(s.clone()),
+            v => Err(self.mismatch(field, "str", v)),
+        }
+    }
+
+    /// A signed integer field (an unsigned value that fits is accepted).
+    pub fn get_i64(&self, field: &str) -> Result<i64, TupleError> {
+        match self.get(field)? {
+            Value::Int(i) => Ok(*i),
+            Value::UInt(u) if i64::try_from(*u).is_ok() => Ok(*u as i64),
+            v => Err(self.mismatch(field, "int", v)),
+        }
+    }
+
+    /// An unsigned integer field (a non-negative signed value is accepted).
+    pub fn get_u64(&self, field: &str) -> Result<u64, TupleError> {
+        match self.get(field)? {
+            Value::UInt(u) => Ok(*u),
+            Value::Int(i) if *i >= 0 => Ok(*i as u64),
+            v => Err(self.mismatch(field, "uint", v)),
+        }
+    }
+
+    /// A float field (integers are converted).
+    pub fn get_f64(&self, field: &str) -> Result<f64, TupleError> {
+        match self.get(field)? {
+            Value::Float(f) => Ok(*f),
+            Value::Int(i) => Ok(*i as f64),
+            Value::UInt(u) => Ok(*u as f64),
+            v => Err(self.mismatch(field, "float", v)),
+        }
+    }
+
+    /// A boolean field.
+    pub fn get_bool(&self, field: &str) -> Result<bool, TupleError> {
+        match self.get(field)? {
+            Value::Bool(b) => Ok(*b),
+            v => Err(self.mismatch(field, "bool", v)),
+        }
+    }
+
+    /// A bytes field (cheap clone of the shared buffer).
+    pub fn get_bytes(&self, field: &str) -> Result<Bytes, TupleError> {
+        match self.get(field)? {
+            Value::Bytes(b) => Ok(b.clone()),
+            v => Err(self.mismatch(field, "bytes", v)),
+        }
+    }
+}
+
+impl fmt::Debug for Tuple {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let meta = &self.data.meta;
+        f.debug_struct("Tuple")
+            .field("component", &meta.component)
+            .field("task", &meta.task)
+            .field("stream", &meta.stream)
+            .field("fields", &meta.fields)
+            .field("values", &self.data.values)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t() -> Tuple {
+        Tuple::new_for_test(
+            "split",
+            "words",
+            &["word", "n", "u", "f", "b"],
+            crate::values!["hello", -3i64, 7u64, 0.5f64, Bytes::from_static(b"ab")],
+        )
+    }
+
+    #[test]
+    fn typed_accessors() {
+        let t = t();
+        assert_eq!(t.get_str("word").unwrap(), "hello");
+        assert_eq!(t.get_i64("n").unwrap(), -3);
+        assert_eq!(t.get_u64("u").unwrap(), 7);
+        assert_eq!(t.get_i64("u").unwrap(), 7);
+        assert_eq!(t.get_f64("f").unwrap(), 0.5);
+        assert_eq!(&t.get_bytes("b").unwrap()[..], b"ab");
+        assert_eq!(t.stream(), "words");
+        assert_eq!(t.source_component(), "split");
+        assert!(t.get_u64("n").is_err());
+    }
+
+    #[test]
+    fn unknown_field_error_names_everything() {
+        let err = t().get("wrod").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("`wrod`"), "{msg}");
+        assert!(msg.contains("`words`"), "{msg}");
+        assert!(msg.contains("`split`"), "{msg}");
+        assert!(msg.contains("\"word\""), "{msg}");
+    }
+
+    #[test]
+    fn type_mismatch_error() {
+        let msg = t().get_str("n").unwrap_err().to_string();
+        assert!(msg.contains("is int, not str"), "{msg}");
+    }
+}
