@@ -1,0 +1,565 @@
+//! Integration tests of `squall::coord::ZkStore` against a real ZooKeeper (`SQUALL_ZK`, default
+//! 127.0.0.1:2181; `localstack/up` starts one). Each test uses its own root `/squall-test-{uuid}`
+//! and deletes it afterwards (also when the test panics).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use squall::coord::{
+    Acquire, ChangeEvent, Checkpoint, CheckpointPosition, CoordError, Lease, Lifecycle, SessionAlarm, SessionStatus,
+    ShardList, ShardRecord, TaskInfo, TopologyState, ZkAuth, ZkConfig, ZkStore, assign, leader, readable_shards,
+};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use zookeeper_client as zk;
+
+const TOPOLOGY: &str = "wordcount";
+const STREAM: &str = "events";
+const REAL_SEQ: &str = "49590338271490256608559692538361571095921575989136588898";
+
+fn zk_connect() -> String {
+    std::env::var("SQUALL_ZK").unwrap_or_else(|_| "127.0.0.1:2181".to_string())
+}
+
+/// A unique root that is deleted (recursively) when dropped.
+struct TestRoot {
+    root: String,
+    auth: Option<ZkAuth>,
+}
+
+impl TestRoot {
+    fn new() -> Self {
+        Self { root: format!("/squall-test-{}", uuid::Uuid::new_v4().simple()), auth: None }
+    }
+
+    fn with_auth(auth: ZkAuth) -> Self {
+        Self { root: format!("/squall-test-{}", uuid::Uuid::new_v4().simple()), auth: Some(auth) }
+    }
+
+    fn config(&self) -> ZkConfig {
+        let cfg = ZkConfig::new(zk_connect()).with_root(&self.root).with_session_timeout(Duration::from_secs(4));
+        match &self.auth {
+            Some(a) => cfg.with_auth(a.clone()),
+            None => cfg,
+        }
+    }
+
+    async fn store(&self) -> ZkStore {
+        ZkStore::connect(&self.config(), TOPOLOGY, STREAM).await.expect("connect to ZooKeeper (run localstack/up)")
+    }
+}
+
+impl Drop for TestRoot {
+    fn drop(&mut self) {
+        let root = self.root.clone();
+        let auth = self.auth.as_ref().map(|a| format!("{}:{}", a.user(), PASSWORD));
+        // Async clean-up from Drop: a thread with its own runtime (works during a panic too).
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async move {
+                let mut connector = zk::Client::connector();
+                if let Some(a) = &auth {
+                    connector = connector.with_auth("digest", a.as_bytes());
+                }
+                if let Ok(client) = connector.connect(&zk_connect()).await {
+                    delete_tree(&client, &root).await;
+                }
+            })
+        })
+        .join();
+    }
+}
+
+const PASSWORD: &str = "s3cr3t-Pa55w0rd";
+
+async fn delete_tree(client: &zk::Client, path: &str) {
+    let mut stack = vec![path.to_string()];
+    let mut order = Vec::new();
+    while let Some(p) = stack.pop() {
+        if let Ok(children) = client.list_children(&p).await {
+            stack.extend(children.into_iter().map(|c| format!("{p}/{c}")));
+        }
+        order.push(p);
+    }
+    for p in order.iter().rev() {
+        let _ = client.delete(p, None).await;
+    }
+}
+
+async fn raw_client() -> zk::Client {
+    zk::Client::connect(&zk_connect()).await.expect("raw ZooKeeper client")
+}
+
+fn task_info(i: u32) -> TaskInfo {
+    TaskInfo { worker_id: format!("worker-{i}"), host: "localhost".into(), pid: 1000 + i, task_index: i, since_ms: 1 }
+}
+
+fn after(seq: &str, sub: u64) -> Checkpoint {
+    Checkpoint::at(CheckpointPosition::AfterSequence { sequence: seq.into(), sub_sequence: sub }, 7)
+}
+
+fn shard(id: &str, parent: Option<&str>) -> ShardRecord {
+    ShardRecord {
+        shard_id: id.into(),
+        parent_shard_id: parent.map(Into::into),
+        adjacent_parent_shard_id: None,
+        starting_hash_key: "0".into(),
+        ending_hash_key: "340282366920938463463374607431768211455".into(),
+        closed: false,
+    }
+}
+
+async fn acquired(store: &ZkStore, shard_id: &str) -> Lease {
+    match store.try_acquire(shard_id).await.expect("try_acquire") {
+        Acquire::Acquired(lease) => lease,
+        other => panic!("expected to acquire {shard_id}, got {other:?}"),
+    }
+}
+
+/// Polls until `store` acquires the shard or the deadline passes.
+async fn acquire_within(store: &ZkStore, shard_id: &str, within: Duration) -> Lease {
+    let deadline = Instant::now() + within;
+    loop {
+        match store.try_acquire(shard_id).await.expect("try_acquire") {
+            Acquire::Acquired(lease) => return lease,
+            Acquire::HeldBy { .. } if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
+            held => panic!("still {held:?} after {within:?}"),
+        }
+    }
+}
+
+/// Waits up to `within` for an event matching `want`, skipping others.
+async fn expect_event(rx: &mut mpsc::Receiver<ChangeEvent>, want: &ChangeEvent, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(ev)) if &ev == want => return,
+            Ok(Some(ev)) => seen.push(ev),
+            Ok(None) => panic!("watch channel closed while waiting for {want:?}; saw {seen:?}"),
+            Err(_) => panic!("no {want:?} within {within:?}; saw {seen:?}"),
+        }
+    }
+}
+
+/// A TCP proxy in front of ZooKeeper that can be cut, to make a session disconnect and expire.
+struct CuttableProxy {
+    addr: String,
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl CuttableProxy {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let tasks: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let conn_tasks = tasks.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let handle = tokio::spawn(async move {
+                    if let Ok(mut upstream) = TcpStream::connect(zk_connect()).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut upstream).await;
+                    }
+                });
+                conn_tasks.lock().unwrap().push(handle);
+            }
+        });
+        tasks.lock().unwrap().push(accept);
+        Self { addr, tasks }
+    }
+
+    /// Drops every connection and stops listening: the client can no longer reach the server.
+    fn cut(&self) {
+        for t in self.tasks.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for CuttableProxy {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layout_is_idempotent_and_tasks_are_ephemeral_and_sorted() {
+    let root = TestRoot::new();
+    let a = root.store().await;
+    let a2 = root.store().await; // same layout again: no error
+    let raw = raw_client().await;
+    for dir in a.paths().persistent_dirs() {
+        assert!(raw.check_stat(dir).await.unwrap().is_some(), "{dir} missing");
+    }
+    assert_eq!(a.paths().topology(), format!("{}/topologies/{TOPOLOGY}", root.root));
+
+    let b = root.store().await;
+    let t1 = a.register_task(&task_info(1)).await.unwrap();
+    let t2 = b.register_task(&task_info(2)).await.unwrap();
+    let t3 = a2.register_task(&task_info(3)).await.unwrap();
+    assert!(t1.starts_with("task-") && t1.len() == "task-".len() + 10, "{t1}");
+    let live = a.live_tasks().await.unwrap();
+    let names: Vec<&str> = live.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, vec![t1.as_str(), t2.as_str(), t3.as_str()], "sorted by sequence");
+    assert_eq!(live[1].1, task_info(2));
+    let owned: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    assert_eq!(leader(&owned), Some(t1.as_str()));
+
+    // Closing b's session removes its registration at once.
+    b.close();
+    let live: Vec<String> = a.live_tasks().await.unwrap().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(live, vec![t1.clone(), t3.clone()]);
+    drop(a);
+    let live: Vec<String> = a2.live_tasks().await.unwrap().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(live, vec![t3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_list_writes_are_compare_and_set() {
+    let root = TestRoot::new();
+    let a = root.store().await;
+    let b = root.store().await;
+    assert!(a.read_shard_list().await.unwrap().is_none());
+
+    let list = ShardList::new(vec![shard("shardId-000000000001", None), shard("shardId-000000000000", None)], 10);
+    let v0 = a.write_shard_list(&list, None).await.unwrap();
+    assert!(matches!(b.write_shard_list(&list, None).await, Err(CoordError::VersionConflict { .. })));
+    let read = b.read_shard_list().await.unwrap().unwrap();
+    assert_eq!(read.version, v0);
+    assert_eq!(read.value.shards[0].shard_id, "shardId-000000000000", "stored sorted");
+
+    let v1 = a.write_shard_list(&list, Some(v0)).await.unwrap();
+    let stale = b.write_shard_list(&list, Some(v0)).await;
+    assert!(
+        matches!(&stale, Err(CoordError::VersionConflict { path, .. }) if path == a.paths().shards()),
+        "{stale:?}"
+    );
+
+    // Concurrent writers with the same expected version: exactly one wins.
+    for round in 0..5 {
+        let current = a.read_shard_list().await.unwrap().unwrap().version;
+        let mut la = list.clone();
+        la.updated_at_ms = 100 + round;
+        let mut lb = list.clone();
+        lb.updated_at_ms = 200 + round;
+        let (ra, rb) = tokio::join!(a.write_shard_list(&la, Some(current)), b.write_shard_list(&lb, Some(current)));
+        assert_eq!(ra.is_ok() as u8 + rb.is_ok() as u8, 1, "round {round}: {ra:?} {rb:?}");
+        let loser = if ra.is_ok() { rb } else { ra };
+        assert!(matches!(loser, Err(CoordError::VersionConflict { .. })));
+    }
+    assert!(a.read_shard_list().await.unwrap().unwrap().version > v1);
+
+    // Lists over the size limit are refused before anything is written.
+    let huge = ShardList::new(
+        (0..6000).map(|i| shard(&format!("shardId-{i:012}-{}", "x".repeat(60)), None)).collect(),
+        1,
+    );
+    let before = a.read_shard_list().await.unwrap().unwrap();
+    let err = a.write_shard_list(&huge, Some(before.version)).await.unwrap_err();
+    assert!(matches!(err, CoordError::TooLarge { .. }), "{err:?}");
+    assert!(err.to_string().contains(a.paths().shards()), "{err}");
+    assert_eq!(a.read_shard_list().await.unwrap().unwrap(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_checkpoint_first_decision_wins() {
+    let root = TestRoot::new();
+    let a = root.store().await;
+    let b = root.store().await;
+    let first = Checkpoint::at(CheckpointPosition::AtTimestamp { millis: 1_700_000_000_000 }, 1);
+    let second = Checkpoint::at(CheckpointPosition::TrimHorizon, 2);
+    let got = a.init_checkpoint("shardId-000000000000", &first).await.unwrap();
+    assert_eq!(got.value, first);
+    let got = b.init_checkpoint("shardId-000000000000", &second).await.unwrap();
+    assert_eq!(got.value, first, "first decision wins");
+    assert_eq!(got.version, 0);
+
+    // A race: both get the same answer.
+    let (ra, rb) = tokio::join!(a.init_checkpoint("s-race", &first), b.init_checkpoint("s-race", &second));
+    assert_eq!(ra.unwrap(), rb.unwrap());
+    let all = a.read_checkpoints().await.unwrap();
+    assert_eq!(all.keys().collect::<Vec<_>>(), vec!["s-race", "shardId-000000000000"]);
+    assert!(a.read_checkpoint("absent").await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_are_exclusive_and_pass_on_release_and_session_close() {
+    let root = TestRoot::new();
+    let a = root.store().await;
+    let b = root.store().await;
+    let shard_id = "shardId-000000000007";
+
+    for round in 0..3 {
+        let (ra, rb) = tokio::join!(a.try_acquire(shard_id), b.try_acquire(shard_id));
+        let (ra, rb) = (ra.unwrap(), rb.unwrap());
+        let (winner, lease, loser) = match (&ra, &rb) {
+            (Acquire::Acquired(l), Acquire::HeldBy { .. }) => (&a, l.clone(), rb.clone()),
+            (Acquire::HeldBy { .. }, Acquire::Acquired(l)) => (&b, l.clone(), ra.clone()),
+            _ => panic!("round {round}: exactly one must acquire: {ra:?} {rb:?}"),
+        };
+        assert_eq!(loser, Acquire::HeldBy { shard_id: shard_id.into(), holder_path: lease.path.clone() });
+        // The same session acquiring again gets its existing lease back.
+        assert_eq!(winner.try_acquire(shard_id).await.unwrap(), Acquire::Acquired(lease.clone()));
+        // Only the holder's lease node remains (losers deleted theirs).
+        let raw = raw_client().await;
+        assert_eq!(raw.list_children(&a.paths().owner_dir(shard_id)).await.unwrap().len(), 1);
+        winner.release(lease.clone()).await.unwrap();
+        winner.release(lease).await.unwrap(); // releasing twice is fine
+    }
+
+    // After release the other one acquires.
+    let la = acquired(&a, shard_id).await;
+    assert!(matches!(b.try_acquire(shard_id).await.unwrap(), Acquire::HeldBy { .. }));
+    a.release(la).await.unwrap();
+    let _lb = acquired(&b, shard_id).await;
+    assert!(matches!(a.try_acquire(shard_id).await.unwrap(), Acquire::HeldBy { .. }));
+
+    // When the holder's session closes, the other acquires.
+    b.close();
+    acquire_within(&a, shard_id, Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zombie_writes_are_fenced_after_session_expiry() {
+    let root = TestRoot::new();
+    let proxy = CuttableProxy::start().await;
+    let shard_id = "shardId-000000000001";
+    // A reaches ZooKeeper only through the proxy, with a short session.
+    let mut cfg_a = root.config().with_session_timeout(Duration::from_secs(2));
+    cfg_a.connect = proxy.addr.clone();
+    let a = ZkStore::connect(&cfg_a, TOPOLOGY, STREAM).await.unwrap();
+    let b = root.store().await;
+    let mut watch_a = a.watch().await.unwrap();
+    let mut session_a = a.session_state();
+    assert_eq!(session_a.current(), SessionStatus::Connected);
+
+    let lease_a = acquired(&a, shard_id).await;
+    let v0 = a.init_checkpoint(shard_id, &Checkpoint::at(CheckpointPosition::TrimHorizon, 1)).await.unwrap().version;
+    let v1 = a.write_checkpoint(&lease_a, &after("100", 0), v0).await.unwrap();
+    assert_eq!(v1, v0 + 1);
+
+    // Network partition: A is cut off; its session expires on the server, its lease vanishes.
+    proxy.cut();
+    let cut_at = Instant::now();
+    let alarm = tokio::time::timeout(Duration::from_secs(10), session_a.wait_unsafe()).await.expect("alarm");
+    assert_eq!(alarm, SessionAlarm::DisconnectedTooLong, "stop fetching after timeout/2");
+    assert!(cut_at.elapsed() >= a.session_timeout() / 2, "alarm too early: {:?}", cut_at.elapsed());
+    expect_event(&mut watch_a, &ChangeEvent::Disconnected, Duration::from_secs(1)).await;
+
+    let lease_b = acquire_within(&b, shard_id, Duration::from_secs(10)).await;
+    assert_ne!(lease_b.path, lease_a.path);
+
+    // A's client notices the expiry itself (about 1.4 x timeout) and says so everywhere.
+    expect_event(&mut watch_a, &ChangeEvent::SessionLost, Duration::from_secs(10)).await;
+    assert_eq!(session_a.current(), SessionStatus::Expired);
+    let err = a.write_checkpoint(&lease_a, &after("150", 0), v1).await.unwrap_err();
+    assert!(err.is_session_lost(), "{err:?}");
+
+    // The zombie comes back with a new session but still holds its old lease: fenced.
+    let a_again = root.store().await;
+    let err = a_again.write_checkpoint(&lease_a, &after("150", 0), v1).await.unwrap_err();
+    match &err {
+        CoordError::Fenced { shard_id: s, lease_path } => assert!(s == shard_id && *lease_path == lease_a.path),
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+    assert!(err.to_string().contains(&lease_a.path), "{err}");
+    assert_eq!(b.read_checkpoint(shard_id).await.unwrap().unwrap().value, after("100", 0), "zombie wrote nothing");
+
+    // B, the new owner, resumes and writes.
+    let current = b.read_checkpoint(shard_id).await.unwrap().unwrap();
+    let v2 = b.write_checkpoint(&lease_b, &after("200", 0), current.version).await.unwrap();
+    let v3 = b.write_checkpoint(&lease_b, &after(REAL_SEQ, 0), v2).await.unwrap();
+    // Stale checkpoint version.
+    let err = b.write_checkpoint(&lease_b, &after(REAL_SEQ, 5), v2).await.unwrap_err();
+    assert!(matches!(&err, CoordError::VersionConflict { path, .. } if path == &b.paths().checkpoint(shard_id)), "{err:?}");
+    // Backwards (the 19-digit sentinel is numerically below a real 56-digit sequence).
+    let err = b.write_checkpoint(&lease_b, &after("9223372036854775807", 0), v3).await.unwrap_err();
+    assert!(matches!(err, CoordError::CheckpointBackwards { .. }), "{err:?}");
+    let err = b.write_checkpoint(&lease_b, &Checkpoint::at(CheckpointPosition::TrimHorizon, 9), v3).await.unwrap_err();
+    assert!(matches!(err, CoordError::CheckpointBackwards { .. }), "{err:?}");
+    let stored = b.read_checkpoint(shard_id).await.unwrap().unwrap();
+    assert_eq!((stored.value, stored.version), (after(REAL_SEQ, 0), v3), "refused writes changed nothing");
+    // Shard end: finished is written fenced, then released; a released lease fences too.
+    let mut fin = after(REAL_SEQ, 0);
+    fin.finished = true;
+    let v4 = b.write_checkpoint(&lease_b, &fin, v3).await.unwrap();
+    b.release(lease_b.clone()).await.unwrap();
+    let err = b.write_checkpoint(&lease_b, &fin, v4).await.unwrap_err();
+    assert!(matches!(err, CoordError::Fenced { .. }), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_checkpoint_names_the_path() {
+    let root = TestRoot::new();
+    let a = root.store().await;
+    let shard_id = "shardId-000000000003";
+    a.init_checkpoint(shard_id, &Checkpoint::at(CheckpointPosition::TrimHorizon, 1)).await.unwrap();
+    let path = a.paths().checkpoint(shard_id);
+    raw_client().await.set_data(&path, b"{\"position\": 42", None).await.unwrap();
+
+    let err = a.read_checkpoint(shard_id).await.unwrap_err();
+    match &err {
+        CoordError::Malformed { path: p, .. } => assert_eq!(p, &path),
+        other => panic!("expected Malformed, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains(&path) && msg.contains("squall checkpoints reset"), "{msg}");
+    assert!(matches!(a.read_checkpoints().await, Err(CoordError::Malformed { .. })));
+    let lease = acquired(&a, shard_id).await;
+    assert!(matches!(a.write_checkpoint(&lease, &after("1", 0), 1).await, Err(CoordError::Malformed { .. })));
+    // Valid JSON of the wrong shape is malformed too.
+    raw_client().await.set_data(&path, b"{\"finished\": true}", None).await.unwrap();
+    assert!(matches!(a.read_checkpoint(shard_id).await, Err(CoordError::Malformed { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_reports_changes_within_a_second() {
+    let root = TestRoot::new();
+    let a = root.store().await;
+    let b = root.store().await;
+    let mut rx = a.watch().await.unwrap();
+    let second = Duration::from_secs(1);
+
+    b.register_task(&task_info(1)).await.unwrap();
+    expect_event(&mut rx, &ChangeEvent::Tasks, second).await;
+
+    let shard_id = "shardId-000000000009";
+    let v0 = b.init_checkpoint(shard_id, &Checkpoint::at(CheckpointPosition::TrimHorizon, 1)).await.unwrap().version;
+    expect_event(&mut rx, &ChangeEvent::Checkpoint(shard_id.into()), second).await;
+    let lease = acquired(&b, shard_id).await;
+    expect_event(&mut rx, &ChangeEvent::Owners(shard_id.into()), second).await;
+    b.write_checkpoint(&lease, &after("5", 0), v0).await.unwrap();
+    expect_event(&mut rx, &ChangeEvent::Checkpoint(shard_id.into()), second).await;
+    b.release(lease).await.unwrap();
+    expect_event(&mut rx, &ChangeEvent::Owners(shard_id.into()), second).await;
+
+    b.write_shard_list(&ShardList::new(vec![shard(shard_id, None)], 1), None).await.unwrap();
+    expect_event(&mut rx, &ChangeEvent::Shards, second).await;
+    let state = TopologyState { state: Lifecycle::Active, deployment_id: "d1".into(), updated_at_ms: 1 };
+    b.write_state(&state, None).await.unwrap();
+    expect_event(&mut rx, &ChangeEvent::State, second).await;
+
+    // A task going away (session closed) is reported too.
+    b.close();
+    expect_event(&mut rx, &ChangeEvent::Tasks, second).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_auth_locks_out_other_clients() {
+    let auth = ZkAuth::digest("squall", PASSWORD);
+    let root = TestRoot::with_auth(auth.clone());
+    let cfg = root.config();
+    let debug = format!("{cfg:?} {cfg:#?}");
+    assert!(!debug.contains(PASSWORD), "password leaked in Debug: {debug}");
+    assert!(debug.contains("squall"));
+
+    let a = root.store().await;
+    let shard_id = "shardId-000000000000";
+    a.init_checkpoint(shard_id, &Checkpoint::at(CheckpointPosition::TrimHorizon, 1)).await.unwrap();
+    a.register_task(&task_info(1)).await.unwrap();
+    let lease = acquired(&a, shard_id).await;
+    assert_eq!(a.read_checkpoint(shard_id).await.unwrap().unwrap().version, 0);
+
+    // Every node the store created is creator-only (reading ACLs needs the credentials too).
+    let authed = zk::Client::connector()
+        .with_auth("digest", format!("squall:{PASSWORD}").as_bytes())
+        .connect(&zk_connect())
+        .await
+        .unwrap();
+    for path in [&root.root, a.paths().tasks(), a.paths().checkpoints(), &a.paths().checkpoint(shard_id), &lease.path] {
+        let (acls, _) = authed.get_acl(path).await.unwrap();
+        assert_eq!(acls.len(), 1, "{path}: {acls:?}");
+        assert!(acls[0].scheme() == "digest" && acls[0].id().starts_with("squall:"), "{path}: {acls:?}");
+    }
+    let raw = raw_client().await;
+    assert_eq!(raw.get_acl(&root.root).await.unwrap_err(), zk::Error::NoAuth);
+    let cp_path = a.paths().checkpoint(shard_id);
+    assert_eq!(raw.get_data(&cp_path).await.unwrap_err(), zk::Error::NoAuth);
+
+    // A store without credentials (or with wrong ones) gets NotAuthorized naming a path.
+    let mut cfg_none = cfg.clone();
+    cfg_none.auth = None;
+    for bad in [cfg_none, cfg.clone().with_auth(ZkAuth::digest("squall", "wrong"))] {
+        let err = ZkStore::connect(&bad, TOPOLOGY, STREAM).await.unwrap_err();
+        match &err {
+            CoordError::NotAuthorized { path } => assert!(path.starts_with(&root.root), "{path}"),
+            other => panic!("expected NotAuthorized, got {other:?}"),
+        }
+        assert!(!err.to_string().contains(PASSWORD));
+    }
+    // Other clients cannot take the lease or overwrite the checkpoint either.
+    assert_eq!(raw.set_data(&cp_path, b"{}", None).await.unwrap_err(), zk::Error::NoAuth);
+    assert_eq!(raw.list_children(&a.paths().owner_dir(shard_id)).await.unwrap_err(), zk::Error::NoAuth);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_failure_names_the_connect_string() {
+    let cfg = ZkConfig::new("127.0.0.1:1").with_root("/squall-test-unreachable").with_session_timeout(Duration::from_secs(1));
+    let started = Instant::now();
+    let err = ZkStore::connect(&cfg, TOPOLOGY, STREAM).await.unwrap_err();
+    assert!(matches!(err, CoordError::Connect { .. }), "{err:?}");
+    assert!(err.to_string().contains("127.0.0.1:1") && err.is_retryable(), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30), "bounded retry took {:?}", started.elapsed());
+    let err = ZkStore::connect(&ZkConfig::new(zk_connect()).with_root("/x"), "bad/name", STREAM).await.unwrap_err();
+    assert!(matches!(err, CoordError::InvalidName { .. }), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_checkpoints_only_without_leases() {
+    let root = TestRoot::new();
+    let a = root.store().await;
+    let b = root.store().await;
+    let list = ShardList::new(vec![shard("s0", None), shard("s1", Some("s0")), shard("s2", Some("s0"))], 1);
+    a.write_shard_list(&list, None).await.unwrap();
+    let v = a.init_checkpoint("s0", &Checkpoint::at(CheckpointPosition::TrimHorizon, 1)).await.unwrap().version;
+    let lease = acquired(&a, "s0").await;
+    let mut fin = after("500", 0);
+    fin.finished = true;
+    a.write_checkpoint(&lease, &fin, v).await.unwrap();
+
+    let err = b.reset_checkpoints(&CheckpointPosition::TrimHorizon).await.unwrap_err();
+    assert!(matches!(&err, CoordError::LeasesHeld { shards } if shards == &vec!["s0".to_string()]), "{err:?}");
+    assert!(b.read_checkpoint("s1").await.unwrap().is_none(), "nothing written while leased");
+    a.release(lease).await.unwrap();
+
+    let at = CheckpointPosition::AtTimestamp { millis: 1_650_000_000_000 };
+    assert_eq!(b.reset_checkpoints(&at).await.unwrap(), 3);
+    let cps = a.read_checkpoints().await.unwrap();
+    assert_eq!(cps.len(), 3);
+    assert!(cps.values().all(|c| c.value.position == at && !c.value.finished));
+    // Only s0 is readable again (children wait for it); reset released its own leases.
+    let plain: BTreeMap<String, Checkpoint> = cps.into_iter().map(|(k, v)| (k, v.value)).collect();
+    assert_eq!(readable_shards(&list, &plain), vec!["s0"]);
+    acquired(&a, "s1").await;
+    acquired(&a, "s0").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_and_assignment_round_trip() {
+    let root = TestRoot::new();
+    let a = root.store().await;
+    assert!(a.read_state().await.unwrap().is_none());
+    let mut st = TopologyState { state: Lifecycle::Active, deployment_id: "dep-1".into(), updated_at_ms: 1 };
+    let v0 = a.write_state(&st, None).await.unwrap();
+    st.state = Lifecycle::Draining;
+    let v1 = a.write_state(&st, Some(v0)).await.unwrap();
+    assert!(matches!(a.write_state(&st, Some(v0)).await, Err(CoordError::VersionConflict { .. })));
+    let read = a.read_state().await.unwrap().unwrap();
+    assert_eq!((read.value, read.version), (st, v1));
+    let raw = raw_client().await;
+    let (data, _) = raw.get_data(a.paths().state()).await.unwrap();
+    assert!(String::from_utf8(data).unwrap().contains("\"DRAINING\""));
+
+    // Assignment from live tasks, as the runtime computes it.
+    let mut names = Vec::new();
+    for i in 0..3 {
+        names.push(a.register_task(&task_info(i)).await.unwrap());
+    }
+    let live: Vec<String> = a.live_tasks().await.unwrap().into_iter().map(|(n, _)| n).collect();
+    let shards: Vec<String> = (0..7).map(|i| format!("shardId-{i:012}")).collect();
+    let plan = assign(&live, &shards);
+    assert_eq!(plan[&names[0]].len(), 3);
+    assert_eq!(plan[&names[2]].len(), 2);
+}
