@@ -12,18 +12,18 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use tokio::time::Instant;
 
-use crate::tuple::Anchors;
+pub use crate::tuple::Anchors;
 
 const SEQ_BITS: u32 = 40;
 const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 
 /// Builds a root id from the owning spout task's ack slot and a per-task sequence number.
-pub(crate) fn make_root(slot: usize, seq: u64) -> u64 {
+pub fn make_root(slot: usize, seq: u64) -> u64 {
     ((slot as u64) << SEQ_BITS) | (seq & SEQ_MASK)
 }
 
 /// The ack slot (spout task) owning a root id.
-pub(crate) fn root_slot(root: u64) -> usize {
+pub fn root_slot(root: u64) -> usize {
     (root >> SEQ_BITS) as usize
 }
 
@@ -90,10 +90,7 @@ pub(crate) type U64Map<V> = HashMap<u64, V, BuildHasherDefault<U64Hasher>>;
 
 /// Adds a child anchored to `parents`: for each parent a fresh edge id is XORed into the parent's
 /// ack value and into the child's value for each of the parent's roots (Storm's rule).
-pub(crate) fn anchor_child<'a>(
-    parents: impl IntoIterator<Item = (&'a Anchors, &'a mut u64)>,
-    rng: &mut EdgeRng,
-) -> Anchors {
+pub fn anchor_child<'a>(parents: impl IntoIterator<Item = (&'a Anchors, &'a mut u64)>, rng: &mut EdgeRng) -> Anchors {
     let mut child = Anchors::new();
     for (anchors, ack_val) in parents {
         if anchors.is_empty() {
@@ -112,7 +109,7 @@ pub(crate) fn anchor_child<'a>(
 }
 
 /// The `(root, xor)` updates that ack a tuple with the given anchors and accumulated ack value.
-pub(crate) fn ack_updates(anchors: &Anchors, ack_val: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+pub fn ack_updates(anchors: &Anchors, ack_val: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
     anchors.iter().map(move |&(root, edge)| (root, edge ^ ack_val))
 }
 

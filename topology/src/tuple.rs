@@ -101,7 +101,7 @@ pub(crate) struct TupleData {
 }
 
 /// Ack-tree membership of one tuple copy: `(root id, edge id)` pairs. Empty when untracked.
-pub(crate) type Anchors = SmallVec<[(u64, u64); 1]>;
+pub type Anchors = SmallVec<[(u64, u64); 1]>;
 
 /// A tuple delivered to a bolt. Cheap to clone: values and metadata are shared behind an `Arc`.
 #[derive(Clone)]
@@ -150,6 +150,11 @@ impl Tuple {
     /// All values in field order.
     pub fn values(&self) -> &Values {
         &self.data.values
+    }
+
+    /// The `(root id, edge id)` pairs tying this tuple copy into ack trees.
+    pub fn anchors(&self) -> &Anchors {
+        &self.anchors
     }
 
     /// True when the tuple is part of an ack tree (anchored to a tracked spout tuple).
