@@ -160,10 +160,11 @@ async fn acking_off_acks_on_emit_and_never_replays() {
     assert!(wait_until(SECS, || log.lock().unwrap().acked.len() == 100).await);
     assert!(wait_until(SECS, || seen.lock().unwrap().len() == 50).await);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let log_ = log.lock().unwrap();
-    assert!(log_.failed.is_empty());
-    assert_eq!(log_.emits, 100, "no replays at most once");
-    drop(log_);
+    {
+        let log = log.lock().unwrap();
+        assert!(log.failed.is_empty());
+        assert_eq!(log.emits, 100, "no replays at most once");
+    }
     assert_eq!(running.metrics().component("spout").unwrap().pending, 0);
     running.cancel().await.unwrap();
 }
@@ -434,7 +435,10 @@ impl Spout for Multi {
     }
 }
 
-struct Record(Arc<Mutex<Vec<(String, String, usize, u64)>>>, usize);
+/// (source component, stream, receiving task, value)
+type Seen = Arc<Mutex<Vec<(String, String, usize, u64)>>>;
+
+struct Record(Seen, usize);
 
 impl Bolt for Record {
     async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
@@ -516,10 +520,11 @@ async fn deferred_acks_and_multi_anchoring() {
     b.set_bolt("gate", 1, move |_| Gate(g.clone())).shuffle_grouping("win");
     let running = run_local(b.build().unwrap(), cfg()).unwrap();
     assert!(wait_until(SECS, || log.lock().unwrap().acked.len() == 9).await);
-    let log = log.lock().unwrap();
-    assert_eq!(log.failed.len(), 3, "the failed window output fails its three inputs");
-    assert!(log.violations.is_empty(), "{:?}", log.violations);
-    drop(log);
+    {
+        let log = log.lock().unwrap();
+        assert_eq!(log.failed.len(), 3, "the failed window output fails its three inputs");
+        assert!(log.violations.is_empty(), "{:?}", log.violations);
+    }
     running.kill(Duration::from_secs(1)).await.unwrap();
 }
 
