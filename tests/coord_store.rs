@@ -232,10 +232,7 @@ async fn shard_list_writes_are_compare_and_set() {
 
     let v1 = a.write_shard_list(&list, Some(v0)).await.unwrap();
     let stale = b.write_shard_list(&list, Some(v0)).await;
-    assert!(
-        matches!(&stale, Err(CoordError::VersionConflict { path, .. }) if path == a.paths().shards()),
-        "{stale:?}"
-    );
+    assert!(matches!(&stale, Err(CoordError::VersionConflict { path, .. }) if path == a.paths().shards()), "{stale:?}");
 
     // Concurrent writers with the same expected version: exactly one wins.
     for round in 0..5 {
@@ -252,10 +249,8 @@ async fn shard_list_writes_are_compare_and_set() {
     assert!(a.read_shard_list().await.unwrap().unwrap().version > v1);
 
     // Lists over the size limit are refused before anything is written.
-    let huge = ShardList::new(
-        (0..6000).map(|i| shard(&format!("shardId-{i:012}-{}", "x".repeat(60)), None)).collect(),
-        1,
-    );
+    let huge =
+        ShardList::new((0..6000).map(|i| shard(&format!("shardId-{i:012}-{}", "x".repeat(60)), None)).collect(), 1);
     let before = a.read_shard_list().await.unwrap().unwrap();
     let err = a.write_shard_list(&huge, Some(before.version)).await.unwrap_err();
     assert!(matches!(err, CoordError::TooLarge { .. }), "{err:?}");
@@ -373,7 +368,10 @@ async fn zombie_writes_are_fenced_after_session_expiry() {
     let v3 = b.write_checkpoint(&lease_b, &after(REAL_SEQ, 0), v2).await.unwrap();
     // Stale checkpoint version.
     let err = b.write_checkpoint(&lease_b, &after(REAL_SEQ, 5), v2).await.unwrap_err();
-    assert!(matches!(&err, CoordError::VersionConflict { path, .. } if path == &b.paths().checkpoint(shard_id)), "{err:?}");
+    assert!(
+        matches!(&err, CoordError::VersionConflict { path, .. } if path == &b.paths().checkpoint(shard_id)),
+        "{err:?}"
+    );
     // Backwards (the 19-digit sentinel is numerically below a real 56-digit sequence).
     let err = b.write_checkpoint(&lease_b, &after("9223372036854775807", 0), v3).await.unwrap_err();
     assert!(matches!(err, CoordError::CheckpointBackwards { .. }), "{err:?}");
@@ -496,7 +494,8 @@ async fn digest_auth_locks_out_other_clients() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_failure_names_the_connect_string() {
-    let cfg = ZkConfig::new("127.0.0.1:1").with_root("/squall-test-unreachable").with_session_timeout(Duration::from_secs(1));
+    let cfg =
+        ZkConfig::new("127.0.0.1:1").with_root("/squall-test-unreachable").with_session_timeout(Duration::from_secs(1));
     let started = Instant::now();
     let err = ZkStore::connect(&cfg, TOPOLOGY, STREAM).await.unwrap_err();
     assert!(matches!(err, CoordError::Connect { .. }), "{err:?}");

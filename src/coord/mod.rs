@@ -2,14 +2,14 @@
 //! per-shard leases with fenced checkpoint writes, and change notifications.
 //!
 //! # Layout
-//! - [`config`]: [`ZkConfig`] / [`ZkAuth`] (password redacted in `Debug`/`Display`).
-//! - [`paths`]: [`TopologyPaths`], the znode layout (see there).
-//! - [`model`]: the JSON documents stored in znodes.
-//! - [`logic`]: pure functions every task evaluates identically: [`readable_shards`], [`assign`],
+//! - [`config`] – [`ZkConfig`] / [`ZkAuth`] (password redacted in `Debug`/`Display`).
+//! - [`paths`] – [`TopologyPaths`], the znode layout (see there).
+//! - [`model`] – the JSON documents stored in znodes.
+//! - [`logic`] – pure functions every task evaluates identically: [`readable_shards`], [`assign`],
 //!   [`leader`], [`sequence_cmp`].
-//! - [`store`]: [`ZkStore`], all ZooKeeper I/O.
-//! - [`watch`]: [`ChangeEvent`] and [`SessionWatch`].
-//! - [`error`]: [`CoordError`].
+//! - [`store`] – [`ZkStore`], all ZooKeeper I/O.
+//! - [`watch`] – [`ChangeEvent`] and [`SessionWatch`].
+//! - [`error`] – [`CoordError`].
 //!
 //! # Safety argument in one paragraph
 //! A task reads a shard only while it holds the lowest `owners/{shard}/lease-N` znode, which is

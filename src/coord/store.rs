@@ -453,7 +453,7 @@ impl ZkStore {
 
     /// Releases a lease (deletes its znode). Releasing a lease that is already gone is fine.
     pub async fn release(&self, lease: Lease) -> Result<(), CoordError> {
-        if !lease.path.starts_with(&self.paths.owners()) {
+        if !lease.path.starts_with(self.paths.owners()) {
             return Err(CoordError::InvalidName {
                 what: "lease path",
                 name: lease.path,
