@@ -8,7 +8,12 @@
 
 pub use squall_topology as topology;
 
+pub mod audit;
 pub mod cli;
 pub mod coord;
 pub mod kinesis;
 pub mod logging;
+pub mod spout;
+pub mod worker;
+
+pub use worker::{SPOUT_ID, WorkerArgs, run};

@@ -33,6 +33,16 @@ pub enum Command {
     /// Kinesis stream helpers (create, describe, put, split, merge, scale, delete).
     #[command(subcommand)]
     Stream(stream::StreamCommand),
+    /// Compare producer manifests with delivery logs: produced, delivered, lost, duplicates, order
+    /// violations, as one JSON object. Exits non-zero when anything was lost.
+    Audit {
+        /// Manifest files written by `squall stream put --manifest`.
+        #[arg(long, num_args = 1.., required = true)]
+        manifest: Vec<std::path::PathBuf>,
+        /// Delivery logs written by `examples/audit.rs --deliveries`.
+        #[arg(long, num_args = 1.., required = true)]
+        deliveries: Vec<std::path::PathBuf>,
+    },
 }
 
 impl Cli {
@@ -46,5 +56,13 @@ impl Cli {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Stream(cmd) => stream::run(&cli, cmd).await,
+        Command::Audit { manifest, deliveries } => {
+            let report = crate::audit::audit(manifest, deliveries)?;
+            println!("{}", serde_json::to_string(&report)?);
+            if report.lost > 0 {
+                anyhow::bail!("{} of {} records were lost (e.g. {:?})", report.lost, report.produced, report.lost_examples);
+            }
+            Ok(())
+        }
     }
 }

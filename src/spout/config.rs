@@ -1,0 +1,377 @@
+//! Configuration of the Kinesis spout: serde (JSON file or defaults + flags), validated once, then
+//! used to build the running spout.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::coord::{ZkAuth, ZkConfig};
+use crate::kinesis::KinesisEndpoint;
+
+/// Where reading starts the first time a topology reads a stream. It applies once, to the shards
+/// that exist then, and is persisted at once in their checkpoints; shards that appear later
+/// (children of a split or merge) always start at TRIM_HORIZON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE", tag = "type")]
+pub enum InitialPosition {
+    /// The oldest retained record.
+    #[default]
+    TrimHorizon,
+    /// Records that arrive after the first start. Persisted as AT_TIMESTAMP(first start), so a
+    /// restart before the first record arrives still loses nothing; closed shards are skipped.
+    Latest,
+    /// Records that arrived at or after this time (milliseconds since the epoch).
+    AtTimestamp {
+        /// Milliseconds since the Unix epoch.
+        millis: i64,
+    },
+}
+
+impl std::str::FromStr for InitialPosition {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().replace('_', "-").as_str() {
+            "trim-horizon" => Ok(Self::TrimHorizon),
+            "latest" => Ok(Self::Latest),
+            other => {
+                let ms = other.strip_prefix("at-timestamp:").unwrap_or(other);
+                ms.parse::<i64>().map(|millis| Self::AtTimestamp { millis }).map_err(|_| {
+                    format!("{s:?} is not an initial position; use trim-horizon, latest or at-timestamp:<millis since epoch>")
+                })
+            }
+        }
+    }
+}
+
+/// ZooKeeper settings of the spout.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZkSettings {
+    /// Connect string, `host:port[,host:port...]`.
+    #[serde(default = "default_zk")]
+    pub connect: String,
+    /// Root znode under which Squall keeps its state.
+    #[serde(default = "default_root")]
+    pub root: String,
+    /// Session timeout in milliseconds: a crashed worker's shards are taken over after it.
+    #[serde(default = "default_session_ms")]
+    pub session_timeout_ms: u64,
+    /// Digest-auth user (optional).
+    #[serde(default)]
+    pub auth_user: Option<String>,
+    /// Digest-auth password (optional; never logged or printed).
+    #[serde(default)]
+    pub auth_password: Option<String>,
+}
+
+impl fmt::Debug for ZkSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkSettings")
+            .field("connect", &self.connect)
+            .field("root", &self.root)
+            .field("session_timeout_ms", &self.session_timeout_ms)
+            .field("auth_user", &self.auth_user)
+            .field("auth_password", &self.auth_password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+fn default_zk() -> String {
+    crate::coord::config::DEFAULT_CONNECT.to_string()
+}
+fn default_root() -> String {
+    crate::coord::config::DEFAULT_ROOT.to_string()
+}
+fn default_session_ms() -> u64 {
+    10_000
+}
+
+impl Default for ZkSettings {
+    fn default() -> Self {
+        Self {
+            connect: default_zk(),
+            root: default_root(),
+            session_timeout_ms: default_session_ms(),
+            auth_user: None,
+            auth_password: None,
+        }
+    }
+}
+
+impl ZkSettings {
+    /// The coordination store's config.
+    pub fn to_zk_config(&self) -> ZkConfig {
+        let mut cfg = ZkConfig::new(self.connect.clone())
+            .with_root(self.root.clone())
+            .with_session_timeout(Duration::from_millis(self.session_timeout_ms));
+        if let Some(user) = &self.auth_user {
+            cfg = cfg.with_auth(ZkAuth::digest(user.clone(), self.auth_password.clone().unwrap_or_default()));
+        }
+        cfg
+    }
+}
+
+/// Retry policy for failed tuples and for Kinesis calls.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryPolicy {
+    /// Replays of a failed tuple before it goes to the dead-letter stream.
+    #[serde(default = "default_max_replays")]
+    pub max_replays: u32,
+    /// First replay delay (doubles per failure, with jitter).
+    #[serde(default = "default_replay_min_ms")]
+    pub replay_min_backoff_ms: u64,
+    /// Cap of the replay delay.
+    #[serde(default = "default_replay_max_ms")]
+    pub replay_max_backoff_ms: u64,
+    /// First back-off after a throttled or failed Kinesis call.
+    #[serde(default = "default_call_min_ms")]
+    pub call_min_backoff_ms: u64,
+    /// Cap of that back-off.
+    #[serde(default = "default_call_max_ms")]
+    pub call_max_backoff_ms: u64,
+}
+
+fn default_max_replays() -> u32 {
+    5
+}
+fn default_replay_min_ms() -> u64 {
+    100
+}
+fn default_replay_max_ms() -> u64 {
+    10_000
+}
+fn default_call_min_ms() -> u64 {
+    100
+}
+fn default_call_max_ms() -> u64 {
+    5_000
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_replays: default_max_replays(),
+            replay_min_backoff_ms: default_replay_min_ms(),
+            replay_max_backoff_ms: default_replay_max_ms(),
+            call_min_backoff_ms: default_call_min_ms(),
+            call_max_backoff_ms: default_call_max_ms(),
+        }
+    }
+}
+
+/// The Kinesis spout's configuration.
+///
+/// ```
+/// let cfg: squall::spout::KinesisSpoutConfig = serde_json::from_str(r#"{
+///     "topology": "clicks", "stream": "clicks",
+///     "initial_position": {"type": "LATEST"},
+///     "zookeeper": {"connect": "127.0.0.1:2181"}
+/// }"#).unwrap();
+/// cfg.validate().unwrap();
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KinesisSpoutConfig {
+    /// Topology name: the ZooKeeper state lives under `{root}/topologies/{topology}`.
+    pub topology: String,
+    /// Kinesis stream to read.
+    pub stream: String,
+    /// Kinesis endpoint and region (credentials come from the aws-config chain).
+    #[serde(default)]
+    pub kinesis: KinesisEndpoint,
+    /// Where reading starts at the topology's first start on the stream.
+    #[serde(default)]
+    pub initial_position: InitialPosition,
+    /// Records per GetRecords call (1..=10000).
+    #[serde(default = "default_records_per_get")]
+    pub records_per_get: i32,
+    /// Wait after a GetRecords call that returned nothing (ms).
+    #[serde(default = "default_idle_poll_ms")]
+    pub idle_poll_interval_ms: u64,
+    /// Minimum time between two GetRecords calls on one shard (ms); 200 keeps within Kinesis'
+    /// 5 calls per second per shard.
+    #[serde(default = "default_min_get_interval_ms")]
+    pub min_get_interval_ms: u64,
+    /// How often a moved checkpoint is written (ms); at most one write per shard per interval.
+    #[serde(default = "default_checkpoint_ms")]
+    pub checkpoint_interval_ms: u64,
+    /// How often the leader lists the stream's shards (ms). A read that reaches a shard's end
+    /// triggers a listing at once.
+    #[serde(default = "default_discovery_ms")]
+    pub shard_discovery_interval_ms: u64,
+    /// Full re-read of ZooKeeper state even without notifications (ms), a safety net.
+    #[serde(default = "default_resync_ms")]
+    pub resync_interval_ms: u64,
+    /// How long a handoff waits for in-flight tuples before releasing anyway (ms). The rest are
+    /// replayed by the next owner from the checkpoint.
+    #[serde(default = "default_handoff_ms")]
+    pub handoff_timeout_ms: u64,
+    /// Retry and replay policy.
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    /// ZooKeeper.
+    #[serde(default)]
+    pub zookeeper: ZkSettings,
+    /// Optional JSON-lines read log (shard, first/last sequence, time) for audits and tests.
+    #[serde(default)]
+    pub read_log: Option<String>,
+}
+
+fn default_records_per_get() -> i32 {
+    1000
+}
+fn default_idle_poll_ms() -> u64 {
+    250
+}
+fn default_min_get_interval_ms() -> u64 {
+    200
+}
+fn default_checkpoint_ms() -> u64 {
+    1_000
+}
+fn default_discovery_ms() -> u64 {
+    10_000
+}
+fn default_resync_ms() -> u64 {
+    5_000
+}
+fn default_handoff_ms() -> u64 {
+    30_000
+}
+
+/// A configuration value that is wrong; names the key and the fix.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid spout configuration: `{key}` {reason}")]
+pub struct SpoutConfigError {
+    /// The config key.
+    pub key: &'static str,
+    /// What is wrong and how to fix it.
+    pub reason: String,
+}
+
+impl KinesisSpoutConfig {
+    /// Defaults for everything but the names.
+    pub fn new(topology: impl Into<String>, stream: impl Into<String>) -> Self {
+        Self {
+            topology: topology.into(),
+            stream: stream.into(),
+            kinesis: KinesisEndpoint::default(),
+            initial_position: InitialPosition::default(),
+            records_per_get: default_records_per_get(),
+            idle_poll_interval_ms: default_idle_poll_ms(),
+            min_get_interval_ms: default_min_get_interval_ms(),
+            checkpoint_interval_ms: default_checkpoint_ms(),
+            shard_discovery_interval_ms: default_discovery_ms(),
+            resync_interval_ms: default_resync_ms(),
+            handoff_timeout_ms: default_handoff_ms(),
+            retry: RetryPolicy::default(),
+            zookeeper: ZkSettings::default(),
+            read_log: None,
+        }
+    }
+
+    /// Checks every value; the error names the key and the fix.
+    pub fn validate(&self) -> Result<(), SpoutConfigError> {
+        let err = |key, reason: String| Err(SpoutConfigError { key, reason });
+        let name_ok = |s: &str| {
+            !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+        };
+        if !name_ok(&self.topology) {
+            return err("topology", format!("{:?} must be 1-128 characters of a-z, A-Z, 0-9, _ . -", self.topology));
+        }
+        if !name_ok(&self.stream) {
+            return err("stream", format!("{:?} is not a Kinesis stream name (1-128 of a-z, A-Z, 0-9, _ . -)", self.stream));
+        }
+        if let Err(e) = self.kinesis.validate() {
+            return err("kinesis", e.to_string());
+        }
+        if !(1..=10_000).contains(&self.records_per_get) {
+            return err("records_per_get", format!("is {}; Kinesis allows 1..=10000", self.records_per_get));
+        }
+        if self.min_get_interval_ms < 200 {
+            return err(
+                "min_get_interval_ms",
+                format!("is {}; below 200 ms exceeds Kinesis' 5 GetRecords calls per second per shard", self.min_get_interval_ms),
+            );
+        }
+        for (key, v) in [
+            ("idle_poll_interval_ms", self.idle_poll_interval_ms),
+            ("checkpoint_interval_ms", self.checkpoint_interval_ms),
+            ("shard_discovery_interval_ms", self.shard_discovery_interval_ms),
+            ("resync_interval_ms", self.resync_interval_ms),
+        ] {
+            if v == 0 {
+                return err(key, "is 0; give a positive number of milliseconds".into());
+            }
+        }
+        if self.retry.replay_min_backoff_ms > self.retry.replay_max_backoff_ms {
+            return err("retry.replay_min_backoff_ms", "is above retry.replay_max_backoff_ms".into());
+        }
+        if self.retry.call_min_backoff_ms > self.retry.call_max_backoff_ms || self.retry.call_min_backoff_ms == 0 {
+            return err("retry.call_min_backoff_ms", "must be positive and at most retry.call_max_backoff_ms".into());
+        }
+        if self.zookeeper.connect.trim().is_empty() {
+            return err("zookeeper.connect", "is empty; set host:port, e.g. 127.0.0.1:2181 (SQUALL_ZK)".into());
+        }
+        if !self.zookeeper.root.starts_with('/') || (self.zookeeper.root.len() > 1 && self.zookeeper.root.ends_with('/')) {
+            return err("zookeeper.root", format!("{:?} must be an absolute znode path like /squall", self.zookeeper.root));
+        }
+        if self.zookeeper.session_timeout_ms < 1000 {
+            return err("zookeeper.session_timeout_ms", format!("is {}; use at least 1000", self.zookeeper.session_timeout_ms));
+        }
+        if self.zookeeper.auth_user.is_some() != self.zookeeper.auth_password.is_some() {
+            return err("zookeeper.auth_user", "and zookeeper.auth_password must be set together".into());
+        }
+        if let InitialPosition::AtTimestamp { millis } = self.initial_position {
+            if millis < 0 {
+                return err("initial_position", format!("timestamp {millis} is before 1970"));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_errors_name_the_key() {
+        KinesisSpoutConfig::new("t", "s").validate().unwrap();
+        let mut c = KinesisSpoutConfig::new("t", "s");
+        c.records_per_get = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("records_per_get"));
+        let mut c = KinesisSpoutConfig::new("t", "bad stream");
+        c.records_per_get = 10;
+        assert!(c.validate().unwrap_err().to_string().contains("`stream`"));
+        let mut c = KinesisSpoutConfig::new("t", "s");
+        c.min_get_interval_ms = 50;
+        assert!(c.validate().unwrap_err().to_string().contains("min_get_interval_ms"));
+        let e = serde_json::from_str::<KinesisSpoutConfig>(r#"{"topology":"t","stream":"s","recordz":1}"#).unwrap_err();
+        assert!(e.to_string().contains("recordz"), "{e}");
+    }
+
+    #[test]
+    fn password_never_in_debug() {
+        let mut c = KinesisSpoutConfig::new("t", "s");
+        c.zookeeper.auth_user = Some("u".into());
+        c.zookeeper.auth_password = Some("hunter2-secret".into());
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("hunter2-secret"), "{dbg}");
+        assert!(!format!("{:?}", c.zookeeper.to_zk_config()).contains("hunter2-secret"));
+    }
+
+    #[test]
+    fn initial_positions_parse() {
+        assert_eq!("latest".parse::<InitialPosition>().unwrap(), InitialPosition::Latest);
+        assert_eq!("TRIM_HORIZON".parse::<InitialPosition>().unwrap(), InitialPosition::TrimHorizon);
+        assert_eq!("at-timestamp:5".parse::<InitialPosition>().unwrap(), InitialPosition::AtTimestamp { millis: 5 });
+        assert!("yesterday".parse::<InitialPosition>().unwrap_err().contains("trim-horizon"));
+    }
+}

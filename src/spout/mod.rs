@@ -1,0 +1,323 @@
+//! The Kinesis spout: reads a stream's shards as assigned through ZooKeeper and emits one tracked
+//! tuple per record, with at-least-once delivery, fenced checkpoints and correct resharding.
+//!
+//! - [`config`]: [`KinesisSpoutConfig`] (serde, validated).
+//! - `coordinator`: the per-task state manager (registration, discovery, assignment, leases,
+//!   checkpoints, handoff, session loss).
+//! - `reader`: one GetRecords loop per owned shard.
+//! - `tracker`: in-flight records per shard, checkpoint computation, replay bookkeeping.
+//! - [`readlog`]: an optional JSON-lines read log for audits.
+//!
+//! Tuples on the default stream carry [`FIELDS`]; records that failed more than
+//! `retry.max_replays` times go to [`DEAD_LETTER_STREAM`] with [`DEAD_LETTER_FIELDS`].
+
+pub mod config;
+mod coordinator;
+mod reader;
+pub mod readlog;
+mod tracker;
+
+pub use config::{InitialPosition, KinesisSpoutConfig, RetryPolicy, SpoutConfigError, ZkSettings};
+pub use readlog::ReadLogEntry;
+pub use tracker::Record;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use squall_topology::{ComponentError, Spout, SpoutOutput, TaskContext, TopologyBuilder, Values};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::coord::{TaskInfo, ZkStore, now_ms};
+use tracker::{FailOutcome, Tracker};
+
+/// Output fields of the spout's default stream.
+pub const FIELDS: [&str; 6] = ["partition_key", "sequence_number", "sub_sequence", "shard_id", "arrival_ms", "data"];
+/// The stream on which records that exhausted their replays are emitted.
+pub const DEAD_LETTER_STREAM: &str = "dead_letter";
+/// Fields of the dead-letter stream: the record's fields plus how many times it failed.
+pub const DEAD_LETTER_FIELDS: [&str; 7] =
+    ["partition_key", "sequence_number", "sub_sequence", "shard_id", "arrival_ms", "data", "failures"];
+
+/// The message id of a spout tuple: the record's shard and sequence, plus the ownership epoch so
+/// acks from before a handoff are never applied to a later ownership.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KinesisMsgId {
+    /// Shard id.
+    pub shard_id: Arc<str>,
+    /// Sequence number.
+    pub sequence: Arc<str>,
+    epoch: u64,
+}
+
+/// Per-shard reading status (lag and errors), for `squall status`.
+#[derive(Debug, Clone, Default)]
+pub struct ShardStatus {
+    /// The last MillisBehindLatest Kinesis reported.
+    pub millis_behind_latest: Option<i64>,
+    /// The last error reading the shard, cleared by the next successful read.
+    pub last_error: Option<String>,
+    /// Errors so far.
+    pub errors: u64,
+    /// Records read so far.
+    pub records_read: u64,
+}
+
+/// Counters of one spout task.
+#[derive(Debug, Default)]
+pub struct SpoutStats {
+    /// Tuples emitted for the first time.
+    pub emitted: AtomicU64,
+    /// Tuples re-emitted after a failure.
+    pub replayed: AtomicU64,
+    /// Tuples acked.
+    pub acked: AtomicU64,
+    /// Tuples failed (each failure).
+    pub failed: AtomicU64,
+    /// Records sent to the dead-letter stream.
+    pub dead_lettered: AtomicU64,
+}
+
+/// Who runs this spout: identifies the worker process in ZooKeeper.
+#[derive(Debug, Clone)]
+pub struct WorkerIdentity {
+    /// Unique per worker process.
+    pub worker_id: String,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+}
+
+impl WorkerIdentity {
+    /// This process: host name, pid and a random suffix.
+    pub fn current() -> Self {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "localhost".into());
+        let pid = std::process::id();
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
+        Self { worker_id: format!("{host}-{pid}-{suffix}"), host, pid }
+    }
+}
+
+/// The Kinesis spout. Build one per task with [`KinesisSpout::declare`].
+pub struct KinesisSpout {
+    cfg: Arc<KinesisSpoutConfig>,
+    worker: WorkerIdentity,
+    tracker: Arc<Mutex<Tracker>>,
+    space: Arc<Notify>,
+    replays: BinaryHeap<Reverse<(Instant, u64)>>,
+    replay_ids: HashMap<u64, KinesisMsgId>,
+    next_replay: u64,
+    dead_letters: VecDeque<(tracker::Record, u32)>,
+    active: watch::Sender<bool>,
+    stats: Arc<SpoutStats>,
+    status: Arc<Mutex<HashMap<Arc<str>, ShardStatus>>>,
+    task_name: Arc<Mutex<String>>,
+    coordinator: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl KinesisSpout {
+    /// A spout for one task; nothing connects until the engine opens it.
+    pub fn new(cfg: Arc<KinesisSpoutConfig>, worker: WorkerIdentity) -> Self {
+        Self {
+            cfg,
+            worker,
+            tracker: Arc::default(),
+            space: Arc::new(Notify::new()),
+            replays: BinaryHeap::new(),
+            replay_ids: HashMap::new(),
+            next_replay: 0,
+            dead_letters: VecDeque::new(),
+            active: watch::channel(true).0,
+            stats: Arc::default(),
+            status: Arc::default(),
+            task_name: Arc::default(),
+            coordinator: None,
+        }
+    }
+
+    /// Declares the spout as component `id` with `parallelism` tasks in this worker, with its
+    /// default stream ([`FIELDS`]) and dead-letter stream ([`DEAD_LETTER_FIELDS`]).
+    pub fn declare(
+        builder: &mut TopologyBuilder,
+        id: &str,
+        parallelism: usize,
+        cfg: KinesisSpoutConfig,
+        worker: WorkerIdentity,
+    ) {
+        let cfg = Arc::new(cfg);
+        builder
+            .set_spout(id, parallelism, move |_ctx: &TaskContext| KinesisSpout::new(cfg.clone(), worker.clone()))
+            .fields(&FIELDS)
+            .output(DEAD_LETTER_STREAM, &DEAD_LETTER_FIELDS);
+    }
+
+    /// This task's counters.
+    pub fn stats(&self) -> Arc<SpoutStats> {
+        self.stats.clone()
+    }
+
+    fn values(r: &tracker::Record) -> Values {
+        let mut v = Values::new();
+        v.push(r.partition_key.clone());
+        v.push(r.sequence.clone());
+        v.push(r.sub_sequence);
+        v.push(r.shard_id.clone());
+        v.push(r.arrival_ms);
+        v.push(r.data.clone());
+        v
+    }
+
+    fn replay_delay(&self, failures: u32) -> Duration {
+        let min = self.cfg.retry.replay_min_backoff_ms.max(1);
+        let max = self.cfg.retry.replay_max_backoff_ms.max(min);
+        let base = min.saturating_mul(1u64 << failures.saturating_sub(1).min(20)).min(max);
+        // Full jitter over the upper half keeps replays of a burst from arriving together.
+        let jitter = rand::random_range(0..=base / 2);
+        Duration::from_millis(base / 2 + jitter)
+    }
+}
+
+impl Spout for KinesisSpout {
+    type MsgId = KinesisMsgId;
+
+    async fn open(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
+        self.cfg.validate().map_err(|e| ComponentError::fatal(e.to_string()))?;
+        let zk = self.cfg.zookeeper.to_zk_config();
+        let store = ZkStore::connect(&zk, &self.cfg.topology, &self.cfg.stream)
+            .await
+            .map_err(|e| ComponentError::fatal(format!("Kinesis spout of topology {}: {e}", self.cfg.topology)))?;
+        let client = self.cfg.kinesis.client().await.map_err(|e| ComponentError::fatal(e.to_string()))?;
+        let read_log = readlog::ReadLog::open(self.cfg.read_log.as_deref()).map_err(|e| {
+            ComponentError::fatal(format!("cannot open the read log {:?}: {e}", self.cfg.read_log))
+        })?;
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let (fetch_tx, fetch_rx) = watch::channel(false);
+        let reader = Arc::new(reader::ReaderCtx {
+            client,
+            endpoint: self.cfg.kinesis.label(),
+            stream: self.cfg.stream.clone(),
+            task: self.task_name.clone(),
+            records_per_get: self.cfg.records_per_get,
+            min_get_interval: KinesisSpoutConfig::ms(self.cfg.min_get_interval_ms),
+            idle_poll_interval: KinesisSpoutConfig::ms(self.cfg.idle_poll_interval_ms),
+            call_min_backoff: KinesisSpoutConfig::ms(self.cfg.retry.call_min_backoff_ms),
+            call_max_backoff: KinesisSpoutConfig::ms(self.cfg.retry.call_max_backoff_ms),
+            tracker: self.tracker.clone(),
+            space: self.space.clone(),
+            wakeup: ctx.wakeup(),
+            events: events_tx,
+            fetch_allowed: fetch_rx,
+            status: self.status.clone(),
+            read_log,
+        });
+        let coordinator = coordinator::Coordinator {
+            cfg: self.cfg.clone(),
+            zk,
+            info: TaskInfo {
+                worker_id: self.worker.worker_id.clone(),
+                host: self.worker.host.clone(),
+                pid: self.worker.pid,
+                task_index: ctx.task_index() as u32,
+                since_ms: now_ms(),
+            },
+            tracker: self.tracker.clone(),
+            reader,
+            reader_events: events_rx,
+            active: self.active.subscribe(),
+            fetch_allowed: fetch_tx,
+            task_name: self.task_name.clone(),
+            tasks: tokio_util::task::TaskTracker::new(),
+        };
+        let cancel = ctx.cancellation().child_token();
+        let handle = ctx.spawn(coordinator.run(store, cancel.clone()));
+        self.coordinator = Some((cancel, handle));
+        Ok(())
+    }
+
+    async fn next_tuple(&mut self, out: &mut SpoutOutput<KinesisMsgId>) -> Result<(), ComponentError> {
+        if let Some((rec, failures)) = self.dead_letters.pop_front() {
+            let mut v = Self::values(&rec);
+            v.push(failures);
+            out.emit_to(DEAD_LETTER_STREAM, v, None)?;
+            return Ok(());
+        }
+        let now = Instant::now();
+        while let Some(Reverse((due, key))) = self.replays.peek().copied() {
+            if due > now {
+                break;
+            }
+            self.replays.pop();
+            let Some(id) = self.replay_ids.remove(&key) else { continue };
+            let rec = lock(&self.tracker).replay_record(&id.shard_id, id.epoch, &id.sequence);
+            if let Some(rec) = rec {
+                self.stats.replayed.fetch_add(1, Ordering::Relaxed);
+                out.emit_tracked(Self::values(&rec), id)?;
+                return Ok(());
+            }
+        }
+        let next = lock(&self.tracker).next_to_emit();
+        if let Some((rec, epoch)) = next {
+            self.space.notify_waiters();
+            self.stats.emitted.fetch_add(1, Ordering::Relaxed);
+            let id = KinesisMsgId { shard_id: rec.shard_id.clone(), sequence: rec.sequence.clone(), epoch };
+            out.emit_tracked(Self::values(&rec), id)?;
+        }
+        Ok(())
+    }
+
+    async fn ack(&mut self, id: KinesisMsgId) {
+        self.stats.acked.fetch_add(1, Ordering::Relaxed);
+        lock(&self.tracker).ack(&id.shard_id, id.epoch, &id.sequence);
+    }
+
+    async fn fail(&mut self, id: KinesisMsgId) {
+        self.stats.failed.fetch_add(1, Ordering::Relaxed);
+        let outcome = lock(&self.tracker).fail(&id.shard_id, id.epoch, &id.sequence, self.cfg.retry.max_replays);
+        match outcome {
+            FailOutcome::Replay(n) => {
+                let due = Instant::now() + self.replay_delay(n);
+                self.next_replay += 1;
+                self.replay_ids.insert(self.next_replay, id);
+                self.replays.push(Reverse((due, self.next_replay)));
+            }
+            FailOutcome::DeadLetter(n, rec) => {
+                self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(stream = %self.cfg.stream, shard = %id.shard_id, sequence = %id.sequence, failures = n,
+                    "record failed {n} times: emitting it on the dead-letter stream");
+                self.dead_letters.push_back((rec, n));
+            }
+            FailOutcome::Ignore => {}
+        }
+    }
+
+    async fn activate(&mut self) {
+        let _ = self.active.send(true);
+    }
+
+    async fn deactivate(&mut self) {
+        let _ = self.active.send(false);
+    }
+
+    async fn close(&mut self) {
+        if let Some((cancel, handle)) = self.coordinator.take() {
+            cancel.cancel();
+            if tokio::time::timeout(Duration::from_secs(30), handle).await.is_err() {
+                tracing::warn!(topology = %self.cfg.topology, "the Kinesis spout's coordinator did not stop within 30 s");
+            }
+        }
+    }
+}
