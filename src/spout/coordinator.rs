@@ -40,6 +40,7 @@ struct Owned {
     written: Option<String>,
     last_write: Instant,
     reader: CancellationToken,
+    reader_task: Option<tokio::task::JoinHandle<()>>,
     /// Handoff in progress: release when nothing is in flight or at this deadline.
     releasing: Option<Instant>,
 }
@@ -242,7 +243,7 @@ impl Coordinator {
         };
         match end {
             SessionEnd::Shutdown => self.shutdown(&mut s).await,
-            SessionEnd::Lost => self.drop_everything(&mut s),
+            SessionEnd::Lost => self.drop_everything(&mut s).await,
         }
         s.monitor.cancel();
         self.set_fetch(Health::Lost);
@@ -251,11 +252,16 @@ impl Coordinator {
 
     /// Session lost: stop reading everything and forget it. The leases are gone with the session;
     /// in-flight records will be read again by the next owners from the checkpoints.
-    fn drop_everything(&self, s: &mut Session) {
-        let mut t = lock(&self.tracker);
-        for (shard, o) in s.owned.drain() {
+    async fn drop_everything(&self, s: &mut Session) {
+        let owned: Vec<(Arc<str>, Owned)> = s.owned.drain().collect();
+        for (_, o) in &owned {
             o.reader.cancel();
-            t.remove(&shard);
+        }
+        for (shard, mut o) in owned {
+            if let Some(h) = o.reader_task.take() {
+                let _ = tokio::time::timeout(Duration::from_secs(10), h).await;
+            }
+            lock(&self.tracker).remove(&shard);
             self.reader.read_log.release(&s.task, &shard);
         }
     }
@@ -269,7 +275,7 @@ impl Coordinator {
         if let Err(e) = self.maintain(s, true).await {
             tracing::warn!(error = %e, "final checkpoints at shutdown failed; the next owner resumes from the last written ones");
         }
-        self.drop_everything(s);
+        self.drop_everything(s).await;
         // Dropping the last reference to the store closes the session: the task node goes.
     }
 
@@ -353,7 +359,8 @@ impl Coordinator {
         };
         tracing::info!(task = %s.task, shard, from = %cp.value.position, "reading shard");
         self.reader.read_log.acquire(&s.task, shard, &cp.value.position.to_string());
-        self.tasks.spawn(self.reader.clone().run(id.clone(), epoch, cp.value.position.clone(), token.clone()));
+        let reader_task =
+            self.tasks.spawn(self.reader.clone().run(id.clone(), epoch, cp.value.position.clone(), token.clone()));
         s.owned.insert(
             id,
             Owned {
@@ -363,6 +370,7 @@ impl Coordinator {
                 written,
                 last_write: Instant::now(),
                 reader: token,
+                reader_task: Some(reader_task),
                 releasing: None,
             },
         );
@@ -439,8 +447,11 @@ impl Coordinator {
             }
             Err(e @ (CoordError::Fenced { .. } | CoordError::VersionConflict { .. } | CoordError::CheckpointBackwards { .. })) => {
                 tracing::warn!(shard = %shard, error = %e, "checkpoint refused: this task no longer owns the shard; stopped reading it");
-                if let Some(o) = s.owned.remove(shard) {
+                if let Some(mut o) = s.owned.remove(shard) {
                     o.reader.cancel();
+                    if let Some(h) = o.reader_task.take() {
+                        let _ = tokio::time::timeout(Duration::from_secs(10), h).await;
+                    }
                     let _ = s.store.release(o.lease).await;
                 }
                 lock(&self.tracker).remove(shard);
@@ -478,8 +489,12 @@ impl Coordinator {
     }
 
     async fn release(&self, s: &mut Session, shard: &Arc<str>) -> Result<(), CoordError> {
-        if let Some(o) = s.owned.remove(shard) {
+        if let Some(mut o) = s.owned.remove(shard) {
             o.reader.cancel();
+            // The reader must have stopped before another task may take the shard.
+            if let Some(h) = o.reader_task.take() {
+                let _ = tokio::time::timeout(Duration::from_secs(10), h).await;
+            }
             lock(&self.tracker).remove(shard);
             self.reader.read_log.release(&s.task, shard);
             s.store.release(o.lease).await?;

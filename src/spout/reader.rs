@@ -143,7 +143,11 @@ impl ReaderCtx {
                         None => start.clone(),
                     };
                     last_call = Instant::now();
-                    match self.iterator(&shard, &pos).await {
+                    let res = tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        r = self.iterator(&shard, &pos) => r,
+                    };
+                    match res {
                         Ok(it) => it,
                         Err(e) => {
                             if self.on_error(&shard, &e, &mut delays, &cancel).await {
@@ -155,7 +159,11 @@ impl ReaderCtx {
                 }
             };
             last_call = Instant::now();
-            let res = self.client.get_records().shard_iterator(&it).limit(self.records_per_get).send().await;
+            // Cancellation drops the call in flight: after a release nothing more is fetched.
+            let res = tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = self.client.get_records().shard_iterator(&it).limit(self.records_per_get).send() => r,
+            };
             let out = match res {
                 Ok(out) => out,
                 Err(e) => {
@@ -189,11 +197,12 @@ impl ReaderCtx {
             });
             if let (Some(first), Some(last)) = (records.first(), records.last()) {
                 last_fetched = Some(last.sequence.clone());
-                self.read_log.records(&lock(&self.task), &shard, &first.sequence, &last.sequence, n);
+                let (first, last) = (first.sequence.clone(), last.sequence.clone());
                 let live = lock(&self.tracker).enqueue(&shard, epoch, records);
-                if !live {
+                if !live || cancel.is_cancelled() {
                     return;
                 }
+                self.read_log.records(&lock(&self.task), &shard, &first, &last, n);
                 self.wakeup.notify();
             }
             match out.next_shard_iterator() {

@@ -5,6 +5,8 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+pub mod workers;
+
 use squall::kinesis::KinesisEndpoint;
 
 /// The Kinesis endpoint under test (`SQUALL_KINESIS_ENDPOINT`, default LocalStack on 4566).

@@ -1,0 +1,144 @@
+//! Starting positions and restarts: the configured initial position applies once, to the shards
+//! that exist at the topology's first start (LATEST skips closed shards and is persisted as a
+//! timestamp); children always start at TRIM_HORIZON; a restart of all workers resumes after the
+//! checkpoints with no duplicates after a graceful stop.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use squall::coord::{Checkpoint, CheckpointPosition};
+use squall::kinesis::{self, PutOptions};
+use support::TestStream;
+use support::workers::{Cluster, scratch};
+
+async fn put(s: &TestStream, count: u64) -> squall::kinesis::payload::Manifest {
+    let opts = PutOptions { count, keys: 30, ..PutOptions::default() };
+    kinesis::put_records(&s.client, &s.label(), &s.name, &opts).await.expect("put").manifest
+}
+
+async fn checkpoints(zk: &zookeeper_client::Client, cluster: &Cluster) -> Vec<(String, Checkpoint)> {
+    let dir = format!("{}/checkpoints", cluster.stream_path());
+    let mut out = Vec::new();
+    let mut names = zk.list_children(&dir).await.unwrap_or_default();
+    names.sort();
+    for n in names {
+        if let Ok((data, _)) = zk.get_data(&format!("{dir}/{n}")).await {
+            out.push((n, serde_json::from_slice(&data).unwrap()));
+        }
+    }
+    out
+}
+
+async fn wait_checkpoints(zk: &zookeeper_client::Client, cluster: &Cluster, n: usize) -> Vec<(String, Checkpoint)> {
+    let start = Instant::now();
+    loop {
+        let cps = checkpoints(zk, cluster).await;
+        if cps.len() >= n {
+            return cps;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "checkpoints never initialized\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_skips_old_records_and_closed_shards_but_children_start_at_trim_horizon() {
+    let s = TestStream::create("latest", 2).await;
+    let old = put(&s, 200).await;
+    kinesis::split_shard(&s.client, &s.label(), &s.name, "shardId-000000000000").await.unwrap();
+    let old2 = put(&s, 100).await;
+    let dir = scratch("latest");
+    let mut cluster = Cluster::new(&s.name, &dir);
+    cluster.initial_position = "latest".into();
+    let zk = support::zk_client().await;
+    let mut w = cluster.start("w", 2);
+    let cps = wait_checkpoints(&zk, &cluster, 4).await;
+    for (shard, cp) in &cps {
+        if shard == "shardId-000000000000" {
+            assert!(cp.finished, "the shard closed before the first start is finished, not read: {cp:?}");
+        } else {
+            assert!(
+                matches!(cp.position, CheckpointPosition::AtTimestamp { .. }),
+                "LATEST is persisted as a timestamp: {shard} {cp:?}"
+            );
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let new1 = put(&s, 200).await;
+    // A split after the first start: its children start at TRIM_HORIZON, so records written to
+    // them before anyone reads them are not lost (Arroyo's bug).
+    kinesis::split_shard(&s.client, &s.label(), &s.name, "shardId-000000000001").await.unwrap();
+    let new2 = put(&s, 200).await;
+    let report = cluster.wait_delivered(&[new1, new2], Duration::from_secs(60)).await;
+    assert_eq!(report.lost, 0, "{report:?}\n{}", cluster.logs());
+    let with_old = cluster.audit(&[old.clone(), old2.clone()]);
+    assert_eq!(with_old.distinct, 0, "records from before the first start were delivered: {with_old:?}");
+    let cps = checkpoints(&zk, &cluster).await;
+    let children: Vec<_> = cps.iter().filter(|(id, _)| id.as_str() > "shardId-000000000003").collect();
+    assert_eq!(children.len(), 2, "{cps:?}");
+    assert_eq!(w.stop(Duration::from_secs(30)), Some(0));
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_timestamp_starts_there() {
+    let s = TestStream::create("atts", 2).await;
+    let before = put(&s, 150).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let t = squall::coord::now_ms();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = put(&s, 150).await;
+    let dir = scratch("atts");
+    let mut cluster = Cluster::new(&s.name, &dir);
+    cluster.initial_position = format!("at-timestamp:{t}");
+    let mut w = cluster.start("w", 1);
+    let report = cluster.wait_delivered(std::slice::from_ref(&after), Duration::from_secs(60)).await;
+    assert_eq!(report.lost, 0, "{report:?}\n{}", cluster.logs());
+    assert_eq!(cluster.audit(&[before]).distinct, 0, "records before the timestamp were delivered");
+    assert_eq!(w.stop(Duration::from_secs(30)), Some(0));
+    let zk = support::zk_client().await;
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_of_all_workers_resumes_after_the_checkpoints() {
+    let s = TestStream::create("restart", 3).await;
+    let dir = scratch("restart");
+    let cluster = Cluster::new(&s.name, &dir);
+    let first = put(&s, 300).await;
+    let mut a = cluster.start("a1", 1);
+    let mut b = cluster.start("b1", 2);
+    let r = cluster.wait_delivered(std::slice::from_ref(&first), Duration::from_secs(60)).await;
+    assert_eq!(r.lost, 0, "{r:?}\n{}", cluster.logs());
+    assert_eq!(a.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());
+    assert_eq!(b.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());
+
+    // After the graceful stop, every shard's checkpoint is at its last record.
+    let zk = support::zk_client().await;
+    let cps = checkpoints(&zk, &cluster).await;
+    assert_eq!(cps.len(), 3);
+    let delivered = support::workers::read_deliveries(&cluster.delivery_files());
+    for (shard, cp) in &cps {
+        let last = delivered
+            .iter()
+            .filter(|d| &d.shard == shard)
+            .map(|d| d.sequence.clone())
+            .max_by(|x, y| squall::coord::sequence_cmp(x, y));
+        match (&cp.position, last) {
+            (CheckpointPosition::AfterSequence { sequence, .. }, Some(last)) => assert_eq!(sequence, &last, "{shard}"),
+            (pos, last) => assert!(last.is_none(), "{shard}: checkpoint {pos} but records were delivered"),
+        }
+    }
+
+    let second = put(&s, 300).await;
+    let _a = cluster.start("a2", 2);
+    let _b = cluster.start("b2", 1);
+    let r = cluster.wait_delivered(&[first, second], Duration::from_secs(60)).await;
+    assert_eq!(r.lost, 0, "{r:?}\n{}", cluster.logs());
+    assert_eq!(r.duplicates, 0, "a restart after a graceful stop re-delivered records: {r:?}");
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    s.delete().await;
+}

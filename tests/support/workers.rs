@@ -1,0 +1,330 @@
+//! Running audit workers (examples/audit.rs) as real processes, reading what they delivered and
+//! what they read, and inspecting shard ownership in ZooKeeper.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use squall::audit::{AuditReport, Delivery};
+use squall::kinesis::payload::Manifest;
+use squall::spout::ReadLogEntry;
+
+/// The audit example binary, built by `cargo test` next to the test binaries.
+pub fn audit_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let debug = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = debug.join("examples").join("audit");
+    assert!(bin.exists(), "{} missing: run `cargo build --examples` (cargo test builds it)", bin.display());
+    bin
+}
+
+/// A scratch directory for one test's files.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(super::unique_name(name));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Settings shared by the workers of one test.
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    pub topology: String,
+    pub stream: String,
+    pub zk_root: String,
+    pub dir: PathBuf,
+    pub session_timeout_ms: u64,
+    pub initial_position: String,
+    pub spout_config: PathBuf,
+    pub message_timeout_ms: u64,
+}
+
+impl Cluster {
+    pub fn new(stream: &str, dir: &Path) -> Cluster {
+        let spout_config = dir.join("spout.json");
+        std::fs::write(
+            &spout_config,
+            serde_json::json!({
+                "topology": "x", "stream": "x",
+                "shard_discovery_interval_ms": 1000,
+                "checkpoint_interval_ms": 300,
+                "idle_poll_interval_ms": 100,
+                "resync_interval_ms": 2000,
+                "handoff_timeout_ms": 10000
+            })
+            .to_string(),
+        )
+        .unwrap();
+        Cluster {
+            topology: super::unique_name("topo"),
+            stream: stream.to_string(),
+            zk_root: super::unique_zk_root("spout"),
+            dir: dir.to_path_buf(),
+            session_timeout_ms: 4000,
+            initial_position: "trim-horizon".into(),
+            spout_config,
+            message_timeout_ms: 10_000,
+        }
+    }
+
+    /// Starts a worker named `name` with `tasks` spout tasks.
+    pub fn start(&self, name: &str, tasks: usize) -> Worker {
+        self.start_with(name, tasks, &[])
+    }
+
+    pub fn start_with(&self, name: &str, tasks: usize, extra: &[&str]) -> Worker {
+        let deliveries = self.dir.join(format!("{name}.deliveries.jsonl"));
+        let read_log = self.dir.join(format!("{name}.reads.jsonl"));
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
+        let child = Command::new(audit_bin())
+            .args(["--topology", &self.topology, "--stream", &self.stream, "--zk-root", &self.zk_root])
+            .args(["--spout-tasks", &tasks.to_string()])
+            .args(["--zk-session-timeout-ms", &self.session_timeout_ms.to_string()])
+            .args(["--initial-position", &self.initial_position])
+            .args(["--message-timeout-ms", &self.message_timeout_ms.to_string()])
+            .arg("--spout-config")
+            .arg(&self.spout_config)
+            .arg("--deliveries")
+            .arg(&deliveries)
+            .arg("--read-log")
+            .arg(&read_log)
+            .args(extra)
+            .env("SQUALL_ZK", super::zk_connect())
+            .env("SQUALL_KINESIS_ENDPOINT", super::kinesis_endpoint().endpoint)
+            .env("RUST_LOG", "info,squall=debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start audit worker");
+        Worker { name: name.to_string(), child: Some(child), deliveries, read_log }
+    }
+
+    /// Every delivery file of this test's directory.
+    pub fn delivery_files(&self) -> Vec<PathBuf> {
+        files_ending(&self.dir, ".deliveries.jsonl")
+    }
+
+    /// Every read log of this test's directory.
+    pub fn read_logs(&self) -> Vec<PathBuf> {
+        files_ending(&self.dir, ".reads.jsonl")
+    }
+
+    /// Audits the deliveries so far against the manifests.
+    pub fn audit(&self, manifests: &[Manifest]) -> AuditReport {
+        squall::audit::compare(manifests, read_deliveries(&self.delivery_files()))
+    }
+
+    /// Waits until nothing is lost (or the timeout), returning the last report.
+    pub async fn wait_delivered(&self, manifests: &[Manifest], timeout: Duration) -> AuditReport {
+        let start = Instant::now();
+        loop {
+            let r = self.audit(manifests);
+            if r.lost == 0 || start.elapsed() > timeout {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// The worker logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for f in files_ending(&self.dir, ".log") {
+            let text = std::fs::read_to_string(&f).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            out.push_str(&format!("==== {} (last 40 lines)\n", f.display()));
+            for l in tail.into_iter().rev() {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    pub fn stream_path(&self) -> String {
+        format!("{}/topologies/{}/streams/{}", self.zk_root, self.topology, self.stream)
+    }
+}
+
+fn files_ending(dir: &Path, suffix: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    v.retain(|p| p.to_string_lossy().ends_with(suffix));
+    v.sort();
+    v
+}
+
+pub fn read_deliveries(files: &[PathBuf]) -> Vec<Delivery> {
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        out.extend(text.lines().filter_map(|l| serde_json::from_str::<Delivery>(l).ok()));
+    }
+    out
+}
+
+pub fn read_log_entries(files: &[PathBuf]) -> Vec<ReadLogEntry> {
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        out.extend(text.lines().filter_map(|l| serde_json::from_str::<ReadLogEntry>(l).ok()));
+    }
+    out.sort_by_key(|e| e.t_ms);
+    out
+}
+
+/// A running worker process.
+pub struct Worker {
+    pub name: String,
+    child: Option<Child>,
+    pub deliveries: PathBuf,
+    pub read_log: PathBuf,
+}
+
+impl Worker {
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// SIGTERM, then wait for the exit code (graceful stop).
+    pub fn stop(&mut self, timeout: Duration) -> Option<i32> {
+        let child = self.child.as_mut()?;
+        unsafe_signal(child.id(), "TERM");
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                self.child = None;
+                return st.code();
+            }
+            if start.elapsed() > timeout {
+                let _ = child.kill();
+                let _ = child.wait();
+                self.child = None;
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGSTOP / SIGCONT: freeze and thaw (a zombie).
+    pub fn pause(&self) {
+        unsafe_signal(self.pid(), "STOP");
+    }
+    pub fn resume(&self) {
+        unsafe_signal(self.pid(), "CONT");
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+}
+
+/// Sends a signal with the `kill` command (no unsafe code in tests).
+fn unsafe_signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Current owner task of each shard, from ZooKeeper: the lowest lease's session matched with the
+/// registered tasks' sessions. Shards without a lease are absent.
+pub async fn owners(zk: &zookeeper_client::Client, cluster: &Cluster) -> BTreeMap<String, String> {
+    let stream = cluster.stream_path();
+    let tasks_dir = format!("{}/topologies/{}/tasks", cluster.zk_root, cluster.topology);
+    let mut session_to_task: HashMap<i64, String> = HashMap::new();
+    for t in zk.list_children(&tasks_dir).await.unwrap_or_default() {
+        if let Ok(Some(st)) = zk.check_stat(&format!("{tasks_dir}/{t}")).await {
+            session_to_task.insert(st.ephemeral_owner, t);
+        }
+    }
+    let mut out = BTreeMap::new();
+    let owners_dir = format!("{stream}/owners");
+    for shard in zk.list_children(&owners_dir).await.unwrap_or_default() {
+        let dir = format!("{owners_dir}/{shard}");
+        let mut leases = zk.list_children(&dir).await.unwrap_or_default();
+        leases.sort();
+        if let Some(first) = leases.first() {
+            if let Ok(Some(st)) = zk.check_stat(&format!("{dir}/{first}")).await {
+                let task = session_to_task.get(&st.ephemeral_owner).cloned().unwrap_or_else(|| format!("session-{:x}", st.ephemeral_owner));
+                out.insert(shard, task);
+            }
+        }
+    }
+    out
+}
+
+/// Live task names.
+pub async fn live_tasks(zk: &zookeeper_client::Client, cluster: &Cluster) -> Vec<String> {
+    let tasks_dir = format!("{}/topologies/{}/tasks", cluster.zk_root, cluster.topology);
+    let mut v = zk.list_children(&tasks_dir).await.unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Checks "no child read before all its parents finished" and "never two readers of one shard"
+/// on the read logs. `parents` maps child -> parents. Returns the violations.
+pub fn read_log_violations(entries: &[ReadLogEntry], parents: &HashMap<String, Vec<String>>) -> Vec<String> {
+    let mut v = Vec::new();
+    let mut finished_at: HashMap<&str, i64> = HashMap::new();
+    for e in entries {
+        if e.event == "finish" {
+            finished_at.entry(e.shard.as_str()).or_insert(e.t_ms);
+        }
+    }
+    for e in entries.iter().filter(|e| e.event == "records") {
+        for p in parents.get(&e.shard).into_iter().flatten() {
+            match finished_at.get(p.as_str()) {
+                Some(t) if *t <= e.t_ms => {}
+                Some(t) => v.push(format!("{} read {} at {} before parent {p} finished at {t}", e.task, e.shard, e.t_ms)),
+                None => v.push(format!("{} read {} at {} but parent {p} never finished", e.task, e.shard, e.t_ms)),
+            }
+        }
+    }
+    // Exclusive reading: between a task's acquire and its release of a shard, no other task's
+    // records events for that shard.
+    let mut holder: HashMap<&str, &str> = HashMap::new();
+    for e in entries {
+        match e.event.as_str() {
+            "acquire" => {
+                if let Some(h) = holder.get(e.shard.as_str()) {
+                    if *h != e.task {
+                        v.push(format!("{} acquired {} at {} while {h} held it", e.task, e.shard, e.t_ms));
+                    }
+                }
+                holder.insert(e.shard.as_str(), e.task.as_str());
+            }
+            "release" => {
+                if holder.get(e.shard.as_str()) == Some(&e.task.as_str()) {
+                    holder.remove(e.shard.as_str());
+                }
+            }
+            "records" => {
+                if let Some(h) = holder.get(e.shard.as_str()) {
+                    if *h != e.task {
+                        v.push(format!("{} read {} at {} while {h} held it", e.task, e.shard, e.t_ms));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    v
+}
