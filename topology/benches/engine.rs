@@ -1,1 +1,327 @@
-fn main() {}
+//! Engine throughput: spout -> split -> count (fields grouping), acking on and off, against a
+//! bare tokio channel pipeline doing the same work, interleaved in the same run (the box is
+//! noisy), plus a sustained acked run that reports RSS to show memory stays flat.
+//!
+//! Shape (both sides): 1 spout task, 2 split tasks (round robin), 2 count tasks (hash of the word);
+//! each sentence has 8 words from a 64-word vocabulary; split allocates an `Arc<str>` per word;
+//! count updates a `HashMap<Arc<str>, u64>`. The bare pipeline batches 64 items per channel
+//! message, like the engine's default `batch_size`.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group};
+use squall_topology::*;
+use tokio::sync::mpsc;
+
+const WORDS_PER_SENTENCE: u64 = 8;
+const SENTENCES: u64 = 200_000;
+
+fn corpus() -> Arc<Vec<Arc<str>>> {
+    let vocab: Vec<String> = (0..64).map(|i| format!("word{i:02}x")).collect();
+    let mut x = 12345u64;
+    let sentences = (0..1024)
+        .map(|_| {
+            let words: Vec<&str> = (0..WORDS_PER_SENTENCE)
+                .map(|_| {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    vocab[(x >> 58) as usize].as_str()
+                })
+                .collect();
+            Arc::from(words.join(" "))
+        })
+        .collect();
+    Arc::new(sentences)
+}
+
+struct SentenceSpout {
+    corpus: Arc<Vec<Arc<str>>>,
+    next: u64,
+    limit: u64,
+    tracked: bool,
+}
+
+impl Spout for SentenceSpout {
+    type MsgId = u64;
+    async fn next_tuple(&mut self, out: &mut SpoutOutput<u64>) -> Result<(), ComponentError> {
+        if self.next >= self.limit {
+            return Ok(());
+        }
+        let s = Value::Str(self.corpus[(self.next % 1024) as usize].clone());
+        if self.tracked {
+            out.emit_tracked(Values::from(s), self.next)?;
+        } else {
+            out.emit(s)?;
+        }
+        self.next += 1;
+        Ok(())
+    }
+}
+
+struct Split;
+
+impl Bolt for Split {
+    async fn execute(&mut self, t: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        for w in t.get_str("sentence")?.split(' ') {
+            out.emit(Value::Str(Arc::from(w)))?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct Count(HashMap<Arc<str>, u64>);
+
+impl Bolt for Count {
+    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let w = t.get_arc_str("word")?;
+        match self.0.get_mut(&w) {
+            Some(n) => *n += 1,
+            None => {
+                self.0.insert(w, 1);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn topology(tracked: bool, limit: u64) -> Topology {
+    let corpus = corpus();
+    let mut b = TopologyBuilder::new("bench");
+    b.set_spout("spout", 1, move |_| SentenceSpout { corpus: corpus.clone(), next: 0, limit, tracked })
+        .fields(&["sentence"]);
+    b.set_bolt("split", 2, |_| Split).shuffle_grouping("spout").fields(&["word"]);
+    b.set_bolt("count", 2, |_| Count::default()).fields_grouping("split", &["word"]);
+    b.build().expect("valid")
+}
+
+fn bench_config(acking: bool) -> TopologyConfig {
+    TopologyConfig { acking, max_spout_pending: 4096, ..TopologyConfig::default() }
+}
+
+/// Runs the engine until every word is counted; returns words/s.
+async fn run_engine(acking: bool, sentences: u64) -> f64 {
+    let running = run_local(topology(acking, sentences), bench_config(acking)).expect("config");
+    let start = Instant::now();
+    let target = sentences * WORDS_PER_SENTENCE;
+    loop {
+        tokio::time::sleep(Duration::from_micros(500)).await;
+        let m = running.metrics();
+        let counted = m.component("count").map_or(0, |c| c.executed);
+        let done = counted >= target && (!acking || m.component("spout").map_or(0, |c| c.acked) >= sentences);
+        if done {
+            break;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    running.cancel().await.expect("clean stop");
+    target as f64 / secs
+}
+
+/// The same work on bare tokio channels, 64 items per message.
+async fn run_bare(sentences: u64) -> f64 {
+    const BATCH: usize = 64;
+    let corpus = corpus();
+    let start = Instant::now();
+    let counted = Arc::new(AtomicU64::new(0));
+    let mut split_txs = Vec::new();
+    let mut count_txs = Vec::new();
+    let mut handles = Vec::new();
+    let mut count_rxs = Vec::new();
+    for _ in 0..2 {
+        let (tx, rx) = mpsc::channel::<Vec<Arc<str>>>(64);
+        count_txs.push(tx);
+        count_rxs.push(rx);
+    }
+    for mut rx in count_rxs {
+        let counted = counted.clone();
+        handles.push(tokio::spawn(async move {
+            let mut counts: HashMap<Arc<str>, u64> = HashMap::new();
+            let mut n = 0;
+            while let Some(batch) = rx.recv().await {
+                for w in batch {
+                    n += 1;
+                    match counts.get_mut(&w) {
+                        Some(c) => *c += 1,
+                        None => {
+                            counts.insert(w, 1);
+                        }
+                    }
+                }
+            }
+            counted.fetch_add(n, Ordering::Relaxed);
+        }));
+    }
+    for _ in 0..2 {
+        let (tx, mut rx) = mpsc::channel::<Vec<Arc<str>>>(64);
+        split_txs.push(tx);
+        let outs = count_txs.clone();
+        handles.push(tokio::spawn(async move {
+            let mut bufs: Vec<Vec<Arc<str>>> = vec![Vec::with_capacity(BATCH); outs.len()];
+            while let Some(batch) = rx.recv().await {
+                for s in batch {
+                    for w in s.split(' ') {
+                        let mut h = std::collections::hash_map::DefaultHasher::new();
+                        w.hash(&mut h);
+                        let t = (h.finish() % outs.len() as u64) as usize;
+                        bufs[t].push(Arc::from(w));
+                        if bufs[t].len() == BATCH {
+                            let b = std::mem::replace(&mut bufs[t], Vec::with_capacity(BATCH));
+                            let _ = outs[t].send(b).await;
+                        }
+                    }
+                }
+                for (t, b) in bufs.iter_mut().enumerate() {
+                    if !b.is_empty() {
+                        let _ = outs[t].send(std::mem::take(b)).await;
+                    }
+                }
+            }
+        }));
+    }
+    drop(count_txs);
+    let mut buf = Vec::with_capacity(BATCH);
+    let mut rr = 0;
+    for i in 0..sentences {
+        buf.push(corpus[(i % 1024) as usize].clone());
+        if buf.len() == BATCH {
+            let _ = split_txs[rr].send(std::mem::replace(&mut buf, Vec::with_capacity(BATCH))).await;
+            rr = (rr + 1) % split_txs.len();
+        }
+    }
+    if !buf.is_empty() {
+        let _ = split_txs[rr].send(buf).await;
+    }
+    drop(split_txs);
+    for h in handles {
+        let _ = h.await;
+    }
+    let n = counted.load(Ordering::Relaxed);
+    assert_eq!(n, sentences * WORDS_PER_SENTENCE);
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Interleaved A/B/C rounds, medians and ratios (printed as a Markdown table).
+fn interleaved_comparison() {
+    let rt = runtime();
+    let rounds = 7;
+    let (mut bare, mut unacked, mut acked) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut r_un, mut r_ack) = (Vec::new(), Vec::new());
+    rt.block_on(run_bare(20_000)); // warm-up
+    for round in 0..rounds {
+        // rotate the order each round
+        let mut results = [0.0; 3];
+        for k in 0..3 {
+            let which = (k + round) % 3;
+            results[which] = match which {
+                0 => rt.block_on(run_bare(SENTENCES)),
+                1 => rt.block_on(run_engine(false, SENTENCES)),
+                _ => rt.block_on(run_engine(true, SENTENCES)),
+            };
+        }
+        bare.push(results[0]);
+        unacked.push(results[1]);
+        acked.push(results[2]);
+        r_un.push(results[1] / results[0]);
+        r_ack.push(results[2] / results[0]);
+    }
+    let (b, u, a) = (median(&mut bare), median(&mut unacked), median(&mut acked));
+    println!(
+        "\n## Engine: interleaved comparison ({rounds} rounds, {} words per run, medians)\n",
+        SENTENCES * WORDS_PER_SENTENCE
+    );
+    println!("| pipeline | words/s | ratio to bare (median of per-round ratios) |");
+    println!("| --- | ---: | ---: |");
+    println!("| bare tokio channels (64/msg) | {:.2}M | 1.00 |", b / 1e6);
+    println!("| engine, acking off | {:.2}M | {:.2} |", u / 1e6, median(&mut r_un));
+    println!("| engine, acking on (max pending 4096) | {:.2}M | {:.2} |", a / 1e6, median(&mut r_ack));
+}
+
+/// A sustained acked run with an endless spout: RSS must stay flat (bounded by max pending and
+/// channel capacities).
+fn sustained_memory() {
+    let rt = runtime();
+    rt.block_on(async {
+        let running = run_local(topology(true, u64::MAX), bench_config(true)).expect("config");
+        let start = Instant::now();
+        let mut samples = Vec::new();
+        for secs in [1u64, 3, 6, 10] {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(start + Duration::from_secs(secs))).await;
+            let m = running.metrics();
+            samples.push((
+                secs,
+                rss_kib(),
+                m.component("spout").map_or(0, |c| c.acked),
+                m.component("spout").map_or(0, |c| c.pending),
+            ));
+        }
+        running.cancel().await.expect("clean stop");
+        println!("\n## Engine: sustained acked run (endless spout, max pending 4096)\n");
+        println!("| t (s) | RSS (MiB) | sentences acked | pending |");
+        println!("| ---: | ---: | ---: | ---: |");
+        for (s, rss, acked, pending) in samples {
+            println!("| {s} | {:.1} | {acked} | {pending} |", rss as f64 / 1024.0);
+        }
+    });
+}
+
+fn criterion_benches(c: &mut Criterion) {
+    let rt = runtime();
+    let mut g = c.benchmark_group("spout_split_count");
+    g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(4));
+    g.throughput(criterion::Throughput::Elements(50_000 * WORDS_PER_SENTENCE));
+    let per_iter = |rt: &tokio::runtime::Runtime, f: &dyn Fn() -> f64, iters: u64| {
+        let _ = rt;
+        let mut total = Duration::ZERO;
+        for _ in 0..iters {
+            let wps = f();
+            total += Duration::from_secs_f64((50_000 * WORDS_PER_SENTENCE) as f64 / wps);
+        }
+        total
+    };
+    g.bench_function("bare", |b| b.iter_custom(|i| per_iter(&rt, &|| rt.block_on(run_bare(50_000)), i)));
+    g.bench_function("engine_unacked", |b| {
+        b.iter_custom(|i| per_iter(&rt, &|| rt.block_on(run_engine(false, 50_000)), i))
+    });
+    g.bench_function("engine_acked", |b| {
+        b.iter_custom(|i| per_iter(&rt, &|| rt.block_on(run_engine(true, 50_000)), i))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, criterion_benches);
+
+fn main() {
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    if filter.is_none() || filter.as_deref() == Some("interleaved") {
+        interleaved_comparison();
+        sustained_memory();
+    }
+    if filter.as_deref() != Some("interleaved") {
+        benches();
+        Criterion::default().configure_from_args().final_summary();
+    }
+}

@@ -114,8 +114,8 @@ proptest! {
                 }
             }
         }
-        for r in 0..roots {
-            let all = members[r].is_subset(&acked);
+        for (r, m) in members.iter().enumerate() {
+            let all = m.is_subset(&acked);
             prop_assert_eq!(completed.contains(&r), all, "root {} complete={} but all-acked={}", r, completed.contains(&r), all);
         }
         prop_assert_eq!(pending.len(), roots - completed.len());
