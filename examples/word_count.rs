@@ -38,10 +38,7 @@ impl Bolt for Split {
     async fn execute(&mut self, t: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
         let data = t.get_bytes("data")?;
         let text = String::from_utf8_lossy(&data);
-        for word in text
-            .split(|c: char| !c.is_alphanumeric() && c != '-')
-            .filter(|w| !w.is_empty() && w.len() < 64)
-        {
+        for word in text.split(|c: char| !c.is_alphanumeric() && c != '-').filter(|w| !w.is_empty() && w.len() < 64) {
             out.emit([word.to_lowercase()])?;
         }
         Ok(())
@@ -65,7 +62,12 @@ impl Bolt for Count {
         *self.counts.entry(t.get_str("word")?.to_string()).or_default() += 1;
         if self.last_log.is_none_or(|l| l.elapsed() > Duration::from_secs(5)) {
             self.last_log = Some(Instant::now());
-            tracing::info!(task = self.task, distinct = self.counts.len(), total = self.counts.values().sum::<u64>(), "counting");
+            tracing::info!(
+                task = self.task,
+                distinct = self.counts.len(),
+                total = self.counts.values().sum::<u64>(),
+                "counting"
+            );
         }
         Ok(())
     }

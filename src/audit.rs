@@ -58,8 +58,9 @@ pub fn audit(manifests: &[impl AsRef<Path>], deliveries: &[impl AsRef<Path>]) ->
     for p in manifests {
         let p = p.as_ref();
         let text = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading manifest {}: {e}", p.display()))?;
-        let m: Manifest = serde_json::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("manifest {} is not a `squall stream put --manifest` file: {e}", p.display()))?;
+        let m: Manifest = serde_json::from_str(&text).map_err(|e| {
+            anyhow::anyhow!("manifest {} is not a `squall stream put --manifest` file: {e}", p.display())
+        })?;
         ms.push(m);
     }
     let mut ds = Vec::new();
@@ -74,7 +75,9 @@ pub fn audit(manifests: &[impl AsRef<Path>], deliveries: &[impl AsRef<Path>]) ->
             // A worker killed mid-write can leave a torn last line: skip it, say so.
             match serde_json::from_str::<Delivery>(&line) {
                 Ok(d) => ds.push(d),
-                Err(e) => tracing::warn!(file = %p.display(), line = i + 1, error = %e, "skipping a malformed delivery line"),
+                Err(e) => {
+                    tracing::warn!(file = %p.display(), line = i + 1, error = %e, "skipping a malformed delivery line")
+                }
             }
         }
     }
@@ -148,7 +151,12 @@ mod tests {
 
     #[test]
     fn counts_loss_duplicates_and_order() {
-        let m = Manifest { run: "r".into(), stream: "s".into(), counts: [("a".into(), 3), ("b".into(), 2)].into(), total: 5 };
+        let m = Manifest {
+            run: "r".into(),
+            stream: "s".into(),
+            counts: [("a".into(), 3), ("b".into(), 2)].into(),
+            total: 5,
+        };
         let ds = vec![d("a", 0, 1), d("a", 2, 2), d("a", 1, 3), d("a", 2, 4), d("b", 0, 5), d("x", 0, 6)];
         let mut foreign = d("a", 0, 7);
         foreign.run = "other".into();

@@ -86,7 +86,9 @@ async fn sigkill_failover_within_session_timeout_and_duplicates_only_uncheckpoin
     for ((_, key, seq), ds) in count.iter().filter(|(_, v)| v.len() > 1) {
         dups += ds.len() - 1;
         let d = ds[0];
-        let cp = at_death.get(&d.shard).unwrap_or_else(|| panic!("{key}/{seq} duplicated from {}, not a victim shard", d.shard));
+        let cp = at_death
+            .get(&d.shard)
+            .unwrap_or_else(|| panic!("{key}/{seq} duplicated from {}, not a victim shard", d.shard));
         if let CheckpointPosition::AfterSequence { sequence, .. } = &cp.position {
             assert!(
                 sequence_cmp(&d.sequence, sequence).is_gt(),

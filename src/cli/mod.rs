@@ -60,7 +60,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let report = crate::audit::audit(manifest, deliveries)?;
             println!("{}", serde_json::to_string(&report)?);
             if report.lost > 0 {
-                anyhow::bail!("{} of {} records were lost (e.g. {:?})", report.lost, report.produced, report.lost_examples);
+                anyhow::bail!(
+                    "{} of {} records were lost (e.g. {:?})",
+                    report.lost,
+                    report.produced,
+                    report.lost_examples
+                );
             }
             Ok(())
         }

@@ -77,7 +77,7 @@ impl KinesisEndpoint {
                 reason: "is empty; set a region such as us-east-1 (--region or AWS_REGION)".into(),
             });
         }
-        if !self.is_aws() && !(self.endpoint.starts_with("http://") || self.endpoint.starts_with("https://")) {
+        if !(self.is_aws() || self.endpoint.starts_with("http://") || self.endpoint.starts_with("https://")) {
             return Err(KinesisError::Config {
                 field: "endpoint".into(),
                 reason: format!(

@@ -282,7 +282,10 @@ impl KinesisSpoutConfig {
             return err("topology", format!("{:?} must be 1-128 characters of a-z, A-Z, 0-9, _ . -", self.topology));
         }
         if !name_ok(&self.stream) {
-            return err("stream", format!("{:?} is not a Kinesis stream name (1-128 of a-z, A-Z, 0-9, _ . -)", self.stream));
+            return err(
+                "stream",
+                format!("{:?} is not a Kinesis stream name (1-128 of a-z, A-Z, 0-9, _ . -)", self.stream),
+            );
         }
         if let Err(e) = self.kinesis.validate() {
             return err("kinesis", e.to_string());
@@ -293,7 +296,10 @@ impl KinesisSpoutConfig {
         if self.min_get_interval_ms < 200 {
             return err(
                 "min_get_interval_ms",
-                format!("is {}; below 200 ms exceeds Kinesis' 5 GetRecords calls per second per shard", self.min_get_interval_ms),
+                format!(
+                    "is {}; below 200 ms exceeds Kinesis' 5 GetRecords calls per second per shard",
+                    self.min_get_interval_ms
+                ),
             );
         }
         for (key, v) in [
@@ -315,11 +321,19 @@ impl KinesisSpoutConfig {
         if self.zookeeper.connect.trim().is_empty() {
             return err("zookeeper.connect", "is empty; set host:port, e.g. 127.0.0.1:2181 (SQUALL_ZK)".into());
         }
-        if !self.zookeeper.root.starts_with('/') || (self.zookeeper.root.len() > 1 && self.zookeeper.root.ends_with('/')) {
-            return err("zookeeper.root", format!("{:?} must be an absolute znode path like /squall", self.zookeeper.root));
+        if !self.zookeeper.root.starts_with('/')
+            || (self.zookeeper.root.len() > 1 && self.zookeeper.root.ends_with('/'))
+        {
+            return err(
+                "zookeeper.root",
+                format!("{:?} must be an absolute znode path like /squall", self.zookeeper.root),
+            );
         }
         if self.zookeeper.session_timeout_ms < 1000 {
-            return err("zookeeper.session_timeout_ms", format!("is {}; use at least 1000", self.zookeeper.session_timeout_ms));
+            return err(
+                "zookeeper.session_timeout_ms",
+                format!("is {}; use at least 1000", self.zookeeper.session_timeout_ms),
+            );
         }
         if self.zookeeper.auth_user.is_some() != self.zookeeper.auth_password.is_some() {
             return err("zookeeper.auth_user", "and zookeeper.auth_password must be set together".into());

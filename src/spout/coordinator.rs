@@ -222,9 +222,9 @@ impl Coordinator {
                 }
                 self.maintain(&mut s, false).await?;
                 if s.is_leader {
-                    let due = s.last_discovery.is_none_or(|t| {
-                        t.elapsed() >= KinesisSpoutConfig::ms(self.cfg.shard_discovery_interval_ms)
-                    });
+                    let due = s
+                        .last_discovery
+                        .is_none_or(|t| t.elapsed() >= KinesisSpoutConfig::ms(self.cfg.shard_discovery_interval_ms));
                     if due || s.discovery_wanted {
                         s.discovery_wanted = false;
                         s.last_discovery = Some(Instant::now());
@@ -309,7 +309,8 @@ impl Coordinator {
         let readable: Vec<String> =
             readable_shards(&list.value, &cps).into_iter().filter(|id| cps.contains_key(id)).collect();
         let assignment = assign(&tasks, &readable);
-        let mine: HashSet<&str> = assignment.get(&s.task).map(|v| v.iter().map(String::as_str).collect()).unwrap_or_default();
+        let mine: HashSet<&str> =
+            assignment.get(&s.task).map(|v| v.iter().map(String::as_str).collect()).unwrap_or_default();
         // Hand off what is no longer ours.
         let to_release: Vec<Arc<str>> = s
             .owned
@@ -445,7 +446,11 @@ impl Coordinator {
                 o.last_write = Instant::now();
                 Ok(true)
             }
-            Err(e @ (CoordError::Fenced { .. } | CoordError::VersionConflict { .. } | CoordError::CheckpointBackwards { .. })) => {
+            Err(
+                e @ (CoordError::Fenced { .. }
+                | CoordError::VersionConflict { .. }
+                | CoordError::CheckpointBackwards { .. }),
+            ) => {
                 tracing::warn!(shard = %shard, error = %e, "checkpoint refused: this task no longer owns the shard; stopped reading it");
                 if let Some(mut o) = s.owned.remove(shard) {
                     o.reader.cancel();
@@ -546,7 +551,9 @@ impl Coordinator {
         let unchanged = existing.as_ref().is_some_and(|e| e.value.shards == list.shards);
         if !unchanged {
             match s.store.write_shard_list(&list, existing.as_ref().map(|e| e.version)).await {
-                Ok(_) => tracing::info!(stream = %self.cfg.stream, shards = list.shards.len(), "shard list updated in ZooKeeper"),
+                Ok(_) => {
+                    tracing::info!(stream = %self.cfg.stream, shards = list.shards.len(), "shard list updated in ZooKeeper")
+                }
                 Err(CoordError::VersionConflict { .. }) => {
                     tracing::debug!("shard list changed concurrently; will list again");
                 }

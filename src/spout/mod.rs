@@ -201,9 +201,8 @@ impl Spout for KinesisSpout {
             .await
             .map_err(|e| ComponentError::fatal(format!("Kinesis spout of topology {}: {e}", self.cfg.topology)))?;
         let client = self.cfg.kinesis.client().await.map_err(|e| ComponentError::fatal(e.to_string()))?;
-        let read_log = readlog::ReadLog::open(self.cfg.read_log.as_deref()).map_err(|e| {
-            ComponentError::fatal(format!("cannot open the read log {:?}: {e}", self.cfg.read_log))
-        })?;
+        let read_log = readlog::ReadLog::open(self.cfg.read_log.as_deref())
+            .map_err(|e| ComponentError::fatal(format!("cannot open the read log {:?}: {e}", self.cfg.read_log)))?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let (fetch_tx, fetch_rx) = watch::channel(false);
         let reader = Arc::new(reader::ReaderCtx {

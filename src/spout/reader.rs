@@ -66,14 +66,17 @@ impl ReaderCtx {
         let mut req = self.client.get_shard_iterator().stream_name(&self.stream).shard_id(shard);
         req = match pos {
             CheckpointPosition::TrimHorizon => req.shard_iterator_type(ShardIteratorType::TrimHorizon),
-            CheckpointPosition::AtTimestamp { millis } => req
-                .shard_iterator_type(ShardIteratorType::AtTimestamp)
-                .timestamp(DateTime::from_millis(*millis)),
-            CheckpointPosition::AfterSequence { sequence, .. } => req
-                .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
-                .starting_sequence_number(sequence),
+            CheckpointPosition::AtTimestamp { millis } => {
+                req.shard_iterator_type(ShardIteratorType::AtTimestamp).timestamp(DateTime::from_millis(*millis))
+            }
+            CheckpointPosition::AfterSequence { sequence, .. } => {
+                req.shard_iterator_type(ShardIteratorType::AfterSequenceNumber).starting_sequence_number(sequence)
+            }
         };
-        let out = req.send().await.map_err(|e| KinesisError::from_sdk("GetShardIterator", &self.stream, &self.endpoint, e))?;
+        let out = req
+            .send()
+            .await
+            .map_err(|e| KinesisError::from_sdk("GetShardIterator", &self.stream, &self.endpoint, e))?;
         out.shard_iterator.ok_or_else(|| KinesisError::Service {
             op: "GetShardIterator",
             stream: self.stream.clone(),
@@ -111,7 +114,13 @@ impl ReaderCtx {
     }
 
     /// Reads one shard until its end or cancellation.
-    pub async fn run(self: Arc<Self>, shard: Arc<str>, epoch: u64, start: CheckpointPosition, cancel: CancellationToken) {
+    pub async fn run(
+        self: Arc<Self>,
+        shard: Arc<str>,
+        epoch: u64,
+        start: CheckpointPosition,
+        cancel: CancellationToken,
+    ) {
         let backoff = || {
             backon::ExponentialBuilder::default()
                 .with_min_delay(self.call_min_backoff)

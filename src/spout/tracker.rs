@@ -181,7 +181,10 @@ impl Tracker {
             }
             if let Some(r) = t.queued.pop_front() {
                 t.last_emitted = Some(r.sequence.clone());
-                t.inflight.insert(SeqKey(r.sequence.clone()), Entry { record: r.clone(), acked: false, failures: 0, abandoned: false });
+                t.inflight.insert(
+                    SeqKey(r.sequence.clone()),
+                    Entry { record: r.clone(), acked: false, failures: 0, abandoned: false },
+                );
                 return Some((r, t.epoch));
             }
         }

@@ -149,9 +149,8 @@ impl Cluster {
 }
 
 fn files_ending(dir: &Path, suffix: &str) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
+    let mut v: Vec<PathBuf> =
+        std::fs::read_dir(dir).map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
     v.retain(|p| p.to_string_lossy().ends_with(suffix));
     v.sort();
     v
@@ -263,7 +262,10 @@ pub async fn owners(zk: &zookeeper_client::Client, cluster: &Cluster) -> BTreeMa
         leases.sort();
         if let Some(first) = leases.first() {
             if let Ok(Some(st)) = zk.check_stat(&format!("{dir}/{first}")).await {
-                let task = session_to_task.get(&st.ephemeral_owner).cloned().unwrap_or_else(|| format!("session-{:x}", st.ephemeral_owner));
+                let task = session_to_task
+                    .get(&st.ephemeral_owner)
+                    .cloned()
+                    .unwrap_or_else(|| format!("session-{:x}", st.ephemeral_owner));
                 out.insert(shard, task);
             }
         }
@@ -293,7 +295,9 @@ pub fn read_log_violations(entries: &[ReadLogEntry], parents: &HashMap<String, V
         for p in parents.get(&e.shard).into_iter().flatten() {
             match finished_at.get(p.as_str()) {
                 Some(t) if *t <= e.t_ms => {}
-                Some(t) => v.push(format!("{} read {} at {} before parent {p} finished at {t}", e.task, e.shard, e.t_ms)),
+                Some(t) => {
+                    v.push(format!("{} read {} at {} before parent {p} finished at {t}", e.task, e.shard, e.t_ms))
+                }
                 None => v.push(format!("{} read {} at {} but parent {p} never finished", e.task, e.shard, e.t_ms)),
             }
         }
@@ -311,10 +315,8 @@ pub fn read_log_violations(entries: &[ReadLogEntry], parents: &HashMap<String, V
                 }
                 holder.insert(e.shard.as_str(), e.task.as_str());
             }
-            "release" => {
-                if holder.get(e.shard.as_str()) == Some(&e.task.as_str()) {
-                    holder.remove(e.shard.as_str());
-                }
+            "release" if holder.get(e.shard.as_str()) == Some(&e.task.as_str()) => {
+                holder.remove(e.shard.as_str());
             }
             "records" => {
                 if let Some(h) = holder.get(e.shard.as_str()) {
