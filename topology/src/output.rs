@@ -100,7 +100,7 @@ pub(crate) struct Route {
 }
 
 pub(crate) struct OutStream {
-    pub(crate) meta: Arc<StreamMeta>,
+    pub(crate) meta: &'static StreamMeta,
     pub(crate) routes: Vec<Route>,
 }
 
@@ -116,6 +116,7 @@ pub(crate) struct Outbox {
     pub(crate) rng: EdgeRng,
     pub(crate) emitted: u64,
     scratch: Vec<usize>,
+    default: Option<usize>,
 }
 
 impl Outbox {
@@ -126,7 +127,9 @@ impl Outbox {
         targets: Vec<Target>,
         batch_size: usize,
     ) -> Self {
+        let default = streams.iter().position(|s| &*s.meta.stream == DEFAULT_STREAM);
         Outbox {
+            default,
             from,
             component,
             streams,
@@ -136,6 +139,14 @@ impl Outbox {
             rng: EdgeRng::from_entropy(from as u64),
             emitted: 0,
             scratch: Vec::new(),
+        }
+    }
+
+    /// The index of the default stream (cached).
+    pub(crate) fn default_index(&self) -> Result<usize, EmitError> {
+        match self.default {
+            Some(i) => Ok(i),
+            None => self.stream_index(DEFAULT_STREAM),
         }
     }
 
@@ -185,7 +196,7 @@ impl Outbox {
         self.check(stream, &values, direct)?;
         self.emitted += 1;
         let s = &mut self.streams[stream];
-        let data = Arc::new(TupleData { meta: s.meta.clone(), values });
+        let data = Arc::new(TupleData { meta: s.meta, values });
         let mut copies = 0;
         for route in &mut s.routes {
             self.scratch.clear();
@@ -246,13 +257,13 @@ impl<M> SpoutOutput<M> {
 
     /// Emits an untracked tuple on the default stream (at most once).
     pub fn emit(&mut self, values: impl Into<Values>) -> Result<(), EmitError> {
-        let s = self.outbox.stream_index(DEFAULT_STREAM)?;
+        let s = self.outbox.default_index()?;
         self.emit_inner(s, values.into(), None, None)
     }
 
     /// Emits a tracked tuple on the default stream: `ack(msg_id)` or `fail(msg_id)` follows.
     pub fn emit_tracked(&mut self, values: impl Into<Values>, msg_id: M) -> Result<(), EmitError> {
-        let s = self.outbox.stream_index(DEFAULT_STREAM)?;
+        let s = self.outbox.default_index()?;
         self.emit_inner(s, values.into(), None, Some(msg_id))
     }
 
@@ -388,7 +399,7 @@ impl BoltOutput {
 
     /// Emits on the default stream, anchored to the current input (unanchored outside execute).
     pub fn emit(&mut self, values: impl Into<Values>) -> Result<(), EmitError> {
-        let s = self.outbox.stream_index(DEFAULT_STREAM)?;
+        let s = self.outbox.default_index()?;
         self.emit_current(s, values.into(), None)
     }
 

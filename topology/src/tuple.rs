@@ -94,9 +94,24 @@ pub(crate) struct StreamMeta {
     pub(crate) fields: Fields,
 }
 
+impl StreamMeta {
+    /// The process-wide interned copy of this metadata. Tuples point at it without reference
+    /// counting: a shared refcount bumped by the emitting thread and dropped by the receiving
+    /// one bounces a cache line per tuple. The interner holds one entry per distinct (component,
+    /// task, stream, fields), so memory is bounded by the topologies' shapes, not by their runs.
+    pub(crate) fn intern(self) -> &'static StreamMeta {
+        type Key = (String, usize, String, Vec<String>);
+        static INTERNED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<Key, &'static StreamMeta>>> =
+            std::sync::OnceLock::new();
+        let key = (self.component.to_string(), self.task, self.stream.to_string(), self.fields.to_vec());
+        let mut map = INTERNED.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(key).or_insert_with(|| Box::leak(Box::new(self)))
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct TupleData {
-    pub(crate) meta: Arc<StreamMeta>,
+    pub(crate) meta: &'static StreamMeta,
     pub(crate) values: Values,
 }
 
@@ -115,12 +130,13 @@ impl Tuple {
     pub fn new_for_test(component: &str, stream: &str, fields: &[&str], values: Values) -> Tuple {
         Tuple {
             data: Arc::new(TupleData {
-                meta: Arc::new(StreamMeta {
+                meta: StreamMeta {
                     component: Arc::from(component),
                     task: 0,
                     stream: Arc::from(stream),
                     fields: Fields::new(fields),
-                }),
+                }
+                .intern(),
                 values,
             }),
             anchors: Anchors::new(),
@@ -164,7 +180,7 @@ impl Tuple {
 
     /// The value of a field by name.
     pub fn get(&self, field: &str) -> Result<&Value, TupleError> {
-        let meta = &self.data.meta;
+        let meta = self.data.meta;
         match meta.fields.index_of(field) {
             Some(i) => Ok(self.data.values.get(i).unwrap_or(&Value::Null)),
             None => Err(TupleError::UnknownField {
@@ -249,7 +265,7 @@ impl Tuple {
 
 impl fmt::Debug for Tuple {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let meta = &self.data.meta;
+        let meta = self.data.meta;
         f.debug_struct("Tuple")
             .field("component", &meta.component)
             .field("task", &meta.task)

@@ -254,12 +254,8 @@ pub(crate) fn start(
                 .iter()
                 .enumerate()
                 .map(|(si, (name, fields))| OutStream {
-                    meta: Arc::new(StreamMeta {
-                        component: c.id.clone(),
-                        task,
-                        stream: name.clone(),
-                        fields: fields.clone(),
-                    }),
+                    meta: StreamMeta { component: c.id.clone(), task, stream: name.clone(), fields: fields.clone() }
+                        .intern(),
                     routes: subs[ci]
                         .iter()
                         .filter(|(s, _, _)| *s == si)
