@@ -13,7 +13,7 @@
 //!
 //! It shows: the worker entry point (`squall::run`), fields grouping on the partition key, and
 //! that a sink which writes before it acks gives at-least-once delivery across workers, crashes
-//! and resharding. `--fail-every N` fails every N-th first delivery to exercise replay.
+//! and resharding. `--fail-every N` fails the first attempt of every N-th record of a key to exercise replay.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -35,16 +35,46 @@ struct Args {
     /// Sink tasks.
     #[arg(long, default_value_t = 2)]
     sinks: usize,
-    /// Fail every N-th tuple once (0 = never), to exercise replay.
+    /// Fail the first delivery attempt of every record whose per-key sequence is a multiple of N
+    /// (0 = never), to exercise replay: each such record fails once and succeeds when replayed.
     #[arg(long, default_value_t = 0)]
     fail_every: u64,
+    /// Fail every record of this partition key, every time (a poison record): after the retry
+    /// limit the spout sends it to its dead-letter stream.
+    #[arg(long)]
+    poison_key: Option<String>,
+    /// Append the dead-letter stream's records here (one JSON line each).
+    #[arg(long)]
+    dead_letters: Option<PathBuf>,
 }
 
 struct Sink {
     file: Arc<Mutex<std::fs::File>>,
     worker: String,
     fail_every: u64,
-    seen: u64,
+    failed_once: std::collections::HashSet<(String, String, u64)>,
+    poison_key: Option<String>,
+}
+
+/// Writes what the spout dead-lettered: the payload plus how many times it failed.
+struct DeadLetterSink {
+    file: Arc<Mutex<std::fs::File>>,
+}
+
+impl Bolt for DeadLetterSink {
+    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let data = t.get_bytes("data")?;
+        let p: AuditPayload = serde_json::from_slice(&data)
+            .map_err(|e| ComponentError::fatal(format!("record is not an audit payload: {e}")))?;
+        let line = serde_json::json!({
+            "run": p.run, "key": p.key, "seq": p.seq,
+            "shard": t.get_str("shard_id")?, "sequence": t.get_str("sequence_number")?,
+            "failures": t.get_u64("failures")?,
+        });
+        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        writeln!(f, "{line}").map_err(|e| ComponentError::retryable(format!("writing the dead-letter log: {e}")))?;
+        Ok(())
+    }
 }
 
 impl Bolt for Sink {
@@ -57,8 +87,13 @@ impl Bolt for Sink {
         let data = t.get_bytes("data")?;
         let p: AuditPayload = serde_json::from_slice(&data)
             .map_err(|e| ComponentError::fatal(format!("record is not an audit payload: {e}")))?;
-        self.seen += 1;
-        if self.fail_every > 0 && self.seen % self.fail_every == 0 {
+        if self.poison_key.as_deref() == Some(p.key.as_str()) {
+            return Err(ComponentError::retryable(format!("poison record {}/{}", p.key, p.seq)));
+        }
+        if self.fail_every > 0
+            && p.seq % self.fail_every == 0
+            && self.failed_once.insert((p.run.clone(), p.key.clone(), p.seq))
+        {
             return Err(ComponentError::retryable("injected failure (--fail-every)"));
         }
         let d = Delivery {
@@ -93,10 +128,30 @@ async fn main() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("opening --deliveries {}: {e}", args.deliveries.display()))?;
     let file = Arc::new(Mutex::new(file));
     let worker = format!("{}-{}", args.worker.topology, std::process::id());
-    let (sinks, fail_every) = (args.sinks, args.fail_every);
+    let dead = match &args.dead_letters {
+        Some(p) => Some(Arc::new(Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| anyhow::anyhow!("opening --dead-letters {}: {e}", p.display()))?,
+        ))),
+        None => None,
+    };
+    let (sinks, fail_every, poison_key) = (args.sinks, args.fail_every, args.poison_key.clone());
     squall::run(args.worker, move |b, spout| {
-        b.set_bolt("sink", sinks, move |_| Sink { file: file.clone(), worker: worker.clone(), fail_every, seen: 0 })
-            .fields_grouping(spout, &["partition_key"]);
+        b.set_bolt("sink", sinks, move |_| Sink {
+            file: file.clone(),
+            worker: worker.clone(),
+            fail_every,
+            failed_once: Default::default(),
+            poison_key: poison_key.clone(),
+        })
+        .fields_grouping(spout, &["partition_key"]);
+        if let Some(dead) = dead {
+            b.set_bolt("dead_letters", 1, move |_| DeadLetterSink { file: dead.clone() })
+                .shuffle_grouping_from(spout, squall::spout::DEAD_LETTER_STREAM);
+        }
     })
     .await
 }

@@ -108,3 +108,62 @@ fn localstack_up_refuses_a_taken_port_and_names_it() {
     drop(taken);
     let _ = std::fs::remove_dir_all(state);
 }
+
+#[test]
+fn every_service_listener_is_on_loopback_only() {
+    let ports: Vec<String> =
+        [("SQUALL_KINESIS_PORT", "4566"), ("SQUALL_KINESIS_TLS_PORT", "4567"), ("SQUALL_ZK_PORT", "2181")]
+            .iter()
+            .map(|(k, d)| std::env::var(k).unwrap_or_else(|_| d.to_string()))
+            .collect();
+    let out = Command::new("ss").args(["-Htln"]).output().expect("ss (iproute2) is installed by localstack/up");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for port in &ports {
+        let locals: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(3))
+            .filter(|local| local.rsplit(':').next() == Some(port.as_str()))
+            .collect();
+        assert!(!locals.is_empty(), "nothing listens on port {port}: are the services up?\n{text}");
+        for local in locals {
+            let host = &local[..local.len() - port.len() - 1];
+            assert!(
+                host == "127.0.0.1" || host == "[::ffff:127.0.0.1]" || host == "[::1]",
+                "port {port} listens on {host}, not loopback only"
+            );
+        }
+    }
+}
+
+#[test]
+fn audit_exits_non_zero_on_loss_and_zero_otherwise() {
+    let dir = std::env::temp_dir().join(support::unique_name("audit-cli"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let manifest = dir.join("m.json");
+    std::fs::write(&manifest, r#"{"run":"r1","stream":"s","counts":{"k":2},"total":2}"#).unwrap();
+    let line = |seq: u64, t: i64| {
+        format!(r#"{{"run":"r1","key":"k","seq":{seq},"shard":"s0","sequence":"1","worker":"w","t_us":{t}}}"#)
+    };
+    let partial = dir.join("d1.jsonl");
+    std::fs::write(&partial, format!("{}\n", line(0, 1))).unwrap();
+    let (rc, out, err) = run(squall().arg("audit").arg("--manifest").arg(&manifest).arg("--deliveries").arg(&partial));
+    assert_ne!(rc, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["lost"], 1);
+    assert!(err.contains("lost"), "{err}");
+    let full = dir.join("d2.jsonl");
+    std::fs::write(&full, format!("{}\n{}\n{}\n", line(1, 2), line(0, 3), line(1, 4))).unwrap();
+    let (rc, out, err) =
+        run(squall().arg("audit").arg("--manifest").arg(&manifest).arg("--deliveries").arg(&partial).arg(&full));
+    assert_eq!(rc, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        (v["lost"].as_u64(), v["duplicates"].as_u64(), v["order_violations"].as_u64()),
+        (Some(0), Some(2), Some(0))
+    );
+    let (rc, _, err) =
+        run(squall().arg("audit").arg("--manifest").arg(dir.join("nope.json")).arg("--deliveries").arg(&full));
+    assert_ne!(rc, 0);
+    assert!(err.contains("nope.json"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -42,20 +42,24 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn new(stream: &str, dir: &Path) -> Cluster {
+        Self::with_spout_config(stream, dir, serde_json::json!({}))
+    }
+
+    /// Like [`Cluster::new`], with extra spout configuration keys (e.g. `retry`).
+    pub fn with_spout_config(stream: &str, dir: &Path, extra: serde_json::Value) -> Cluster {
         let spout_config = dir.join("spout.json");
-        std::fs::write(
-            &spout_config,
-            serde_json::json!({
-                "topology": "x", "stream": "x",
-                "shard_discovery_interval_ms": 1000,
-                "checkpoint_interval_ms": 300,
-                "idle_poll_interval_ms": 100,
-                "resync_interval_ms": 2000,
-                "handoff_timeout_ms": 10000
-            })
-            .to_string(),
-        )
-        .unwrap();
+        let mut cfg = serde_json::json!({
+            "topology": "x", "stream": "x",
+            "shard_discovery_interval_ms": 1000,
+            "checkpoint_interval_ms": 300,
+            "idle_poll_interval_ms": 100,
+            "resync_interval_ms": 2000,
+            "handoff_timeout_ms": 10000
+        });
+        if let (Some(c), Some(e)) = (cfg.as_object_mut(), extra.as_object()) {
+            c.extend(e.clone());
+        }
+        std::fs::write(&spout_config, cfg.to_string()).unwrap();
         Cluster {
             topology: super::unique_name("topo"),
             stream: stream.to_string(),
