@@ -222,6 +222,7 @@ impl KeyHasher {
 }
 
 impl Hasher for KeyHasher {
+    #[inline]
     fn finish(&self) -> u64 {
         // murmur3 fmix64 so the high bits (used for the task choice) are well mixed
         let mut z = self.0;
@@ -229,26 +230,36 @@ impl Hasher for KeyHasher {
         z = (z ^ (z >> 33)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
         z ^ (z >> 33)
     }
+    #[inline]
     fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(c);
-            self.add(u64::from_le_bytes(b));
+        let mut b = bytes;
+        while b.len() >= 8 {
+            self.add(u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]));
+            b = &b[8..];
         }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(b) ^ ((rest.len() as u64) << 59));
-        }
+        // the tail, without a variable-length copy: overlapping loads cover every byte, and the
+        // length is mixed in
+        let n = b.len();
+        let tail = if n >= 4 {
+            let lo = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            let hi = u32::from_le_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]);
+            u64::from(lo) | (u64::from(hi) << 32)
+        } else if n > 0 {
+            u64::from(b[0]) | (u64::from(b[n / 2]) << 8) | (u64::from(b[n - 1]) << 16)
+        } else {
+            return;
+        };
+        self.add(tail ^ ((n as u64) << 59));
     }
+    #[inline]
     fn write_u8(&mut self, i: u8) {
         self.add(u64::from(i));
     }
+    #[inline]
     fn write_u64(&mut self, i: u64) {
         self.add(i);
     }
+    #[inline]
     fn write_i64(&mut self, i: i64) {
         self.add(i as u64);
     }

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use crate::acker::{self, AckBatch, EdgeRng, PendingTrees, U64Map};
 use crate::component::Watermark;
 use crate::grouping::Router;
-use crate::tuple::{Anchors, DEFAULT_STREAM, StreamMeta, Tuple, TupleData};
+use crate::tuple::{Anchors, DEFAULT_STREAM, StreamMeta, Tuple};
 use crate::value::Values;
 
 /// An emit the topology's declarations do not allow. The component's fault; not retryable.
@@ -186,6 +186,7 @@ impl Outbox {
 
     /// Routes one tuple to its targets, giving each copy the anchors `anchor` returns. Returns the
     /// number of copies buffered.
+    #[inline]
     pub(crate) fn dispatch(
         &mut self,
         stream: usize,
@@ -196,26 +197,45 @@ impl Outbox {
         self.check(stream, &values, direct)?;
         self.emitted += 1;
         let s = &mut self.streams[stream];
-        let data = Arc::new(TupleData { meta: s.meta, values });
-        let mut copies = 0;
+        let meta = s.meta;
+        // target indices of every copy, then the copies: the last one takes the values
+        self.scratch.clear();
         for route in &mut s.routes {
-            self.scratch.clear();
+            let start = self.scratch.len();
             match (route.direct, direct) {
-                (false, None) => route.router.route(&data.values, &mut self.scratch),
+                (false, None) => route.router.route(&values, &mut self.scratch),
                 (true, Some(task)) => self.scratch.push(task),
                 _ => continue,
             }
-            for &t in &self.scratch {
-                let Some(&target) = route.tasks.get(t) else { continue };
-                let tgt = &mut self.targets[target];
-                tgt.buf.push(Tuple { data: data.clone(), anchors: anchor(&mut self.rng) });
-                if tgt.buf.len() == self.batch_size {
-                    self.full.push(target);
+            let mut kept = start;
+            for i in start..self.scratch.len() {
+                if let Some(&target) = route.tasks.get(self.scratch[i]) {
+                    self.scratch[kept] = target;
+                    kept += 1;
                 }
-                copies += 1;
             }
+            self.scratch.truncate(kept);
         }
+        let copies = self.scratch.len();
+        if copies == 0 {
+            return Ok(0);
+        }
+        for i in 0..copies - 1 {
+            let anchors = anchor(&mut self.rng);
+            self.push(self.scratch[i], Tuple { meta, values: values.clone(), anchors });
+        }
+        let anchors = anchor(&mut self.rng);
+        self.push(self.scratch[copies - 1], Tuple { meta, values, anchors });
         Ok(copies)
+    }
+
+    #[inline]
+    fn push(&mut self, target: usize, tuple: Tuple) {
+        let tgt = &mut self.targets[target];
+        tgt.buf.push(tuple);
+        if tgt.buf.len() == self.batch_size {
+            self.full.push(target);
+        }
     }
 
     /// Takes the buffered tuples of a target, leaving an empty buffer with capacity.
@@ -509,6 +529,7 @@ impl BoltOutput {
         }
     }
 
+    #[inline]
     pub(crate) fn queue_ack(&mut self, anchors: &Anchors, ack_val: u64) {
         self.acked += 1;
         for (root, x) in acker::ack_updates(anchors, ack_val) {
@@ -517,7 +538,12 @@ impl BoltOutput {
                 if b.is_empty() {
                     self.acks_dirty.push(slot);
                 }
-                b.xors.push((root, x));
+                // Consecutive updates of one root (e.g. the words of one sentence) are XORed
+                // together: the spout applies one update instead of several.
+                match b.xors.last_mut() {
+                    Some((r, v)) if *r == root => *v ^= x,
+                    _ => b.xors.push((root, x)),
+                }
             }
         }
     }
@@ -536,11 +562,13 @@ impl BoltOutput {
     }
 
     /// Starts executing an input.
+    #[inline]
     pub(crate) fn begin(&mut self, input: &Tuple) {
         self.current = Current::Input { anchors: input.anchors.clone(), ack_val: 0 };
     }
 
     /// Ends executing an input: acks it on success, fails it on error (also when deferred).
+    #[inline]
     pub(crate) fn finish(&mut self, ok: bool) {
         match std::mem::take(&mut self.current) {
             Current::None => {}

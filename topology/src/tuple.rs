@@ -12,21 +12,57 @@ use crate::value::{Value, Values};
 pub const DEFAULT_STREAM: &str = "default";
 
 /// The declared field names of a stream. Cheap to clone.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Fields(Arc<[Arc<str>]>);
+#[derive(Clone)]
+pub struct Fields(Arc<[Field]>);
+
+/// A field name with a precomputed key for fast lookup by name.
+struct Field {
+    name: Arc<str>,
+    /// `name_key(name)`: together with the length, identifies names of up to 8 bytes exactly.
+    key: u64,
+}
+
+/// A cheap key of a name: for names of up to 8 bytes, equal keys and lengths mean equal names
+/// (the loads overlap but cover every byte); longer names are keyed by their first 8 bytes.
+#[inline]
+fn name_key(b: &[u8]) -> u64 {
+    let n = b.len();
+    if n >= 8 {
+        u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+    } else if n >= 4 {
+        let lo = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let hi = u32::from_le_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]);
+        u64::from(lo) | (u64::from(hi) << 32)
+    } else if n > 0 {
+        u64::from(b[0]) | (u64::from(b[n / 2]) << 8) | (u64::from(b[n - 1]) << 16)
+    } else {
+        0
+    }
+}
 
 impl Fields {
     /// Builds a field list from names.
     pub fn new<S: AsRef<str>>(names: &[S]) -> Self {
-        Fields(names.iter().map(|n| Arc::from(n.as_ref())).collect())
+        Fields(
+            names
+                .iter()
+                .map(|n| Field { name: Arc::from(n.as_ref()), key: name_key(n.as_ref().as_bytes()) })
+                .collect(),
+        )
     }
 
     /// The position of a field, if declared.
+    #[inline]
     pub fn index_of(&self, name: &str) -> Option<usize> {
-        self.0.iter().position(|f| &**f == name)
+        let b = name.as_bytes();
+        let key = name_key(b);
+        self.0.iter().position(|f| {
+            f.key == key && f.name.len() == b.len() && (b.len() <= 8 || f.name.as_bytes()[8..] == b[8..])
+        })
     }
 
     /// Number of fields.
+    #[inline]
     pub fn len(&self) -> usize {
         self.0.len()
     }
@@ -38,7 +74,7 @@ impl Fields {
 
     /// The field names in order.
     pub fn iter(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|f| &**f)
+        self.0.iter().map(|f| &*f.name)
     }
 
     /// The field names as owned strings (for error messages).
@@ -46,6 +82,14 @@ impl Fields {
         self.iter().map(str::to_owned).collect()
     }
 }
+
+impl PartialEq for Fields {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Fields {}
 
 impl fmt::Debug for Fields {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -109,19 +153,17 @@ impl StreamMeta {
     }
 }
 
-#[derive(Debug)]
-pub(crate) struct TupleData {
-    pub(crate) meta: &'static StreamMeta,
-    pub(crate) values: Values,
-}
-
 /// Ack-tree membership of one tuple copy: `(root id, edge id)` pairs. Empty when untracked.
 pub type Anchors = SmallVec<[(u64, u64); 1]>;
 
-/// A tuple delivered to a bolt. Cheap to clone: values and metadata are shared behind an `Arc`.
+/// A tuple delivered to a bolt. Cheap to clone: the stream metadata is shared, and values are
+/// cheap to clone (strings and byte strings are reference counted).
+///
+/// Values are stored inline (a batch of tuples is one allocation), not behind a per-tuple `Arc`.
 #[derive(Clone)]
 pub struct Tuple {
-    pub(crate) data: Arc<TupleData>,
+    pub(crate) meta: &'static StreamMeta,
+    pub(crate) values: Values,
     pub(crate) anchors: Anchors,
 }
 
@@ -129,43 +171,41 @@ impl Tuple {
     /// Builds a free-standing tuple, e.g. to unit-test a bolt's `execute` without a topology.
     pub fn new_for_test(component: &str, stream: &str, fields: &[&str], values: Values) -> Tuple {
         Tuple {
-            data: Arc::new(TupleData {
-                meta: StreamMeta {
-                    component: Arc::from(component),
-                    task: 0,
-                    stream: Arc::from(stream),
-                    fields: Fields::new(fields),
-                }
-                .intern(),
-                values,
-            }),
+            meta: StreamMeta {
+                component: Arc::from(component),
+                task: 0,
+                stream: Arc::from(stream),
+                fields: Fields::new(fields),
+            }
+            .intern(),
+            values,
             anchors: Anchors::new(),
         }
     }
 
     /// The id of the component that emitted this tuple.
     pub fn source_component(&self) -> &str {
-        &self.data.meta.component
+        &self.meta.component
     }
 
     /// The task index (0-based within its component) that emitted this tuple.
     pub fn source_task(&self) -> usize {
-        self.data.meta.task
+        self.meta.task
     }
 
     /// The stream this tuple was emitted on.
     pub fn stream(&self) -> &str {
-        &self.data.meta.stream
+        &self.meta.stream
     }
 
     /// The declared fields of the stream.
     pub fn fields(&self) -> &Fields {
-        &self.data.meta.fields
+        &self.meta.fields
     }
 
     /// All values in field order.
     pub fn values(&self) -> &Values {
-        &self.data.values
+        &self.values
     }
 
     /// The `(root id, edge id)` pairs tying this tuple copy into ack trees.
@@ -179,30 +219,46 @@ impl Tuple {
     }
 
     /// The value of a field by name.
+    #[inline]
     pub fn get(&self, field: &str) -> Result<&Value, TupleError> {
-        let meta = self.data.meta;
-        match meta.fields.index_of(field) {
-            Some(i) => Ok(self.data.values.get(i).unwrap_or(&Value::Null)),
-            None => Err(TupleError::UnknownField {
-                field: field.to_owned(),
-                stream: meta.stream.to_string(),
-                component: meta.component.to_string(),
-                declared: meta.fields.to_vec(),
-            }),
+        match self.meta.fields.index_of(field) {
+            Some(i) => Ok(self.values.get(i).unwrap_or(&Value::Null)),
+            None => Err(self.unknown(field)),
         }
     }
 
+    /// The value at a field position (see [`Fields::index_of`]); `Null` past the end.
+    #[inline]
+    pub fn get_at(&self, index: usize) -> &Value {
+        self.values.get(index).unwrap_or(&Value::Null)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unknown(&self, field: &str) -> TupleError {
+        let meta = self.meta;
+        TupleError::UnknownField {
+            field: field.to_owned(),
+            stream: meta.stream.to_string(),
+            component: meta.component.to_string(),
+            declared: meta.fields.to_vec(),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
     fn mismatch(&self, field: &str, expected: &'static str, found: &Value) -> TupleError {
         TupleError::TypeMismatch {
             field: field.to_owned(),
-            stream: self.data.meta.stream.to_string(),
-            component: self.data.meta.component.to_string(),
+            stream: self.meta.stream.to_string(),
+            component: self.meta.component.to_string(),
             expected,
             found: found.type_name(),
         }
     }
 
     /// A string field.
+    #[inline]
     pub fn get_str(&self, field: &str) -> Result<&str, TupleError> {
         match self.get(field)? {
             Value::Str(s) => Ok(s),
@@ -211,6 +267,7 @@ impl Tuple {
     }
 
     /// A string field as a shared `Arc<str>` (no copy).
+    #[inline]
     pub fn get_arc_str(&self, field: &str) -> Result<Arc<str>, TupleError> {
         match self.get(field)? {
             Value::Str(s) => Ok(s.clone()),
@@ -265,13 +322,13 @@ impl Tuple {
 
 impl fmt::Debug for Tuple {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let meta = self.data.meta;
+        let meta = self.meta;
         f.debug_struct("Tuple")
             .field("component", &meta.component)
             .field("task", &meta.task)
             .field("stream", &meta.stream)
             .field("fields", &meta.fields)
-            .field("values", &self.data.values)
+            .field("values", &self.values)
             .finish()
     }
 }

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::FutureExt;
 use tokio::sync::mpsc;
@@ -15,8 +16,15 @@ use crate::acker::AckBatch;
 use crate::component::{Bolt, ComponentError, TaskContext, Watermark};
 use crate::metrics::TaskMetrics;
 use crate::output::{BoltOutput, Envelope, Message};
+use crate::tuple::Tuple;
 
 struct Cancelled;
+
+/// Busy time of a batch, excluding sends.
+struct Timing {
+    busy: Duration,
+    t0: std::time::Instant,
+}
 
 struct BoltTask<B: Bolt> {
     bolt: B,
@@ -125,28 +133,74 @@ impl<B: Bolt> BoltTask<B> {
         }
     }
 
-    async fn on_batch(&mut self, batch: Vec<crate::tuple::Tuple>) -> Result<(), Cancelled> {
+    async fn on_batch(&mut self, batch: Vec<Tuple>) -> Result<(), Cancelled> {
         // Timed per batch, excluding sends; std's clock (tokio's, with test-util, takes a lock).
-        let mut busy = std::time::Duration::ZERO;
-        let mut t0 = std::time::Instant::now();
+        let mut timing = Timing { busy: Duration::ZERO, t0: std::time::Instant::now() };
         let n = batch.len() as u64;
-        for tuple in batch {
+        let mut rest = batch.into_iter();
+        // One panic guard per batch rather than per tuple; after a panic the tuple that was
+        // executing is failed and the rest of the batch runs under a new guard.
+        let mut executing = false;
+        loop {
+            let r = AssertUnwindSafe(self.execute_all(&mut rest, &mut executing, &mut timing)).catch_unwind().await;
+            match r {
+                Ok(r) => {
+                    r?;
+                    break;
+                }
+                Err(p) => {
+                    self.errors += 1;
+                    tracing::warn!(component = %self.ctx.component, task = self.ctx.task_index, hook = "execute", panic = %super::panic_message(&*p), "bolt hook panicked; the task keeps running");
+                    if std::mem::take(&mut executing) {
+                        self.out.finish(false);
+                        self.executed += 1;
+                    }
+                }
+            }
+        }
+        timing.busy += timing.t0.elapsed();
+        self.metrics.record_latency_batch(timing.busy, n);
+        self.flush_all().await?;
+        self.send_acks().await
+    }
+
+    /// Executes the tuples of `rest` in order, flushing full send buffers on the way.
+    /// `executing` is true while a tuple is inside `execute` (for the caller's panic handling).
+    async fn execute_all(
+        &mut self,
+        rest: &mut std::vec::IntoIter<Tuple>,
+        executing: &mut bool,
+        timing: &mut Timing,
+    ) -> Result<(), Cancelled> {
+        for tuple in rest {
             self.out.begin(&tuple);
-            let r = AssertUnwindSafe(self.bolt.execute(tuple, &mut self.out)).catch_unwind().await;
-            let ok = self.note_error("execute", &r);
+            *executing = true;
+            let r = self.bolt.execute(tuple, &mut self.out).await;
+            *executing = false;
+            let ok = match r {
+                Ok(()) => true,
+                Err(e) => {
+                    self.note_execute_error(&e);
+                    false
+                }
+            };
             self.out.finish(ok);
             self.executed += 1;
             if !self.out.outbox.full.is_empty() {
                 let t1 = std::time::Instant::now();
-                busy += t1.duration_since(t0);
+                timing.busy += t1.duration_since(timing.t0);
                 self.flush_full().await?;
-                t0 = std::time::Instant::now();
+                timing.t0 = std::time::Instant::now();
             }
         }
-        busy += t0.elapsed();
-        self.metrics.record_latency_batch(busy, n);
-        self.flush_all().await?;
-        self.send_acks().await
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn note_execute_error(&mut self, e: &ComponentError) {
+        self.errors += 1;
+        tracing::debug!(component = %self.ctx.component, task = self.ctx.task_index, hook = "execute", error = %e, "bolt hook failed");
     }
 
     async fn on_watermark(&mut self, from: usize, wm: Watermark) -> Result<(), Cancelled> {
