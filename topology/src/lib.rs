@@ -85,6 +85,7 @@ pub mod metrics;
 pub mod output;
 pub mod tuple;
 pub mod value;
+pub mod window;
 
 pub use acker::{EdgeRng, PendingTrees};
 pub use builder::{BoltDeclarer, BuildError, SpoutDeclarer, Topology, TopologyBuilder};
