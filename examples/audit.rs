@@ -15,13 +15,10 @@
 //! that a sink which writes before it acks gives at-least-once delivery across workers, crashes
 //! and resharding. `--fail-every N` fails the first attempt of every N-th record of a key to exercise replay.
 
-use std::io::Write;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 use clap::Parser;
-use squall::audit::Delivery;
-use squall::kinesis::payload::AuditPayload;
+use squall::audit::{DeliveryLog, DeliverySink};
 use squall::topology::{Bolt, BoltOutput, ComponentError, TaskContext, Tuple};
 
 #[derive(Debug, Parser)]
@@ -48,45 +45,21 @@ struct Args {
     dead_letters: Option<PathBuf>,
 }
 
+/// The delivery sink, plus optional injected failures.
 struct Sink {
-    file: Arc<Mutex<std::fs::File>>,
-    worker: String,
+    inner: DeliverySink,
     fail_every: u64,
     failed_once: std::collections::HashSet<(String, String, u64)>,
     poison_key: Option<String>,
 }
 
-/// Writes what the spout dead-lettered: the payload plus how many times it failed.
-struct DeadLetterSink {
-    file: Arc<Mutex<std::fs::File>>,
-}
-
-impl Bolt for DeadLetterSink {
-    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
-        let data = t.get_bytes("data")?;
-        let p: AuditPayload = serde_json::from_slice(&data)
-            .map_err(|e| ComponentError::fatal(format!("record is not an audit payload: {e}")))?;
-        let line = serde_json::json!({
-            "run": p.run, "key": p.key, "seq": p.seq,
-            "shard": t.get_str("shard_id")?, "sequence": t.get_str("sequence_number")?,
-            "failures": t.get_u64("failures")?,
-        });
-        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        writeln!(f, "{line}").map_err(|e| ComponentError::retryable(format!("writing the dead-letter log: {e}")))?;
-        Ok(())
-    }
-}
-
 impl Bolt for Sink {
     async fn prepare(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
-        self.worker = format!("{}#{}", self.worker, ctx.task_index());
-        Ok(())
+        self.inner.prepare(ctx).await
     }
 
     async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
-        let data = t.get_bytes("data")?;
-        let p: AuditPayload = serde_json::from_slice(&data)
-            .map_err(|e| ComponentError::fatal(format!("record is not an audit payload: {e}")))?;
+        let p = DeliverySink::payload(&t)?;
         if self.poison_key.as_deref() == Some(p.key.as_str()) {
             return Err(ComponentError::retryable(format!("poison record {}/{}", p.key, p.seq)));
         }
@@ -96,60 +69,44 @@ impl Bolt for Sink {
         {
             return Err(ComponentError::retryable("injected failure (--fail-every)"));
         }
-        let d = Delivery {
-            run: p.run,
-            key: p.key,
-            seq: p.seq,
-            shard: t.get_str("shard_id")?.to_string(),
-            sequence: t.get_str("sequence_number")?.to_string(),
-            worker: self.worker.clone(),
-            t_us: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_micros() as i64)
-                .unwrap_or(0),
-        };
-        let mut line = serde_json::to_vec(&d).map_err(|e| ComponentError::fatal(e.to_string()))?;
-        line.push(b'\n');
-        // One write per line on an O_APPEND file: durable against a SIGKILL of this process
-        // before the tuple is acked.
-        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        f.write_all(&line).map_err(|e| ComponentError::retryable(format!("writing the delivery log: {e}")))?;
-        Ok(())
+        self.inner.record(&t, p)
+    }
+}
+
+/// Writes what the spout dead-lettered: the payload plus how many times it failed.
+struct DeadLetterSink {
+    log: DeliveryLog,
+}
+
+impl Bolt for DeadLetterSink {
+    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let p = DeliverySink::payload(&t)?;
+        let line = serde_json::json!({
+            "run": p.run, "key": p.key, "seq": p.seq,
+            "shard": t.get_str("shard_id")?, "sequence": t.get_str("sequence_number")?,
+            "failures": t.get_u64("failures")?,
+        });
+        self.log.append(&line).map_err(|e| ComponentError::retryable(format!("writing the dead-letter log: {e}")))
     }
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&args.deliveries)
-        .map_err(|e| anyhow::anyhow!("opening --deliveries {}: {e}", args.deliveries.display()))?;
-    let file = Arc::new(Mutex::new(file));
+    let log = DeliveryLog::open(&args.deliveries)?;
+    let dead = args.dead_letters.as_deref().map(DeliveryLog::open).transpose()?;
     let worker = format!("{}-{}", args.worker.topology, std::process::id());
-    let dead = match &args.dead_letters {
-        Some(p) => Some(Arc::new(Mutex::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .map_err(|e| anyhow::anyhow!("opening --dead-letters {}: {e}", p.display()))?,
-        ))),
-        None => None,
-    };
     let (sinks, fail_every, poison_key) = (args.sinks, args.fail_every, args.poison_key.clone());
     squall::run(args.worker, move |b, spout| {
         b.set_bolt("sink", sinks, move |_| Sink {
-            file: file.clone(),
-            worker: worker.clone(),
+            inner: DeliverySink::new(log.clone(), worker.clone()),
             fail_every,
             failed_once: Default::default(),
             poison_key: poison_key.clone(),
         })
         .fields_grouping(spout, &["partition_key"]);
         if let Some(dead) = dead {
-            b.set_bolt("dead_letters", 1, move |_| DeadLetterSink { file: dead.clone() })
+            b.set_bolt("dead_letters", 1, move |_| DeadLetterSink { log: dead.clone() })
                 .shuffle_grouping_from(spout, squall::spout::DEAD_LETTER_STREAM);
         }
     })

@@ -2,6 +2,8 @@
 //! the records, `split` turns each record's text into words (anchored emits, so a record is acked
 //! only when all its words are counted), and `count` keeps per-word counts with fields grouping,
 //! so one word always lands on the same task. Counts are logged every few seconds and at the end.
+//! With `--deliveries PATH` an audit bolt also subscribes to the spout and records every record, so
+//! `squall audit` can prove nothing was lost (the demo does this).
 //!
 //! Run several workers at once against the same topology name; the stream's shards are spread
 //! over all their spout tasks through ZooKeeper, and move when a worker joins or leaves:
@@ -28,6 +30,10 @@ struct Args {
     /// Counting tasks.
     #[arg(long, default_value_t = 2)]
     counters: usize,
+    /// Also record every record delivered (for `squall audit`) in this JSON-lines file; the
+    /// records must have been written by `squall stream put`.
+    #[arg(long)]
+    deliveries: Option<std::path::PathBuf>,
 }
 
 /// Splits a record's payload into words. JSON payloads (as `squall stream put` writes) are split
@@ -84,9 +90,16 @@ impl Bolt for Count {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let counters = args.counters;
+    let log = args.deliveries.as_deref().map(squall::audit::DeliveryLog::open).transpose()?;
+    let worker = format!("{}-{}", args.worker.topology, std::process::id());
     squall::run(args.worker, move |b, spout| {
         b.set_bolt("split", 2, |_| Split).shuffle_grouping(spout).fields(&["word"]);
         b.set_bolt("count", counters, |_| Count::default()).fields_grouping("split", &["word"]);
+        if let Some(log) = log {
+            // A second subscriber of the spout: each record is acked once both bolts are done.
+            b.set_bolt("audit", 1, move |_| squall::audit::DeliverySink::new(log.clone(), worker.clone()))
+                .fields_grouping(spout, &["partition_key"]);
+        }
     })
     .await
 }

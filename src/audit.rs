@@ -3,12 +3,95 @@
 //! duplicates, and per-key order violations.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::BufRead;
+use std::io::{BufRead, Write};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use crate::kinesis::payload::Manifest;
+use crate::kinesis::payload::{AuditPayload, Manifest};
+use squall_topology::{Bolt, BoltOutput, ComponentError, TaskContext, Tuple};
+
+/// A shared, append-only JSON-lines file of deliveries. Each line is one `write` on an O_APPEND
+/// file, so it survives a SIGKILL of the process once `execute` returned (and the tuple was acked).
+#[derive(Clone, Debug)]
+pub struct DeliveryLog(Arc<Mutex<std::fs::File>>);
+
+impl DeliveryLog {
+    /// Opens (creates) the file for appending.
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| anyhow::anyhow!("opening the delivery log {}: {e}", path.display()))?;
+        Ok(Self(Arc::new(Mutex::new(f))))
+    }
+
+    /// Appends one JSON value as a line.
+    pub fn append(&self, value: &impl Serialize) -> std::io::Result<()> {
+        let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        let mut f = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f.write_all(&line)
+    }
+}
+
+/// A bolt that records every Kinesis spout tuple carrying an [`AuditPayload`] in a
+/// [`DeliveryLog`] before acking it. Subscribe it to the spout (fields grouping on
+/// `partition_key` keeps each key on one task).
+pub struct DeliverySink {
+    log: DeliveryLog,
+    worker: String,
+}
+
+impl DeliverySink {
+    /// A sink writing to `log`, naming `worker` in each line.
+    pub fn new(log: DeliveryLog, worker: impl Into<String>) -> Self {
+        Self { log, worker: worker.into() }
+    }
+
+    /// Parses the tuple's payload; the error says what is wrong.
+    pub fn payload(t: &Tuple) -> Result<AuditPayload, ComponentError> {
+        let data = t.get_bytes("data")?;
+        serde_json::from_slice(&data).map_err(|e| {
+            ComponentError::fatal(format!(
+                "record {} of shard {} is not an audit payload (written by `squall stream put`): {e}",
+                t.get_str("sequence_number").unwrap_or("?"),
+                t.get_str("shard_id").unwrap_or("?")
+            ))
+        })
+    }
+
+    /// Records one delivery.
+    pub fn record(&self, t: &Tuple, p: AuditPayload) -> Result<(), ComponentError> {
+        let d = Delivery {
+            run: p.run,
+            key: p.key,
+            seq: p.seq,
+            shard: t.get_str("shard_id")?.to_string(),
+            sequence: t.get_str("sequence_number")?.to_string(),
+            worker: self.worker.clone(),
+            t_us: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_micros() as i64)
+                .unwrap_or(0),
+        };
+        self.log.append(&d).map_err(|e| ComponentError::retryable(format!("writing the delivery log: {e}")))
+    }
+}
+
+impl Bolt for DeliverySink {
+    async fn prepare(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
+        self.worker = format!("{}#{}", self.worker, ctx.task_index());
+        Ok(())
+    }
+
+    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let p = Self::payload(&t)?;
+        self.record(&t, p)
+    }
+}
 
 /// One delivery, as the audit sink writes it (one JSON object per line).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -29,8 +29,9 @@ use std::time::Duration;
 use anyhow::Context;
 use squall_topology::{TopologyBuilder, TopologyConfig, run_local};
 
+use crate::coord::{ChangeEvent, CoordError, Lifecycle, ShardRuntime, TopologyState, WorkerStatus, ZkStore, now_ms};
 use crate::kinesis::KinesisEndpoint;
-use crate::spout::{InitialPosition, KinesisSpout, KinesisSpoutConfig, WorkerIdentity};
+use crate::spout::{InitialPosition, KinesisSpout, KinesisSpoutConfig, SpoutRegistry, WorkerIdentity};
 
 /// The component id of the Kinesis spout that [`run`] declares.
 pub const SPOUT_ID: &str = "kinesis";
@@ -133,36 +134,188 @@ impl WorkerArgs {
 }
 
 /// Runs a worker: declares the Kinesis spout as [`SPOUT_ID`] with `--spout-tasks` tasks, lets
-/// `build` add bolts (it gets the builder and the spout's id), starts the topology, and runs
-/// until SIGINT or SIGTERM. Then it stops like Storm's kill: deactivates the spouts, waits up to
-/// the message timeout for in-flight tuples, writes final checkpoints, releases its shards and
-/// returns `Ok` (exit code 0). A task failure (e.g. ZooKeeper unreachable) returns the error.
+/// `build` add bolts (it gets the builder and the spout's id), starts the topology and obeys the
+/// topology's lifecycle state in ZooKeeper (`squall activate|deactivate|rebalance|kill`) until
+/// SIGINT, SIGTERM or a kill. Then it stops like Storm's kill: deactivates the spouts, waits up to
+/// the message timeout (or the kill's `--wait`) for in-flight tuples, writes final checkpoints,
+/// releases its shards and returns `Ok` (exit code 0). A task failure (e.g. ZooKeeper
+/// unreachable) returns the error.
+///
+/// A worker that starts while the topology is new, KILLED or DRAINED starts a new deployment:
+/// state ACTIVE with a fresh deployment id. One that starts while it is INACTIVE starts
+/// deactivated.
 pub async fn run<F>(args: WorkerArgs, build: F) -> anyhow::Result<()>
 where
     F: FnOnce(&mut TopologyBuilder, &str),
 {
     crate::logging::init();
     let spout_cfg = args.spout_config()?;
-    let topo_cfg = args.topology_config()?;
+    let mut topo_cfg = args.topology_config()?;
+    let zk = spout_cfg.zookeeper.to_zk_config();
+    let identity = WorkerIdentity::current();
+    let since = now_ms();
+
+    // The worker's own session: lifecycle state, and its status znode.
+    let store = ZkStore::connect(&zk, &args.topology, &args.stream)
+        .await
+        .map_err(|e| anyhow::anyhow!("worker of topology {}: {e}", args.topology))?;
+    let state = ensure_deployment(&store).await?;
+    tracing::info!(topology = %args.topology, state = ?state.state, deployment = %state.deployment_id, "deployment");
+    topo_cfg.start_active = state.state != Lifecycle::Inactive;
+
+    let registry = SpoutRegistry::default();
     let mut builder = TopologyBuilder::new(args.topology.clone());
-    KinesisSpout::declare(&mut builder, SPOUT_ID, args.spout_tasks, spout_cfg, WorkerIdentity::current());
+    KinesisSpout::declare_with_registry(
+        &mut builder,
+        SPOUT_ID,
+        args.spout_tasks,
+        spout_cfg,
+        identity.clone(),
+        registry.clone(),
+    );
     build(&mut builder, SPOUT_ID);
     let topology = builder.build().map_err(|e| anyhow::anyhow!("{e}"))?;
     let running = run_local(topology, topo_cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
     tracing::info!(topology = %args.topology, stream = %args.stream, spout_tasks = args.spout_tasks, "worker started");
+
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
-    tokio::select! {
-        r = running.wait() => {
-            return r.map_err(|e| anyhow::anyhow!("topology {} stopped: {e}", args.topology));
+    let mut events = store.watch().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut publish = tokio::time::interval(Duration::from_secs(2));
+    publish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let deployment = state.deployment_id.clone();
+    let mut last_state = state.state;
+    let mut wait = Duration::from_millis(args.message_timeout_ms);
+    let status = |running: &squall_topology::RunningTopology| worker_status(&identity, since, &registry, running);
+    let mut store = store;
+    let stop_reason = loop {
+        tokio::select! {
+            r = running.wait() => {
+                return r.map_err(|e| anyhow::anyhow!("topology {} stopped: {e}", args.topology));
+            }
+            _ = tokio::signal::ctrl_c() => break "SIGINT",
+            _ = term.recv() => break "SIGTERM",
+            _ = publish.tick() => {
+                if let Err(e) = store.publish_worker(&status(&running)).await {
+                    tracing::debug!(error = %e, "publishing the worker status failed");
+                }
+            }
+            ev = events.recv() => match ev {
+                Some(ChangeEvent::State) | Some(ChangeEvent::Reconnected) => {
+                    let Ok(Some(st)) = store.read_state().await else { continue };
+                    let st = st.value;
+                    if st.deployment_id != deployment {
+                        tracing::info!(deployment = %st.deployment_id, "a new deployment started; this worker leaves");
+                        break "a new deployment";
+                    }
+                    if st.state == last_state {
+                        continue;
+                    }
+                    tracing::info!(from = ?last_state, to = ?st.state, "topology state changed");
+                    last_state = st.state;
+                    match st.state {
+                        Lifecycle::Active => { let _ = running.activate().await; }
+                        Lifecycle::Inactive => { let _ = running.deactivate().await; }
+                        Lifecycle::Killed => {
+                            if let Some(ms) = st.kill_wait_ms { wait = Duration::from_millis(ms); }
+                            break "squall kill";
+                        }
+                        Lifecycle::Draining | Lifecycle::Drained => {}
+                    }
+                }
+                Some(ChangeEvent::SessionLost) | None => {
+                    tracing::warn!("the worker's ZooKeeper session was lost; reconnecting");
+                    match reconnect(&zk, &args).await {
+                        Some((s, ev)) => { store = s; events = ev; }
+                        None => break "ZooKeeper unreachable",
+                    }
+                }
+                Some(_) => {}
+            },
         }
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-    }
-    running
-        .kill(Duration::from_millis(args.message_timeout_ms))
-        .await
-        .map_err(|e| anyhow::anyhow!("stopping topology {}: {e}", args.topology))?;
+    };
+    tracing::info!(reason = stop_reason, ?wait, "stopping: deactivating, waiting for in-flight tuples");
+    let stopped = running.kill(wait).await;
+    drop(events);
+    store.close_gracefully().await;
+    stopped.map_err(|e| anyhow::anyhow!("stopping topology {}: {e}", args.topology))?;
     tracing::info!(topology = %args.topology, "worker stopped");
     Ok(())
+}
+
+async fn reconnect(
+    zk: &crate::coord::ZkConfig,
+    args: &WorkerArgs,
+) -> Option<(ZkStore, tokio::sync::mpsc::Receiver<ChangeEvent>)> {
+    for _ in 0..30 {
+        if let Ok(store) = ZkStore::connect(zk, &args.topology, &args.stream).await {
+            if let Ok(events) = store.watch().await {
+                return Some((store, events));
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    None
+}
+
+/// Reads the lifecycle state, starting a new deployment (ACTIVE, fresh id) when there is none or
+/// the last one was killed or drained.
+pub async fn ensure_deployment(store: &ZkStore) -> anyhow::Result<TopologyState> {
+    for _ in 0..10 {
+        let current = store.read_state().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let expected = match &current {
+            Some(v) if !matches!(v.value.state, Lifecycle::Killed | Lifecycle::Drained) => return Ok(v.value.clone()),
+            Some(v) => Some(v.version),
+            None => None,
+        };
+        let fresh = TopologyState {
+            state: Lifecycle::Active,
+            deployment_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+            updated_at_ms: now_ms(),
+            kill_wait_ms: None,
+        };
+        match store.write_state(&fresh, expected).await {
+            Ok(_) => return Ok(fresh),
+            Err(CoordError::VersionConflict { .. }) => continue, // another worker started it; re-read
+            Err(e) => return Err(anyhow::anyhow!("{e}")),
+        }
+    }
+    anyhow::bail!("could not settle the topology state: too many concurrent writers")
+}
+
+fn worker_status(
+    id: &WorkerIdentity,
+    since: i64,
+    registry: &SpoutRegistry,
+    running: &squall_topology::RunningTopology,
+) -> WorkerStatus {
+    let mut tasks = Vec::new();
+    let mut shards = std::collections::BTreeMap::new();
+    for t in registry.tasks() {
+        let name = t.task_name();
+        for (shard, st) in t.shards() {
+            shards.insert(
+                shard,
+                ShardRuntime {
+                    task: name.clone(),
+                    millis_behind_latest: st.millis_behind_latest,
+                    last_error: st.last_error,
+                    records_read: st.records_read,
+                },
+            );
+        }
+        if !name.is_empty() {
+            tasks.push(name);
+        }
+    }
+    WorkerStatus {
+        worker_id: id.worker_id.clone(),
+        host: id.host.clone(),
+        pid: id.pid,
+        since_ms: since,
+        updated_at_ms: now_ms(),
+        tasks,
+        shards,
+        components: serde_json::to_value(running.metrics().components).unwrap_or_default(),
+    }
 }

@@ -93,7 +93,14 @@ async fn raw_client() -> zk::Client {
 }
 
 fn task_info(i: u32) -> TaskInfo {
-    TaskInfo { worker_id: format!("worker-{i}"), host: "localhost".into(), pid: 1000 + i, task_index: i, since_ms: 1 }
+    TaskInfo {
+        worker_id: format!("worker-{i}"),
+        host: "localhost".into(),
+        pid: 1000 + i,
+        task_index: i,
+        since_ms: 1,
+        session: String::new(),
+    }
 }
 
 fn after(seq: &str, sub: u64) -> Checkpoint {
@@ -435,7 +442,8 @@ async fn watch_reports_changes_within_a_second() {
 
     b.write_shard_list(&ShardList::new(vec![shard(shard_id, None)], 1), None).await.unwrap();
     expect_event(&mut rx, &ChangeEvent::Shards, second).await;
-    let state = TopologyState { state: Lifecycle::Active, deployment_id: "d1".into(), updated_at_ms: 1 };
+    let state =
+        TopologyState { state: Lifecycle::Active, deployment_id: "d1".into(), updated_at_ms: 1, kill_wait_ms: None };
     b.write_state(&state, None).await.unwrap();
     expect_event(&mut rx, &ChangeEvent::State, second).await;
 
@@ -540,7 +548,8 @@ async fn state_and_assignment_round_trip() {
     let root = TestRoot::new();
     let a = root.store().await;
     assert!(a.read_state().await.unwrap().is_none());
-    let mut st = TopologyState { state: Lifecycle::Active, deployment_id: "dep-1".into(), updated_at_ms: 1 };
+    let mut st =
+        TopologyState { state: Lifecycle::Active, deployment_id: "dep-1".into(), updated_at_ms: 1, kill_wait_ms: None };
     let v0 = a.write_state(&st, None).await.unwrap();
     st.state = Lifecycle::Draining;
     let v1 = a.write_state(&st, Some(v0)).await.unwrap();

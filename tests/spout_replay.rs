@@ -23,7 +23,8 @@ async fn failed_tuples_are_replayed_and_poison_records_dead_lettered() {
     let manifest = kinesis::put_records(&s.client, &s.label(), &s.name, &opts).await.unwrap().manifest;
     let dead_path = dir.join("dead.jsonl");
     let dead_arg = dead_path.to_string_lossy().to_string();
-    let mut w = cluster.start_with("w", 2, &["--fail-every", "5", "--poison-key", "key-3", "--dead-letters", &dead_arg]);
+    let mut w =
+        cluster.start_with("w", 2, &["--fail-every", "5", "--poison-key", "key-3", "--dead-letters", &dead_arg]);
 
     // Every record but key-3's is delivered (key-3 fails every time).
     let mut good = manifest.clone();

@@ -1,6 +1,17 @@
 //! The `squall` command line: stream helpers for LocalStack (and AWS), and topology operations.
 
+/// Like `println!`, but a closed stdout (e.g. `| head`) is not a panic.
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
 mod stream;
+mod topology;
+
+pub use topology::{ResetTarget, ShardReport, StatusReport, StreamReport, WorkerReport};
 
 use clap::{Parser, Subcommand};
 
@@ -22,6 +33,9 @@ pub struct Cli {
     /// ZooKeeper root path under which Squall keeps its state.
     #[arg(long, global = true, env = "SQUALL_ZK_ROOT", default_value = "/squall")]
     pub zk_root: String,
+    /// ZooKeeper digest-auth user (the password comes from SQUALL_ZK_PASSWORD only).
+    #[arg(long, global = true, env = "SQUALL_ZK_USER")]
+    pub zk_user: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -33,6 +47,47 @@ pub enum Command {
     /// Kinesis stream helpers (create, describe, put, split, merge, scale, delete).
     #[command(subcommand)]
     Stream(stream::StreamCommand),
+    /// Topologies under the root.
+    #[command(subcommand)]
+    Topology(TopologyCommand),
+    /// Resume fetching from the checkpoints.
+    Activate {
+        /// Topology name.
+        topology: String,
+    },
+    /// Stop fetching (within 1 s); acks, fails and checkpoints go on; shards are handed back.
+    Deactivate {
+        /// Topology name.
+        topology: String,
+    },
+    /// Deactivate, let every shard be handed back and re-assigned, restore the previous state.
+    Rebalance {
+        /// Topology name.
+        topology: String,
+        /// Seconds to wait for shards to be handed back.
+        #[arg(long, default_value_t = 30)]
+        wait: u64,
+    },
+    /// Deactivate, wait for in-flight tuples (up to --wait or the message timeout), checkpoint,
+    /// and stop every worker (exit 0).
+    Kill {
+        /// Topology name.
+        topology: String,
+        /// Seconds workers wait for in-flight tuples.
+        #[arg(long)]
+        wait: Option<u64>,
+    },
+    /// State, workers, shards (owner, checkpoint, lag, errors) and counters.
+    Status {
+        /// Topology name.
+        topology: String,
+        /// Print JSON (stable schema: see README).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Checkpoint operations.
+    #[command(subcommand)]
+    Checkpoints(CheckpointsCommand),
     /// Compare producer manifests with delivery logs: produced, delivered, lost, duplicates, order
     /// violations, as one JSON object. Exits non-zero when anything was lost.
     Audit {
@@ -42,6 +97,29 @@ pub enum Command {
         /// Delivery logs written by `examples/audit.rs --deliveries`.
         #[arg(long, num_args = 1.., required = true)]
         deliveries: Vec<std::path::PathBuf>,
+    },
+}
+
+/// `squall topology ...`
+#[derive(Debug, Subcommand)]
+pub enum TopologyCommand {
+    /// List the topologies and their states.
+    List,
+}
+
+/// `squall checkpoints ...`
+#[derive(Debug, Subcommand)]
+pub enum CheckpointsCommand {
+    /// Rewind every checkpoint of a stream (the topology must be deactivated).
+    Reset {
+        /// Topology name.
+        topology: String,
+        /// Stream name.
+        #[arg(long)]
+        stream: String,
+        /// trim-horizon, latest, or an RFC 3339 timestamp.
+        #[arg(long)]
+        to: ResetTarget,
     },
 }
 
@@ -56,9 +134,18 @@ impl Cli {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Stream(cmd) => stream::run(&cli, cmd).await,
+        Command::Topology(TopologyCommand::List) => topology::list(&cli).await,
+        Command::Activate { topology } => topology::activate(&cli, topology, true).await,
+        Command::Deactivate { topology } => topology::activate(&cli, topology, false).await,
+        Command::Rebalance { topology, wait } => topology::rebalance(&cli, topology, *wait).await,
+        Command::Kill { topology, wait } => topology::kill(&cli, topology, *wait).await,
+        Command::Status { topology, json } => topology::status(&cli, topology, *json).await,
+        Command::Checkpoints(CheckpointsCommand::Reset { topology, stream, to }) => {
+            topology::reset(&cli, topology, stream, to).await
+        }
         Command::Audit { manifest, deliveries } => {
             let report = crate::audit::audit(manifest, deliveries)?;
-            println!("{}", serde_json::to_string(&report)?);
+            outln!("{}", serde_json::to_string(&report)?);
             if report.lost > 0 {
                 anyhow::bail!(
                     "{} of {} records were lost (e.g. {:?})",

@@ -86,12 +86,12 @@ pub(super) async fn run(cli: &Cli, cmd: &StreamCommand) -> anyhow::Result<()> {
     match cmd {
         StreamCommand::Create { name, shards } => {
             kinesis::create_stream(&client, &label, name, *shards).await?;
-            println!("created stream {name} with {shards} shard(s) at {label}");
+            outln!("created stream {name} with {shards} shard(s) at {label}");
         }
         StreamCommand::Describe { name, json } => {
             let shards = kinesis::describe_stream(&client, &label, name).await?;
             if *json {
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "stream": name, "shards": shards }))?);
+                outln!("{}", serde_json::to_string_pretty(&serde_json::json!({ "stream": name, "shards": shards }))?);
             } else {
                 print_shards(name, &shards);
             }
@@ -111,7 +111,7 @@ pub(super) async fn run(cli: &Cli, cmd: &StreamCommand) -> anyhow::Result<()> {
                 std::fs::write(path, text).with_context(|| format!("writing the manifest to {}", path.display()))?;
             }
             let secs = report.elapsed.as_secs_f64().max(1e-9);
-            println!(
+            outln!(
                 "put {} records over {} keys to {name} (run {}) in {:.2} s, {:.0} records/s, {} PutRecords calls, {} retried",
                 report.manifest.total,
                 report.manifest.counts.len(),
@@ -124,19 +124,19 @@ pub(super) async fn run(cli: &Cli, cmd: &StreamCommand) -> anyhow::Result<()> {
         }
         StreamCommand::Split { name, shard } => {
             let at = kinesis::split_shard(&client, &label, name, shard).await?;
-            println!("split {shard} of {name} at hash key {at}");
+            outln!("split {shard} of {name} at hash key {at}");
         }
         StreamCommand::Merge { name, shard_a, shard_b } => {
             kinesis::merge_shards(&client, &label, name, shard_a, shard_b).await?;
-            println!("merged {shard_a} and {shard_b} of {name}");
+            outln!("merged {shard_a} and {shard_b} of {name}");
         }
         StreamCommand::Scale { name, shards } => {
             kinesis::scale_stream(&client, &label, name, *shards).await?;
-            println!("scaled {name} to {shards} open shard(s)");
+            outln!("scaled {name} to {shards} open shard(s)");
         }
         StreamCommand::Delete { name } => {
             kinesis::delete_stream(&client, &label, name).await?;
-            println!("deleted stream {name}");
+            outln!("deleted stream {name}");
         }
     }
     Ok(())
@@ -144,11 +144,11 @@ pub(super) async fn run(cli: &Cli, cmd: &StreamCommand) -> anyhow::Result<()> {
 
 fn print_shards(stream: &str, shards: &[ShardDescription]) {
     let open = shards.iter().filter(|s| !s.closed).count();
-    println!("stream {stream}: {} shards ({open} open, {} closed)", shards.len(), shards.len() - open);
-    println!("{:<22} {:<8} {:<45} {:>40} {:>40}", "SHARD", "STATE", "PARENTS", "START HASH KEY", "END HASH KEY");
+    outln!("stream {stream}: {} shards ({open} open, {} closed)", shards.len(), shards.len() - open);
+    outln!("{:<22} {:<8} {:<45} {:>40} {:>40}", "SHARD", "STATE", "PARENTS", "START HASH KEY", "END HASH KEY");
     for s in shards {
         let parents: Vec<&str> = s.parents().collect();
-        println!(
+        outln!(
             "{:<22} {:<8} {:<45} {:>40} {:>40}",
             s.shard_id,
             if s.closed { "closed" } else { "open" },

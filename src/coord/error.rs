@@ -99,6 +99,12 @@ pub enum CoordError {
         .shards.join(", ")
     )]
     LeasesHeld { shards: Vec<String> },
+
+    #[error(
+        "unknown topology {topology:?}: no {path} in ZooKeeper; `squall topology list` shows the topologies \
+         under this root (check --zk-root / SQUALL_ZK_ROOT)"
+    )]
+    UnknownTopology { topology: String, path: String },
 }
 
 impl CoordError {
@@ -134,7 +140,8 @@ impl CoordError {
             CoordError::InvalidConfig { .. }
             | CoordError::InvalidName { .. }
             | CoordError::InvalidCheckpoint { .. }
-            | CoordError::NoCheckpoint { .. } => ErrorDomain::Caller,
+            | CoordError::NoCheckpoint { .. }
+            | CoordError::UnknownTopology { .. } => ErrorDomain::Caller,
         }
     }
 

@@ -23,6 +23,7 @@
 //! The `shards` znode holds the whole shard list in one JSON document, so it must stay under
 //! ZooKeeper's 1 MB `jute.maxbuffer`: [`MAX_SHARD_LIST_BYTES`] (900 KB, a few thousand shards).
 
+pub mod admin;
 pub mod config;
 pub mod error;
 pub mod logic;
@@ -31,12 +32,13 @@ pub mod paths;
 pub mod store;
 pub mod watch;
 
+pub use admin::Admin;
 pub use config::{Secret, ZkAuth, ZkConfig};
 pub use error::{CoordError, ErrorDomain};
 pub use logic::{assign, leader, readable_shards, sequence_cmp, task_cmp};
 pub use model::{
-    Checkpoint, CheckpointPosition, LeaseInfo, Lifecycle, ShardList, ShardRecord, TaskInfo, TopologyState, Versioned,
-    now_ms,
+    Checkpoint, CheckpointPosition, LeaseInfo, Lifecycle, ShardList, ShardRecord, ShardRuntime, TaskInfo,
+    TopologyState, Versioned, WorkerStatus, now_ms,
 };
 pub use paths::TopologyPaths;
 pub use store::{Acquire, Lease, MAX_SHARD_LIST_BYTES, ZkStore};

@@ -152,6 +152,44 @@ pub struct TaskInfo {
     pub pid: u32,
     pub task_index: u32,
     pub since_ms: i64,
+    /// The task's ZooKeeper session (hex), set by `register_task`; matches its leases' `writer`.
+    #[serde(default)]
+    pub session: String,
+}
+
+/// Reading status of one shard, as its owning task last saw it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRuntime {
+    /// The task reading it.
+    pub task: String,
+    /// Last MillisBehindLatest from GetRecords.
+    #[serde(default)]
+    pub millis_behind_latest: Option<i64>,
+    /// Last read error, cleared by the next successful read.
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// Records read by this owner.
+    #[serde(default)]
+    pub records_read: u64,
+}
+
+/// The `workers/{workerId}` znode: a live worker's status, refreshed every few seconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    pub worker_id: String,
+    pub host: String,
+    pub pid: u32,
+    pub since_ms: i64,
+    pub updated_at_ms: i64,
+    /// The worker's spout task nodes (`task-N`).
+    #[serde(default)]
+    pub tasks: Vec<String>,
+    /// Shards its tasks own, with lag and errors.
+    #[serde(default)]
+    pub shards: std::collections::BTreeMap<String, ShardRuntime>,
+    /// Per-component counters (the engine's metrics snapshot).
+    #[serde(default)]
+    pub components: serde_json::Value,
 }
 
 /// Topology lifecycle states.
@@ -171,6 +209,9 @@ pub struct TopologyState {
     pub state: Lifecycle,
     pub deployment_id: String,
     pub updated_at_ms: i64,
+    /// With `Killed`: how long workers wait for in-flight tuples before stopping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill_wait_ms: Option<u64>,
 }
 
 /// The data of a lease znode (for operators; ownership is decided by the sequence only).

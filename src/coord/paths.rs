@@ -4,6 +4,7 @@
 //! {root}/topologies/{topology}/
 //!   state                              lifecycle JSON (versioned get/set)
 //!   tasks/task-NNNNNNNNNN              EPHEMERAL_SEQUENTIAL, one per live spout task
+//!   workers/{workerId}                 EPHEMERAL, one per live worker process: its status JSON
 //!   streams/{stream}/
 //!     shards                           the shard list JSON (versioned writes; < 900 KB)
 //!     checkpoints/{shardId}            checkpoint JSON, one per shard
@@ -26,6 +27,7 @@ pub struct TopologyPaths {
     topology: String,
     state: String,
     tasks: String,
+    workers: String,
     stream: String,
     shards: String,
     checkpoints: String,
@@ -46,6 +48,7 @@ impl TopologyPaths {
             stream_name: stream.to_string(),
             state: format!("{topo}/state"),
             tasks: format!("{topo}/tasks"),
+            workers: format!("{topo}/workers"),
             shards: format!("{stream_path}/shards"),
             checkpoints: format!("{stream_path}/checkpoints"),
             owners: format!("{stream_path}/owners"),
@@ -116,8 +119,18 @@ impl TopologyPaths {
     }
 
     /// The persistent directories [`super::ZkStore::connect`] creates.
-    pub fn persistent_dirs(&self) -> [&str; 3] {
-        [&self.tasks, &self.checkpoints, &self.owners]
+    pub fn persistent_dirs(&self) -> [&str; 4] {
+        [&self.tasks, &self.workers, &self.checkpoints, &self.owners]
+    }
+
+    /// `{topology}/workers`: one ephemeral status znode per live worker.
+    pub fn workers(&self) -> &str {
+        &self.workers
+    }
+
+    /// `{topology}/workers/{worker_id}`.
+    pub fn worker(&self, worker_id: &str) -> String {
+        format!("{}/{worker_id}", self.workers)
     }
 }
 

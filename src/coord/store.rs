@@ -12,7 +12,8 @@ use super::config::ZkConfig;
 use super::error::{CoordError, is_transient};
 use super::logic::task_cmp;
 use super::model::{
-    Checkpoint, CheckpointPosition, LeaseInfo, ShardList, TaskInfo, TopologyState, Versioned, decode, encode, now_ms,
+    Checkpoint, CheckpointPosition, LeaseInfo, ShardList, TaskInfo, TopologyState, Versioned, WorkerStatus, decode,
+    encode, now_ms,
 };
 use super::paths::{LEASE_PREFIX, TASK_PREFIX, TopologyPaths, sequence_of, validate_name};
 use super::watch::{ChangeEvent, SessionWatch, classify};
@@ -110,12 +111,30 @@ impl ZkStore {
         drop(self);
     }
 
+    /// Closes the session and waits (up to 3 s) until the server confirmed it, so ephemeral nodes
+    /// are gone for everyone before this returns. Use it before a process exits: a session that is
+    /// merely dropped at exit lingers on the server until its timeout.
+    pub async fn close_gracefully(self) {
+        let mut watcher = self.client.state_watcher();
+        drop(self);
+        let wait = async {
+            loop {
+                let st = watcher.changed().await;
+                if st.is_terminated() {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(3), wait).await;
+    }
+
     // ----- tasks -----
 
     /// Registers a live task: an EPHEMERAL_SEQUENTIAL `tasks/task-N` znode. Returns its node name.
     pub async fn register_task(&self, info: &TaskInfo) -> Result<String, CoordError> {
         let prefix = self.paths.task_prefix();
-        let data = encode(&prefix, info)?;
+        let info = TaskInfo { session: self.writer.clone(), ..info.clone() };
+        let data = encode(&prefix, &info)?;
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls);
         let (_, seq) =
             self.client.create(&prefix, &data, &options).await.map_err(|e| CoordError::zk(&prefix, "create", e))?;
@@ -146,6 +165,75 @@ impl ZkStore {
                 Ok((data, _)) => out.push((name.clone(), decode::<TaskInfo>(&path, "task info", &data)?)),
                 Err(zk::Error::NoNode) => {} // went away since the listing
                 Err(e) => return Err(CoordError::zk(&path, "get", e)),
+            }
+        }
+        Ok(out)
+    }
+
+    // ----- workers -----
+
+    /// Publishes this worker's status in an EPHEMERAL `workers/{worker_id}` znode (created on
+    /// the first call, overwritten after).
+    pub async fn publish_worker(&self, status: &WorkerStatus) -> Result<(), CoordError> {
+        validate_name("worker id", &status.worker_id)?;
+        let path = self.paths.worker(&status.worker_id);
+        let data = encode(&path, status)?;
+        match self.client.set_data(&path, &data, None).await {
+            Ok(_) => Ok(()),
+            Err(zk::Error::NoNode) => {
+                let options = zk::CreateMode::Ephemeral.with_acls(self.acls);
+                match self.client.create(&path, &data, &options).await {
+                    Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+                    Err(e) => Err(CoordError::zk(&path, "create", e)),
+                }
+            }
+            Err(e) => Err(CoordError::zk(&path, "set", e)),
+        }
+    }
+
+    /// Every live worker's status, sorted by worker id.
+    pub async fn workers(&self) -> Result<Vec<WorkerStatus>, CoordError> {
+        let dir = self.paths.workers();
+        let mut names = match self.client.list_children(dir).await {
+            Ok(n) => n,
+            Err(zk::Error::NoNode) => return Ok(Vec::new()),
+            Err(e) => return Err(CoordError::zk(dir, "list", e)),
+        };
+        names.sort();
+        let mut out = Vec::new();
+        for n in names {
+            let path = self.paths.worker(&n);
+            if let Some(v) = self.read_json::<WorkerStatus>(&path, "worker status").await? {
+                out.push(v.value);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The current owner of every leased shard: shard id -> (lease path, holder session).
+    pub async fn shard_owners(&self) -> Result<BTreeMap<String, (String, String)>, CoordError> {
+        let dir = self.paths.owners();
+        let shards = match self.client.list_children(dir).await {
+            Ok(n) => n,
+            Err(zk::Error::NoNode) => return Ok(BTreeMap::new()),
+            Err(e) => return Err(CoordError::zk(dir, "list", e)),
+        };
+        let mut out = BTreeMap::new();
+        for shard in shards {
+            let sdir = self.paths.owner_dir(&shard);
+            let mut leases = match self.client.list_children(&sdir).await {
+                Ok(n) => n,
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(CoordError::zk(&sdir, "list", e)),
+            };
+            leases.retain(|n| n.starts_with(LEASE_PREFIX) && sequence_of(n).is_some());
+            leases.sort_by_key(|n| sequence_of(n));
+            for lease in leases {
+                let path = format!("{sdir}/{lease}");
+                if let Some(v) = self.read_json::<LeaseInfo>(&path, "lease").await? {
+                    out.insert(shard.clone(), (path, v.value.writer));
+                    break;
+                }
             }
         }
         Ok(out)
@@ -562,7 +650,7 @@ fn short_backoff() -> ExponentialBuilder {
         .with_jitter()
 }
 
-async fn connect_client(cfg: &ZkConfig) -> Result<zk::Client, CoordError> {
+pub(crate) async fn connect_client(cfg: &ZkConfig) -> Result<zk::Client, CoordError> {
     let attempt = || async {
         let mut connector = zk::Client::connector()
             .with_session_timeout(cfg.session_timeout)

@@ -209,7 +209,11 @@ impl Coordinator {
                     }
                 }
                 r = self.active.changed() => {
-                    if r.is_ok() { let h = *s.health.borrow(); self.set_fetch(h); }
+                    if r.is_ok() {
+                        let h = *s.health.borrow();
+                        self.set_fetch(h);
+                        s.dirty = true;
+                    }
                 }
                 _ = tick.tick() => {}
             }
@@ -247,6 +251,13 @@ impl Coordinator {
         }
         s.monitor.cancel();
         self.set_fetch(Health::Lost);
+        if matches!(end, SessionEnd::Shutdown) {
+            // Close the session for real before the process may exit: the task node and any lease
+            // vanish at once instead of after the session timeout.
+            if let Ok(store) = Arc::try_unwrap(s.store) {
+                store.close_gracefully().await;
+            }
+        }
         end
     }
 
@@ -262,6 +273,7 @@ impl Coordinator {
                 let _ = tokio::time::timeout(Duration::from_secs(10), h).await;
             }
             lock(&self.tracker).remove(&shard);
+            lock(&self.reader.status).remove(&shard);
             self.reader.read_log.release(&s.task, &shard);
         }
     }
@@ -309,8 +321,14 @@ impl Coordinator {
         let readable: Vec<String> =
             readable_shards(&list.value, &cps).into_iter().filter(|id| cps.contains_key(id)).collect();
         let assignment = assign(&tasks, &readable);
-        let mine: HashSet<&str> =
-            assignment.get(&s.task).map(|v| v.iter().map(String::as_str).collect()).unwrap_or_default();
+        // A deactivated task holds no shard: it hands everything back (after its in-flight tuples
+        // are acked) so that an operator can rewind checkpoints, and re-acquires on activation.
+        let active = *self.active.borrow();
+        let mine: HashSet<&str> = if active {
+            assignment.get(&s.task).map(|v| v.iter().map(String::as_str).collect()).unwrap_or_default()
+        } else {
+            HashSet::new()
+        };
         // Hand off what is no longer ours.
         let to_release: Vec<Arc<str>> = s
             .owned
@@ -501,6 +519,7 @@ impl Coordinator {
                 let _ = tokio::time::timeout(Duration::from_secs(10), h).await;
             }
             lock(&self.tracker).remove(shard);
+            lock(&self.reader.status).remove(shard);
             self.reader.read_log.release(&s.task, shard);
             s.store.release(o.lease).await?;
             tracing::info!(task = %s.task, shard = %shard, "shard released");

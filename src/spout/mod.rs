@@ -108,6 +108,42 @@ impl WorkerIdentity {
     }
 }
 
+/// What a worker can see of one of its spout tasks (for status publication).
+#[derive(Debug, Clone)]
+pub struct SpoutTaskHandle {
+    task_name: Arc<Mutex<String>>,
+    status: Arc<Mutex<HashMap<Arc<str>, ShardStatus>>>,
+    stats: Arc<SpoutStats>,
+}
+
+impl SpoutTaskHandle {
+    /// The task's ZooKeeper node name (empty until registered).
+    pub fn task_name(&self) -> String {
+        lock(&self.task_name).clone()
+    }
+
+    /// Reading status of every shard the task owns now.
+    pub fn shards(&self) -> Vec<(String, ShardStatus)> {
+        lock(&self.status).iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+    }
+
+    /// The task's counters.
+    pub fn stats(&self) -> &SpoutStats {
+        &self.stats
+    }
+}
+
+/// The spout tasks of one worker, filled in as the engine creates them.
+#[derive(Debug, Clone, Default)]
+pub struct SpoutRegistry(Arc<Mutex<Vec<SpoutTaskHandle>>>);
+
+impl SpoutRegistry {
+    /// Every spout task created so far.
+    pub fn tasks(&self) -> Vec<SpoutTaskHandle> {
+        lock(&self.0).clone()
+    }
+}
+
 /// The Kinesis spout. Build one per task with [`KinesisSpout::declare`].
 pub struct KinesisSpout {
     cfg: Arc<KinesisSpoutConfig>,
@@ -158,9 +194,30 @@ impl KinesisSpout {
         cfg: KinesisSpoutConfig,
         worker: WorkerIdentity,
     ) {
+        Self::declare_with_registry(builder, id, parallelism, cfg, worker, SpoutRegistry::default());
+    }
+
+    /// [`KinesisSpout::declare`], recording each task in `registry` so the worker can publish
+    /// its status.
+    pub fn declare_with_registry(
+        builder: &mut TopologyBuilder,
+        id: &str,
+        parallelism: usize,
+        cfg: KinesisSpoutConfig,
+        worker: WorkerIdentity,
+        registry: SpoutRegistry,
+    ) {
         let cfg = Arc::new(cfg);
         builder
-            .set_spout(id, parallelism, move |_ctx: &TaskContext| KinesisSpout::new(cfg.clone(), worker.clone()))
+            .set_spout(id, parallelism, move |_ctx: &TaskContext| {
+                let spout = KinesisSpout::new(cfg.clone(), worker.clone());
+                lock(&registry.0).push(SpoutTaskHandle {
+                    task_name: spout.task_name.clone(),
+                    status: spout.status.clone(),
+                    stats: spout.stats.clone(),
+                });
+                spout
+            })
             .fields(&FIELDS)
             .output(DEAD_LETTER_STREAM, &DEAD_LETTER_FIELDS);
     }
@@ -196,6 +253,7 @@ impl Spout for KinesisSpout {
 
     async fn open(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
         self.cfg.validate().map_err(|e| ComponentError::fatal(e.to_string()))?;
+        self.active.send_replace(ctx.config().start_active);
         let zk = self.cfg.zookeeper.to_zk_config();
         let store = ZkStore::connect(&zk, &self.cfg.topology, &self.cfg.stream)
             .await
@@ -232,6 +290,7 @@ impl Spout for KinesisSpout {
                 pid: self.worker.pid,
                 task_index: ctx.task_index() as u32,
                 since_ms: now_ms(),
+                session: String::new(),
             },
             tracker: self.tracker.clone(),
             reader,
@@ -304,11 +363,11 @@ impl Spout for KinesisSpout {
     }
 
     async fn activate(&mut self) {
-        let _ = self.active.send(true);
+        self.active.send_replace(true);
     }
 
     async fn deactivate(&mut self) {
-        let _ = self.active.send(false);
+        self.active.send_replace(false);
     }
 
     async fn close(&mut self) {

@@ -1,0 +1,422 @@
+//! `squall topology list | activate | deactivate | rebalance | kill | status | checkpoints reset`:
+//! operating topologies through their state in ZooKeeper, which every worker watches and obeys.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use aws_sdk_kinesis::primitives::{DateTime, DateTimeFormat};
+use serde::Serialize;
+
+use super::Cli;
+use crate::coord::{
+    Admin, CheckpointPosition, CoordError, Lifecycle, TopologyState, WorkerStatus, ZkAuth, ZkConfig, ZkStore, now_ms,
+};
+
+/// Where `checkpoints reset` rewinds to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResetTarget {
+    /// The oldest retained record.
+    TrimHorizon,
+    /// Now: only records that arrive from now on.
+    Latest,
+    /// Records that arrived at or after this time (ms since the epoch).
+    At(i64),
+}
+
+impl std::str::FromStr for ResetTarget {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "trim-horizon" | "TRIM_HORIZON" => Ok(Self::TrimHorizon),
+            "latest" | "LATEST" => Ok(Self::Latest),
+            other => DateTime::from_str(other, DateTimeFormat::DateTimeWithOffset)
+                .or_else(|_| DateTime::from_str(other, DateTimeFormat::DateTime))
+                .ok()
+                .and_then(|d| d.to_millis().ok())
+                .map(Self::At)
+                .ok_or_else(|| {
+                    format!(
+                        "{other:?} is not a reset target: use trim-horizon, latest or an RFC 3339 timestamp such as 2026-11-30T09:00:00Z"
+                    )
+                }),
+        }
+    }
+}
+
+pub(super) fn zk_config(cli: &Cli) -> ZkConfig {
+    let mut cfg = ZkConfig::new(cli.zk.clone()).with_root(cli.zk_root.clone());
+    if let Some(user) = &cli.zk_user {
+        cfg = cfg.with_auth(ZkAuth::digest(user.clone(), std::env::var("SQUALL_ZK_PASSWORD").unwrap_or_default()));
+    }
+    cfg
+}
+
+async fn admin(cli: &Cli) -> anyhow::Result<Admin> {
+    Ok(Admin::connect(&zk_config(cli)).await?)
+}
+
+async fn state_of(store: &ZkStore, topology: &str) -> anyhow::Result<(TopologyState, i32)> {
+    match store.read_state().await? {
+        Some(v) => Ok((v.value, v.version)),
+        None => bail!("topology {topology:?} has no lifecycle state yet: start a worker for it first"),
+    }
+}
+
+/// Sets the lifecycle state with a compare-and-set loop. Returns the previous state.
+async fn set_state(
+    store: &ZkStore,
+    topology: &str,
+    f: impl Fn(&TopologyState) -> anyhow::Result<TopologyState>,
+) -> anyhow::Result<TopologyState> {
+    for _ in 0..20 {
+        let (cur, version) = state_of(store, topology).await?;
+        let mut next = f(&cur)?;
+        next.updated_at_ms = now_ms();
+        match store.write_state(&next, Some(version)).await {
+            Ok(_) => return Ok(cur),
+            Err(CoordError::VersionConflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    bail!("the state of topology {topology:?} kept changing under us; try again")
+}
+
+fn lifecycle_name(l: Lifecycle) -> &'static str {
+    match l {
+        Lifecycle::Active => "ACTIVE",
+        Lifecycle::Inactive => "INACTIVE",
+        Lifecycle::Draining => "DRAINING",
+        Lifecycle::Drained => "DRAINED",
+        Lifecycle::Killed => "KILLED",
+    }
+}
+
+fn to(state: Lifecycle, topology: &str) -> impl Fn(&TopologyState) -> anyhow::Result<TopologyState> + '_ {
+    move |cur| {
+        if matches!(cur.state, Lifecycle::Killed | Lifecycle::Drained) {
+            bail!("topology {topology:?} is {}: start its workers again to deploy it", lifecycle_name(cur.state));
+        }
+        Ok(TopologyState { state, kill_wait_ms: None, ..cur.clone() })
+    }
+}
+
+pub(super) async fn list(cli: &Cli) -> anyhow::Result<()> {
+    let admin = admin(cli).await?;
+    let names = admin.topologies().await?;
+    if names.is_empty() {
+        outln!("no topologies under {}", cli.zk_root);
+    }
+    for t in names {
+        let store = admin.any_store(&t).await;
+        let state = match store {
+            Ok(s) => s.read_state().await.ok().flatten().map(|v| lifecycle_name(v.value.state)).unwrap_or("-"),
+            Err(_) => "-",
+        };
+        outln!("{t}\t{state}");
+    }
+    Ok(())
+}
+
+pub(super) async fn activate(cli: &Cli, topology: &str, active: bool) -> anyhow::Result<()> {
+    let admin = admin(cli).await?;
+    let store = admin.any_store(topology).await?;
+    let want = if active { Lifecycle::Active } else { Lifecycle::Inactive };
+    let prev = set_state(&store, topology, to(want, topology)).await?;
+    outln!("{topology}: {} -> {}", lifecycle_name(prev.state), lifecycle_name(want));
+    Ok(())
+}
+
+async fn wait_no_leases(admin: &Admin, topology: &str, wait: Duration) -> anyhow::Result<bool> {
+    let start = Instant::now();
+    loop {
+        let mut held = 0;
+        for stream in admin.streams(topology).await? {
+            held += admin.store(topology, &stream).await?.shard_owners().await?.len();
+        }
+        if held == 0 {
+            return Ok(true);
+        }
+        if start.elapsed() > wait {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub(super) async fn rebalance(cli: &Cli, topology: &str, wait: u64) -> anyhow::Result<()> {
+    let admin = admin(cli).await?;
+    let store = admin.any_store(topology).await?;
+    let start = Instant::now();
+    let prev = set_state(&store, topology, to(Lifecycle::Inactive, topology)).await?;
+    let released = wait_no_leases(&admin, topology, Duration::from_secs(wait)).await?;
+    let restore = prev.state;
+    set_state(&store, topology, |cur| Ok(TopologyState { state: restore, ..cur.clone() })).await?;
+    if !released {
+        eprintln!(
+            "warning: some shards were still leased after {wait} s; they move when their in-flight tuples finish"
+        );
+    }
+    outln!(
+        "{topology}: rebalanced in {:.2} s (deactivated, shards handed back, state restored to {})",
+        start.elapsed().as_secs_f64(),
+        lifecycle_name(restore)
+    );
+    Ok(())
+}
+
+pub(super) async fn kill(cli: &Cli, topology: &str, wait: Option<u64>) -> anyhow::Result<()> {
+    let admin = admin(cli).await?;
+    let store = admin.any_store(topology).await?;
+    set_state(&store, topology, |cur| {
+        Ok(TopologyState { state: Lifecycle::Killed, kill_wait_ms: wait.map(|w| w * 1000), ..cur.clone() })
+    })
+    .await?;
+    // Workers deactivate, wait for in-flight tuples (up to --wait or their message timeout),
+    // checkpoint and exit 0. Wait for them to go.
+    let limit = Duration::from_secs(wait.unwrap_or(30) + 15);
+    let start = Instant::now();
+    loop {
+        let workers = store.workers().await?;
+        let tasks = store.live_tasks().await?;
+        if workers.is_empty() && tasks.is_empty() {
+            outln!("{topology}: killed; every worker stopped after {:.2} s", start.elapsed().as_secs_f64());
+            return Ok(());
+        }
+        if start.elapsed() > limit {
+            bail!(
+                "{topology}: marked KILLED, but {} worker(s) still run after {} s: {}",
+                workers.len(),
+                limit.as_secs(),
+                workers
+                    .iter()
+                    .map(|w| format!("{} (pid {} on {})", w.worker_id, w.pid, w.host))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub(super) async fn reset(cli: &Cli, topology: &str, stream: &str, target: &ResetTarget) -> anyhow::Result<()> {
+    let admin = admin(cli).await?;
+    let streams = admin.streams(topology).await?;
+    if !streams.iter().any(|s| s == stream) {
+        bail!("topology {topology:?} does not read stream {stream:?}; it reads: {}", streams.join(", "));
+    }
+    let store = admin.store(topology, stream).await?;
+    let (state, _) = state_of(&store, topology).await?;
+    if !matches!(state.state, Lifecycle::Inactive | Lifecycle::Killed) {
+        bail!(
+            "topology {topology:?} is {}: refusing to rewind checkpoints of a running topology; run `squall deactivate {topology}` first",
+            lifecycle_name(state.state)
+        );
+    }
+    let position = match target {
+        ResetTarget::TrimHorizon => CheckpointPosition::TrimHorizon,
+        ResetTarget::Latest => CheckpointPosition::AtTimestamp { millis: now_ms() },
+        ResetTarget::At(ms) => CheckpointPosition::AtTimestamp { millis: *ms },
+    };
+    // Deactivated workers hand their shards back once their in-flight tuples are done.
+    let start = Instant::now();
+    let n = loop {
+        match store.reset_checkpoints(&position).await {
+            Ok(n) => break n,
+            Err(CoordError::LeasesHeld { .. }) if start.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    outln!(
+        "{topology}/{stream}: {n} checkpoint(s) reset to {position}; `squall activate {topology}` replays from there"
+    );
+    Ok(())
+}
+
+/// The stable JSON schema of `squall status --json`.
+#[derive(Debug, Serialize)]
+pub struct StatusReport {
+    /// Topology name.
+    pub topology: String,
+    /// ACTIVE, INACTIVE, DRAINING, DRAINED or KILLED.
+    pub state: String,
+    /// The current deployment id.
+    pub deployment_id: String,
+    /// Live workers.
+    pub workers: Vec<WorkerReport>,
+    /// Streams read, with their shards.
+    pub streams: Vec<StreamReport>,
+}
+
+/// A live worker in [`StatusReport`].
+#[derive(Debug, Serialize)]
+pub struct WorkerReport {
+    /// Worker id.
+    pub worker_id: String,
+    /// Host.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+    /// Spout task nodes.
+    pub tasks: Vec<String>,
+    /// Start time, ms since the epoch.
+    pub since_ms: i64,
+    /// Per-component counters.
+    pub components: serde_json::Value,
+}
+
+/// A stream in [`StatusReport`].
+#[derive(Debug, Serialize)]
+pub struct StreamReport {
+    /// Stream name.
+    pub stream: String,
+    /// Every shard in the stored shard list.
+    pub shards: Vec<ShardReport>,
+}
+
+/// A shard in [`StatusReport`].
+#[derive(Debug, Serialize)]
+pub struct ShardReport {
+    /// Shard id.
+    pub shard_id: String,
+    /// Parents (0, 1 or 2).
+    pub parent_shard_ids: Vec<String>,
+    /// `open`, `closed` or `finished`.
+    pub state: String,
+    /// Owning task (`task-N`), if any.
+    pub owner: Option<String>,
+    /// Checkpoint position (`TRIM_HORIZON`, `AT_TIMESTAMP ms`, `AFTER_SEQUENCE seq/sub`).
+    pub checkpoint: Option<String>,
+    /// Read to its end and fully acked.
+    pub finished: bool,
+    /// Last MillisBehindLatest its reader saw.
+    pub millis_behind_latest: Option<i64>,
+    /// Last read error.
+    pub error: Option<String>,
+}
+
+pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<StatusReport> {
+    let admin = admin(cli).await?;
+    let streams = admin.streams(topology).await?;
+    let mut report = StatusReport {
+        topology: topology.to_string(),
+        state: "-".into(),
+        deployment_id: String::new(),
+        workers: Vec::new(),
+        streams: Vec::new(),
+    };
+    let mut runtime: BTreeMap<String, crate::coord::ShardRuntime> = BTreeMap::new();
+    for (i, stream) in streams.iter().enumerate() {
+        let store = admin.store(topology, stream).await?;
+        if i == 0 {
+            if let Some(st) = store.read_state().await? {
+                report.state = lifecycle_name(st.value.state).into();
+                report.deployment_id = st.value.deployment_id;
+            }
+            let workers: Vec<WorkerStatus> = store.workers().await?;
+            for w in workers {
+                runtime.extend(w.shards.clone());
+                report.workers.push(WorkerReport {
+                    worker_id: w.worker_id,
+                    host: w.host,
+                    pid: w.pid,
+                    tasks: w.tasks,
+                    since_ms: w.since_ms,
+                    components: w.components,
+                });
+            }
+        }
+        let sessions: BTreeMap<String, String> =
+            store.live_tasks().await?.into_iter().map(|(name, info)| (info.session, name)).collect();
+        let owners = store.shard_owners().await?;
+        let cps = store.read_checkpoints().await?;
+        let list = store.read_shard_list().await?;
+        let mut shards = Vec::new();
+        for sh in list.map(|l| l.value.shards).unwrap_or_default() {
+            let cp = cps.get(&sh.shard_id).map(|c| &c.value);
+            let finished = cp.is_some_and(|c| c.finished);
+            let rt = runtime.get(&sh.shard_id);
+            shards.push(ShardReport {
+                parent_shard_ids: sh.parents().map(str::to_string).collect(),
+                state: if finished {
+                    "finished"
+                } else if sh.closed {
+                    "closed"
+                } else {
+                    "open"
+                }
+                .into(),
+                owner: owners
+                    .get(&sh.shard_id)
+                    .map(|(_, session)| sessions.get(session).cloned().unwrap_or_else(|| session.clone())),
+                checkpoint: cp.map(|c| c.position.to_string()),
+                finished,
+                millis_behind_latest: rt.and_then(|r| r.millis_behind_latest),
+                error: rt.and_then(|r| r.last_error.clone()),
+                shard_id: sh.shard_id,
+            });
+        }
+        report.streams.push(StreamReport { stream: stream.clone(), shards });
+    }
+    Ok(report)
+}
+
+pub(super) async fn status(cli: &Cli, topology: &str, json: bool) -> anyhow::Result<()> {
+    let r = status_report(cli, topology).await?;
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&r).context("serializing the status")?);
+        return Ok(());
+    }
+    outln!("topology {}  state {}  deployment {}", r.topology, r.state, r.deployment_id);
+    outln!("workers: {}", r.workers.len());
+    for w in &r.workers {
+        outln!("  {}  host {}  pid {}  tasks {}  since {}", w.worker_id, w.host, w.pid, w.tasks.join(","), w.since_ms);
+        if let Some(obj) = w.components.as_object() {
+            for (c, m) in obj {
+                outln!(
+                    "    {c:<14} emitted {:>9}  executed {:>9}  acked {:>9}  failed {:>6}  timed out {:>6}  pending {:>6}",
+                    m["emitted"],
+                    m["executed"],
+                    m["acked"],
+                    m["failed"],
+                    m["timed_out"],
+                    m["pending"]
+                );
+            }
+        }
+    }
+    for s in &r.streams {
+        outln!("stream {}: {} shards", s.stream, s.shards.len());
+        outln!("  {:<22} {:<9} {:<44} {:<16} {:>10}  CHECKPOINT", "SHARD", "STATE", "PARENTS", "OWNER", "LAG MS");
+        for sh in &s.shards {
+            outln!(
+                "  {:<22} {:<9} {:<44} {:<16} {:>10}  {}{}",
+                sh.shard_id,
+                sh.state,
+                if sh.parent_shard_ids.is_empty() { "-".into() } else { sh.parent_shard_ids.join(",") },
+                sh.owner.as_deref().unwrap_or("-"),
+                sh.millis_behind_latest.map(|m| m.to_string()).unwrap_or_else(|| "-".into()),
+                sh.checkpoint.as_deref().unwrap_or("-"),
+                sh.error.as_ref().map(|e| format!("  ERROR {e}")).unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reset_targets_parse_and_bad_ones_say_what_works() {
+        assert_eq!("trim-horizon".parse::<ResetTarget>().unwrap(), ResetTarget::TrimHorizon);
+        assert_eq!("latest".parse::<ResetTarget>().unwrap(), ResetTarget::Latest);
+        assert_eq!("1970-01-01T00:00:01Z".parse::<ResetTarget>().unwrap(), ResetTarget::At(1000));
+        assert_eq!("1970-01-01T01:00:01+01:00".parse::<ResetTarget>().unwrap(), ResetTarget::At(1000));
+        let e = "yesterday".parse::<ResetTarget>().unwrap_err();
+        assert!(e.contains("RFC 3339") && e.contains("yesterday"), "{e}");
+    }
+}

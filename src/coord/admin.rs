@@ -1,0 +1,81 @@
+//! Topology-level access for operators (the CLI): which topologies exist under the root, which
+//! streams a topology reads, and a [`ZkStore`] per stream for everything else.
+
+use zookeeper_client as zk;
+
+use super::config::ZkConfig;
+use super::error::CoordError;
+use super::paths::{validate_name, validate_root};
+use super::store::{ZkStore, connect_client};
+
+/// A ZooKeeper session for administration.
+#[derive(Debug)]
+pub struct Admin {
+    client: zk::Client,
+    cfg: ZkConfig,
+}
+
+impl Admin {
+    /// Connects (bounded retry; the error names the connect string).
+    pub async fn connect(cfg: &ZkConfig) -> Result<Self, CoordError> {
+        cfg.validate()?;
+        validate_root(&cfg.root)?;
+        let client = connect_client(cfg).await?;
+        Ok(Self { client, cfg: cfg.clone() })
+    }
+
+    fn topologies_dir(&self) -> String {
+        format!("{}/topologies", self.cfg.root)
+    }
+
+    /// Topology names under the root, sorted.
+    pub async fn topologies(&self) -> Result<Vec<String>, CoordError> {
+        let dir = self.topologies_dir();
+        match self.client.list_children(&dir).await {
+            Ok(mut v) => {
+                v.sort();
+                Ok(v)
+            }
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(CoordError::zk(&dir, "list", e)),
+        }
+    }
+
+    /// The streams a topology reads, sorted; [`CoordError::UnknownTopology`] when it does not exist.
+    pub async fn streams(&self, topology: &str) -> Result<Vec<String>, CoordError> {
+        validate_name("topology name", topology)?;
+        let topo = format!("{}/{topology}", self.topologies_dir());
+        match self.client.check_stat(&topo).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(CoordError::UnknownTopology { topology: topology.to_string(), path: topo }),
+            Err(e) => return Err(CoordError::zk(&topo, "stat", e)),
+        }
+        let dir = format!("{topo}/streams");
+        match self.client.list_children(&dir).await {
+            Ok(mut v) => {
+                v.sort();
+                Ok(v)
+            }
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(CoordError::zk(&dir, "list", e)),
+        }
+    }
+
+    /// A store for one stream of an existing topology (its own session).
+    pub async fn store(&self, topology: &str, stream: &str) -> Result<ZkStore, CoordError> {
+        ZkStore::connect(&self.cfg, topology, stream).await
+    }
+
+    /// The first stream of an existing topology (topologies read one stream each), for
+    /// topology-level reads and writes such as the lifecycle state.
+    pub async fn any_store(&self, topology: &str) -> Result<ZkStore, CoordError> {
+        let streams = self.streams(topology).await?;
+        let Some(stream) = streams.first() else {
+            return Err(CoordError::UnknownTopology {
+                topology: topology.to_string(),
+                path: format!("{}/{topology}/streams", self.topologies_dir()),
+            });
+        };
+        self.store(topology, stream).await
+    }
+}
