@@ -37,7 +37,7 @@ test:
 
 demo:
 	./localstack/up
-	$(CARGO) build --release --bin squall
+	$(CARGO) build --bins --examples
 	./scripts/demo.sh
 
 bench:
