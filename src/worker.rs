@@ -188,9 +188,18 @@ where
     let mut wait = Duration::from_millis(args.message_timeout_ms);
     let status = |running: &squall_topology::RunningTopology| worker_status(&identity, since, &registry, running);
     let mut store = store;
+    let mut draining = false;
+    check_drain(&store, &running, &deployment, &mut draining).await;
     let stop_reason = loop {
         tokio::select! {
             r = running.wait() => {
+                if draining && r.is_ok() {
+                    finish_drain(&store, &identity.worker_id, &deployment).await;
+                    drop(events);
+                    store.close_gracefully().await;
+                    tracing::info!(topology = %args.topology, "drained: every in-flight tuple acked, checkpoints written; worker stopped");
+                    return Ok(());
+                }
                 return r.map_err(|e| anyhow::anyhow!("topology {} stopped: {e}", args.topology));
             }
             _ = tokio::signal::ctrl_c() => break "SIGINT",
@@ -201,7 +210,9 @@ where
                 }
             }
             ev = events.recv() => match ev {
+                Some(ChangeEvent::Drain) => check_drain(&store, &running, &deployment, &mut draining).await,
                 Some(ChangeEvent::State) | Some(ChangeEvent::Reconnected) => {
+                    check_drain(&store, &running, &deployment, &mut draining).await;
                     let Ok(Some(st)) = store.read_state().await else { continue };
                     let st = st.value;
                     if st.deployment_id != deployment {
@@ -241,6 +252,67 @@ where
     stopped.map_err(|e| anyhow::anyhow!("stopping topology {}: {e}", args.topology))?;
     tracing::info!(topology = %args.topology, "worker stopped");
     Ok(())
+}
+
+/// Obeys a drain notification of this deployment (once); ignores one of another deployment.
+async fn check_drain(
+    store: &ZkStore,
+    running: &squall_topology::RunningTopology,
+    deployment: &str,
+    draining: &mut bool,
+) {
+    if *draining {
+        return;
+    }
+    match store.read_drain().await {
+        Ok(Some(req)) if req.deployment_id == deployment => {
+            tracing::info!(deployment, "drain notification: draining");
+            if let Err(e) = running.drain().await {
+                tracing::warn!(error = %e, "draining the topology failed");
+                return;
+            }
+            *draining = true;
+        }
+        Ok(Some(req)) => {
+            tracing::debug!(notification = %req.deployment_id, this = deployment, "ignoring a drain notification of another deployment");
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!(error = %e, "reading the drain notification failed"),
+    }
+}
+
+/// After this worker drained: remove its status znode; the last worker to go marks the topology
+/// DRAINED (each checks after removing itself, so the last one always sees none left).
+async fn finish_drain(store: &ZkStore, worker_id: &str, deployment: &str) {
+    if let Err(e) = store.remove_worker(worker_id).await {
+        tracing::warn!(error = %e, "removing the worker status failed");
+    }
+    for _ in 0..10 {
+        match store.workers().await {
+            Ok(w) if w.is_empty() => {}
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing workers failed");
+                return;
+            }
+        }
+        let Ok(Some(cur)) = store.read_state().await else { return };
+        if cur.value.state != Lifecycle::Draining || cur.value.deployment_id != deployment {
+            return;
+        }
+        let next = TopologyState { state: Lifecycle::Drained, updated_at_ms: now_ms(), ..cur.value };
+        match store.write_state(&next, Some(cur.version)).await {
+            Ok(_) => {
+                tracing::info!(deployment, "the last worker drained: topology DRAINED");
+                return;
+            }
+            Err(CoordError::VersionConflict { .. }) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "marking the topology DRAINED failed");
+                return;
+            }
+        }
+    }
 }
 
 async fn reconnect(

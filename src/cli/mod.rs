@@ -77,6 +77,15 @@ pub enum Command {
         #[arg(long)]
         wait: Option<u64>,
     },
+    /// Drain (Samza): spouts stop fetching, in-flight tuples finish, windows flush, checkpoints
+    /// are written, the topology becomes DRAINED and its workers exit 0.
+    Drain {
+        /// Topology name.
+        topology: String,
+        /// Wait up to this many seconds for DRAINED.
+        #[arg(long)]
+        wait: Option<u64>,
+    },
     /// State, workers, shards (owner, checkpoint, lag, errors) and counters.
     Status {
         /// Topology name.
@@ -139,6 +148,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Deactivate { topology } => topology::activate(&cli, topology, false).await,
         Command::Rebalance { topology, wait } => topology::rebalance(&cli, topology, *wait).await,
         Command::Kill { topology, wait } => topology::kill(&cli, topology, *wait).await,
+        Command::Drain { topology, wait } => topology::drain(&cli, topology, *wait).await,
         Command::Status { topology, json } => topology::status(&cli, topology, *json).await,
         Command::Checkpoints(CheckpointsCommand::Reset { topology, stream, to }) => {
             topology::reset(&cli, topology, stream, to).await

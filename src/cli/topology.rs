@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use super::Cli;
 use crate::coord::{
-    Admin, CheckpointPosition, CoordError, Lifecycle, TopologyState, WorkerStatus, ZkAuth, ZkConfig, ZkStore, now_ms,
+    Admin, CheckpointPosition, CoordError, DrainRequest, Lifecycle, TopologyState, WorkerStatus, ZkAuth, ZkConfig,
+    ZkStore, now_ms,
 };
 
 /// Where `checkpoints reset` rewinds to.
@@ -194,6 +195,48 @@ pub(super) async fn kill(cli: &Cli, topology: &str, wait: Option<u64>) -> anyhow
                     .collect::<Vec<_>>()
                     .join(", ")
             );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub(super) async fn drain(cli: &Cli, topology: &str, wait: Option<u64>) -> anyhow::Result<()> {
+    let admin = admin(cli).await?;
+    let store = admin.any_store(topology).await?;
+    let (state, _) = state_of(&store, topology).await?;
+    if !matches!(state.state, Lifecycle::Active | Lifecycle::Inactive | Lifecycle::Draining) {
+        bail!("topology {topology:?} is {}: nothing to drain", lifecycle_name(state.state));
+    }
+    let deployment = state.deployment_id.clone();
+    // The notification first (workers obey it), then the state for operators.
+    store.write_drain(&DrainRequest { deployment_id: deployment.clone(), requested_at_ms: now_ms() }).await?;
+    set_state(&store, topology, |cur| {
+        if cur.deployment_id != deployment {
+            bail!("topology {topology:?} was redeployed while draining was requested; nothing drained");
+        }
+        if cur.state == Lifecycle::Drained {
+            return Ok(cur.clone());
+        }
+        Ok(TopologyState { state: Lifecycle::Draining, ..cur.clone() })
+    })
+    .await?;
+    outln!("{topology}: draining deployment {deployment}");
+    let Some(wait) = wait else { return Ok(()) };
+    let start = Instant::now();
+    loop {
+        let (st, _) = state_of(&store, topology).await?;
+        if st.state == Lifecycle::Drained || (st.deployment_id != deployment) {
+            outln!("{topology}: drained after {:.2} s", start.elapsed().as_secs_f64());
+            return Ok(());
+        }
+        if store.workers().await?.is_empty() && start.elapsed() > Duration::from_secs(2) {
+            // No worker left to mark it: every one has gone, so the drain is complete.
+            set_state(&store, topology, |cur| Ok(TopologyState { state: Lifecycle::Drained, ..cur.clone() })).await?;
+            outln!("{topology}: drained (no worker left) after {:.2} s", start.elapsed().as_secs_f64());
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(wait) {
+            bail!("{topology}: still draining after {wait} s");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

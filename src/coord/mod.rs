@@ -37,7 +37,7 @@ pub use config::{Secret, ZkAuth, ZkConfig};
 pub use error::{CoordError, ErrorDomain};
 pub use logic::{assign, leader, readable_shards, sequence_cmp, task_cmp};
 pub use model::{
-    Checkpoint, CheckpointPosition, LeaseInfo, Lifecycle, ShardList, ShardRecord, ShardRuntime, TaskInfo,
+    Checkpoint, CheckpointPosition, DrainRequest, LeaseInfo, Lifecycle, ShardList, ShardRecord, ShardRuntime, TaskInfo,
     TopologyState, Versioned, WorkerStatus, now_ms,
 };
 pub use paths::TopologyPaths;

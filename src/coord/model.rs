@@ -293,3 +293,12 @@ mod tests {
         assert!(after("0012", 0).validate("s").is_ok());
     }
 }
+
+/// The `drain` znode: Samza's drain notification. Only workers of this deployment obey it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainRequest {
+    /// The deployment to drain.
+    pub deployment_id: String,
+    /// When it was requested (ms since the epoch).
+    pub requested_at_ms: i64,
+}

@@ -3,6 +3,7 @@
 //! ```text
 //! {root}/topologies/{topology}/
 //!   state                              lifecycle JSON (versioned get/set)
+//!   drain                              drain notification JSON {deployment_id, requested_at_ms}
 //!   tasks/task-NNNNNNNNNN              EPHEMERAL_SEQUENTIAL, one per live spout task
 //!   workers/{workerId}                 EPHEMERAL, one per live worker process: its status JSON
 //!   streams/{stream}/
@@ -121,6 +122,11 @@ impl TopologyPaths {
     /// The persistent directories [`super::ZkStore::connect`] creates.
     pub fn persistent_dirs(&self) -> [&str; 4] {
         [&self.tasks, &self.workers, &self.checkpoints, &self.owners]
+    }
+
+    /// `{topology}/drain`: the drain notification.
+    pub fn drain(&self) -> String {
+        format!("{}/drain", self.topology)
     }
 
     /// `{topology}/workers`: one ephemeral status znode per live worker.

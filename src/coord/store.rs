@@ -12,8 +12,8 @@ use super::config::ZkConfig;
 use super::error::{CoordError, is_transient};
 use super::logic::task_cmp;
 use super::model::{
-    Checkpoint, CheckpointPosition, LeaseInfo, ShardList, TaskInfo, TopologyState, Versioned, WorkerStatus, decode,
-    encode, now_ms,
+    Checkpoint, CheckpointPosition, DrainRequest, LeaseInfo, ShardList, TaskInfo, TopologyState, Versioned,
+    WorkerStatus, decode, encode, now_ms,
 };
 use super::paths::{LEASE_PREFIX, TASK_PREFIX, TopologyPaths, sequence_of, validate_name};
 use super::watch::{ChangeEvent, SessionWatch, classify};
@@ -168,6 +168,42 @@ impl ZkStore {
             }
         }
         Ok(out)
+    }
+
+    // ----- drain -----
+
+    /// Writes (or overwrites) the drain notification.
+    pub async fn write_drain(&self, req: &DrainRequest) -> Result<(), CoordError> {
+        let path = self.paths.drain();
+        let data = encode(&path, req)?;
+        match self.client.set_data(&path, &data, None).await {
+            Ok(_) => Ok(()),
+            Err(zk::Error::NoNode) => {
+                let options = zk::CreateMode::Persistent.with_acls(self.acls);
+                match self.client.create(&path, &data, &options).await {
+                    Ok(_) => Ok(()),
+                    Err(zk::Error::NodeExists) => self
+                        .client
+                        .set_data(&path, &data, None)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| CoordError::zk(&path, "set", e)),
+                    Err(e) => Err(CoordError::zk(&path, "create", e)),
+                }
+            }
+            Err(e) => Err(CoordError::zk(&path, "set", e)),
+        }
+    }
+
+    /// Reads the drain notification, if any.
+    pub async fn read_drain(&self) -> Result<Option<DrainRequest>, CoordError> {
+        Ok(self.read_json::<DrainRequest>(&self.paths.drain(), "drain notification").await?.map(|v| v.value))
+    }
+
+    /// Deletes this worker's status znode (before it checks whether it was the last one).
+    pub async fn remove_worker(&self, worker_id: &str) -> Result<(), CoordError> {
+        let path = self.paths.worker(worker_id);
+        self.delete_quietly(&path).await
     }
 
     // ----- workers -----

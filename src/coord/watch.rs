@@ -18,6 +18,8 @@ pub enum ChangeEvent {
     Owners(String),
     /// The topology lifecycle state changed.
     State,
+    /// A drain notification was written (`squall drain`).
+    Drain,
     /// The connection dropped; events may be missed until [`ChangeEvent::Reconnected`].
     Disconnected,
     /// The connection is back (same session). Events during the outage may have been lost
@@ -34,6 +36,7 @@ pub(crate) fn classify(topology: &str, stream: &str, path: &str) -> Option<Chang
     let mut parts = rest.split('/');
     match (parts.next()?, parts.next(), parts.next(), parts.next()) {
         ("state", None, _, _) => Some(ChangeEvent::State),
+        ("drain", None, _, _) => Some(ChangeEvent::Drain),
         ("tasks", _, _, _) => Some(ChangeEvent::Tasks),
         ("streams", Some(s), Some(kind), id) if s == stream => match (kind, id) {
             ("shards", None) => Some(ChangeEvent::Shards),

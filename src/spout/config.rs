@@ -217,6 +217,20 @@ pub struct KinesisSpoutConfig {
     /// Optional JSON-lines read log (shard, first/last sequence, time) for audits and tests.
     #[serde(default)]
     pub read_log: Option<String>,
+    /// A shard with no new record for this long (ms), whose reader is caught up with its tip,
+    /// stops holding the low watermark back.
+    #[serde(default = "default_idle_timeout_ms")]
+    pub watermark_idle_timeout_ms: u64,
+    /// How often the spout task emits its low watermark (ms).
+    #[serde(default = "default_watermark_interval_ms")]
+    pub watermark_interval_ms: u64,
+}
+
+fn default_idle_timeout_ms() -> u64 {
+    5_000
+}
+fn default_watermark_interval_ms() -> u64 {
+    200
 }
 
 fn default_records_per_get() -> i32 {
@@ -269,6 +283,8 @@ impl KinesisSpoutConfig {
             retry: RetryPolicy::default(),
             zookeeper: ZkSettings::default(),
             read_log: None,
+            watermark_idle_timeout_ms: default_idle_timeout_ms(),
+            watermark_interval_ms: default_watermark_interval_ms(),
         }
     }
 
@@ -307,6 +323,8 @@ impl KinesisSpoutConfig {
             ("checkpoint_interval_ms", self.checkpoint_interval_ms),
             ("shard_discovery_interval_ms", self.shard_discovery_interval_ms),
             ("resync_interval_ms", self.resync_interval_ms),
+            ("watermark_idle_timeout_ms", self.watermark_idle_timeout_ms),
+            ("watermark_interval_ms", self.watermark_interval_ms),
         ] {
             if v == 0 {
                 return err(key, "is 0; give a positive number of milliseconds".into());

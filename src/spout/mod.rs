@@ -159,6 +159,8 @@ pub struct KinesisSpout {
     status: Arc<Mutex<HashMap<Arc<str>, ShardStatus>>>,
     task_name: Arc<Mutex<String>>,
     coordinator: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
+    next_watermark: Instant,
+    draining: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -182,6 +184,8 @@ impl KinesisSpout {
             status: Arc::default(),
             task_name: Arc::default(),
             coordinator: None,
+            next_watermark: Instant::now(),
+            draining: false,
         }
     }
 
@@ -248,6 +252,26 @@ impl KinesisSpout {
     }
 }
 
+impl KinesisSpout {
+    /// Emits this task's low watermark: the minimum over its shards (see `ShardTrack::watermark`),
+    /// or, owning no shard, the current time minus the idle timeout (so a task without shards
+    /// does not hold downstream watermarks back).
+    fn emit_watermark(&self, out: &mut SpoutOutput<KinesisMsgId>) {
+        let idle = KinesisSpoutConfig::ms(self.cfg.watermark_idle_timeout_ms);
+        let wm = {
+            let t = lock(&self.tracker);
+            if t.owns_nothing() {
+                Some(now_ms() - self.cfg.watermark_idle_timeout_ms as i64)
+            } else {
+                t.watermark(idle)
+            }
+        };
+        if let Some(wm) = wm.filter(|w| *w > 0) {
+            out.watermark(wm as u64);
+        }
+    }
+}
+
 impl Spout for KinesisSpout {
     type MsgId = KinesisMsgId;
 
@@ -307,13 +331,17 @@ impl Spout for KinesisSpout {
     }
 
     async fn next_tuple(&mut self, out: &mut SpoutOutput<KinesisMsgId>) -> Result<(), ComponentError> {
+        let now = Instant::now();
+        if now >= self.next_watermark && !self.draining {
+            self.next_watermark = now + KinesisSpoutConfig::ms(self.cfg.watermark_interval_ms);
+            self.emit_watermark(out);
+        }
         if let Some((rec, failures)) = self.dead_letters.pop_front() {
             let mut v = Self::values(&rec);
             v.push(failures);
             out.emit_to(DEAD_LETTER_STREAM, v, None)?;
             return Ok(());
         }
-        let now = Instant::now();
         while let Some(Reverse((due, key))) = self.replays.peek().copied() {
             if due > now {
                 break;
@@ -360,6 +388,17 @@ impl Spout for KinesisSpout {
             }
             FailOutcome::Ignore => {}
         }
+    }
+
+    async fn drain(&mut self, _out: &mut SpoutOutput<KinesisMsgId>) -> Result<(), ComponentError> {
+        // Samza's drain: stop fetching at once; records read but not emitted are dropped (they are
+        // after the checkpoint and will be read by the next deployment); in-flight tuples are
+        // acked (or replayed) and checkpointed, then the shards are handed back. The engine sends
+        // the +infinity watermark and the drain marker behind the last tuple.
+        self.draining = true;
+        self.active.send_replace(false);
+        tracing::info!(topology = %self.cfg.topology, stream = %self.cfg.stream, "draining: stopped fetching");
+        Ok(())
     }
 
     async fn activate(&mut self) {

@@ -227,6 +227,9 @@ impl ReaderCtx {
                 }
             }
             if n == 0 {
+                if behind.is_none_or(|b| b == 0) {
+                    lock(&self.tracker).mark_caught_up(&shard, epoch, crate::coord::now_ms());
+                }
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     _ = tokio::time::sleep(self.idle_poll_interval) => {}

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -69,6 +70,13 @@ pub(crate) struct ShardTrack {
     pub stopping: bool,
     /// Records read but not yet emitted.
     pub queued: VecDeque<Record>,
+    /// Arrival time of the newest record read (ms since the epoch).
+    pub newest_arrival: Option<i64>,
+    /// When the last record was read.
+    pub last_record_at: Instant,
+    /// Wall time (ms) of the last GetRecords that returned nothing and was caught up with the
+    /// shard's tip (MillisBehindLatest 0).
+    pub caught_up_ms: Option<i64>,
 }
 
 impl ShardTrack {
@@ -81,6 +89,35 @@ impl ShardTrack {
             ended: false,
             stopping: false,
             queued: VecDeque::new(),
+            newest_arrival: None,
+            last_record_at: Instant::now(),
+            caught_up_ms: None,
+        }
+    }
+
+    /// The shard's low watermark (ms): the arrival time of its oldest record still queued or in
+    /// flight; else of the newest record read. A shard with no new record for `idle` whose reader
+    /// is caught up with the tip stops holding the watermark back: it reports the time of its last
+    /// caught-up read minus `idle` (any later record arrives after that). `None`: unknown yet.
+    pub fn watermark(&self, idle: Duration) -> Option<i64> {
+        let pending = self
+            .inflight
+            .values()
+            .filter(|e| !e.acked)
+            .map(|e| e.record.arrival_ms)
+            .chain(self.queued.iter().map(|r| r.arrival_ms))
+            .min();
+        if let Some(p) = pending {
+            return Some(p);
+        }
+        let idle_ms = i64::try_from(idle.as_millis()).unwrap_or(i64::MAX);
+        let idle_wm = match self.caught_up_ms {
+            Some(c) if self.last_record_at.elapsed() >= idle => Some(c.saturating_sub(idle_ms)),
+            _ => None,
+        };
+        match (self.newest_arrival, idle_wm) {
+            (Some(n), Some(i)) => Some(n.max(i)),
+            (n, i) => n.or(i),
         }
     }
 
@@ -154,11 +191,38 @@ impl Tracker {
     pub fn enqueue(&mut self, shard: &str, epoch: u64, records: Vec<Record>) -> bool {
         match self.live(shard, epoch) {
             Some(t) if !t.stopping => {
+                if let Some(newest) = records.iter().map(|r| r.arrival_ms).max() {
+                    t.newest_arrival = Some(t.newest_arrival.map_or(newest, |n| n.max(newest)));
+                    t.last_record_at = Instant::now();
+                }
                 t.queued.extend(records);
                 true
             }
             _ => false,
         }
+    }
+
+    /// Notes a GetRecords that returned nothing while caught up with the shard's tip.
+    pub fn mark_caught_up(&mut self, shard: &str, epoch: u64, wall_ms: i64) {
+        if let Some(t) = self.live(shard, epoch) {
+            t.caught_up_ms = Some(wall_ms);
+        }
+    }
+
+    /// The low watermark over every owned shard; `None` while any shard's is unknown, or when
+    /// no shard is owned.
+    pub fn watermark(&self, idle: Duration) -> Option<i64> {
+        let mut min: Option<i64> = None;
+        for t in self.shards.values().filter(|t| !t.stopping) {
+            let w = t.watermark(idle)?;
+            min = Some(min.map_or(w, |m| m.min(w)));
+        }
+        min
+    }
+
+    /// True when no shard is owned (or every owned one is being handed off).
+    pub fn owns_nothing(&self) -> bool {
+        self.shards.values().all(|t| t.stopping)
     }
 
     /// Marks the shard's end as read. Returns false when stale.
@@ -321,6 +385,36 @@ mod tests {
         assert_eq!(t.take_checkpoint(&s), None, "99 < 100 numerically, though not as text");
         t.ack(&s, e, &short.sequence);
         assert_eq!(t.take_checkpoint(&s).as_deref(), Some("100"));
+    }
+
+    #[test]
+    fn watermark_is_oldest_pending_then_newest_then_idle() {
+        let mut t = Tracker::default();
+        let s: Arc<str> = "shardId-0".into();
+        let e = t.start(&s);
+        let idle = Duration::from_millis(50);
+        assert_eq!(t.watermark(idle), None, "unknown until something is read");
+        let mk = |seq: u64, at: i64| Record { arrival_ms: at, ..rec(&s, seq) };
+        t.enqueue(&s, e, vec![mk(1, 100), mk(2, 200), mk(3, 300)]);
+        assert_eq!(t.watermark(idle), Some(100), "queued records hold it");
+        let (r1, _) = t.next_to_emit().unwrap();
+        let (r2, _) = t.next_to_emit().unwrap();
+        t.ack(&s, e, &r2.sequence);
+        assert_eq!(t.watermark(idle), Some(100), "the oldest in flight holds it");
+        t.ack(&s, e, &r1.sequence);
+        assert_eq!(t.watermark(idle), Some(300), "then the oldest queued");
+        let (r3, _) = t.next_to_emit().unwrap();
+        t.ack(&s, e, &r3.sequence);
+        assert_eq!(t.watermark(idle), Some(300), "nothing pending: the newest read");
+        t.mark_caught_up(&s, e, 10_000);
+        assert_eq!(t.watermark(idle), Some(300), "not idle yet");
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(t.watermark(idle), Some(10_000 - 50), "idle: no longer held back");
+        let s2: Arc<str> = "shardId-1".into();
+        let e2 = t.start(&s2);
+        assert_eq!(t.watermark(idle), None, "a new shard with nothing read yet: unknown");
+        t.enqueue(&s2, e2, vec![Record { arrival_ms: 5_000, ..rec(&s2, 1) }]);
+        assert_eq!(t.watermark(idle), Some(5_000), "minimum over shards");
     }
 
     proptest! {

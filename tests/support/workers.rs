@@ -20,6 +20,13 @@ pub fn audit_bin() -> PathBuf {
     bin
 }
 
+/// Another example binary, built next to the audit one.
+pub fn example_bin(name: &str) -> PathBuf {
+    let bin = audit_bin().with_file_name(name);
+    assert!(bin.exists(), "{} missing: run `cargo build --examples` (cargo test builds it)", bin.display());
+    bin
+}
+
 /// A scratch directory for one test's files.
 pub fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(super::unique_name(name));
@@ -78,10 +85,16 @@ impl Cluster {
     }
 
     pub fn start_with(&self, name: &str, tasks: usize, extra: &[&str]) -> Worker {
+        self.start_example(&audit_bin(), name, tasks, extra)
+    }
+
+    /// Starts worker `name` running the example binary `bin` (which takes the standard worker
+    /// flags and `--deliveries`).
+    pub fn start_example(&self, bin: &Path, name: &str, tasks: usize, extra: &[&str]) -> Worker {
         let deliveries = self.dir.join(format!("{name}.deliveries.jsonl"));
         let read_log = self.dir.join(format!("{name}.reads.jsonl"));
         let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
-        let child = Command::new(audit_bin())
+        let child = Command::new(bin)
             .args(["--topology", &self.topology, "--stream", &self.stream, "--zk-root", &self.zk_root])
             .args(["--spout-tasks", &tasks.to_string()])
             .args(["--zk-session-timeout-ms", &self.session_timeout_ms.to_string()])
