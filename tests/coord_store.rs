@@ -210,7 +210,8 @@ async fn layout_is_idempotent_and_tasks_are_ephemeral_and_sorted() {
     let live = a.live_tasks().await.unwrap();
     let names: Vec<&str> = live.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, vec![t1.as_str(), t2.as_str(), t3.as_str()], "sorted by sequence");
-    assert_eq!(live[1].1, task_info(2));
+    assert!(!live[1].1.session.is_empty(), "register_task records the session");
+    assert_eq!(TaskInfo { session: String::new(), ..live[1].1.clone() }, task_info(2));
     let owned: Vec<String> = names.iter().map(|s| s.to_string()).collect();
     assert_eq!(leader(&owned), Some(t1.as_str()));
 
