@@ -40,6 +40,10 @@ struct Args {
     /// limit the spout sends it to its dead-letter stream.
     #[arg(long)]
     poison_key: Option<String>,
+    /// Panic in the bolt on every record of this partition key, every time (a poison record that
+    /// crashes the bolt; the engine catches the panic and fails the tuple).
+    #[arg(long)]
+    panic_key: Option<String>,
     /// Append the dead-letter stream's records here (one JSON line each).
     #[arg(long)]
     dead_letters: Option<PathBuf>,
@@ -51,6 +55,7 @@ struct Sink {
     fail_every: u64,
     failed_once: std::collections::HashSet<(String, String, u64)>,
     poison_key: Option<String>,
+    panic_key: Option<String>,
 }
 
 impl Bolt for Sink {
@@ -62,6 +67,9 @@ impl Bolt for Sink {
         let p = DeliverySink::payload(&t)?;
         if self.poison_key.as_deref() == Some(p.key.as_str()) {
             return Err(ComponentError::retryable(format!("poison record {}/{}", p.key, p.seq)));
+        }
+        if self.panic_key.as_deref() == Some(p.key.as_str()) {
+            panic!("poison record {}/{} (--panic-key)", p.key, p.seq);
         }
         if self.fail_every > 0
             && p.seq % self.fail_every == 0
@@ -97,12 +105,14 @@ async fn main() -> anyhow::Result<()> {
     let dead = args.dead_letters.as_deref().map(DeliveryLog::open).transpose()?;
     let worker = format!("{}-{}", args.worker.topology, std::process::id());
     let (sinks, fail_every, poison_key) = (args.sinks, args.fail_every, args.poison_key.clone());
+    let panic_key = args.panic_key.clone();
     squall::run(args.worker, move |b, spout| {
         b.set_bolt("sink", sinks, move |_| Sink {
             inner: DeliverySink::new(log.clone(), worker.clone()),
             fail_every,
             failed_once: Default::default(),
             poison_key: poison_key.clone(),
+            panic_key: panic_key.clone(),
         })
         .fields_grouping(spout, &["partition_key"]);
         if let Some(dead) = dead {

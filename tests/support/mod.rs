@@ -5,6 +5,9 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+pub mod ensemble;
+pub mod faultproxy;
+pub mod reliability;
 pub mod workers;
 
 use squall::kinesis::KinesisEndpoint;

@@ -1,0 +1,370 @@
+//! A fault-injecting HTTP/1.1 proxy for tests: it sits between the spout and the Kinesis engine
+//! (set the worker's `--endpoint` to [`FaultProxy::url`]) and, per request and at set rates,
+//! answers with ProvisionedThroughputExceededException (HTTP 400 with the JSON body the AWS SDK
+//! classifies as throttling), answers HTTP 500, resets the connection, or adds latency before
+//! forwarding. It listens on 127.0.0.1 only, injects at most `max_faults` faults and none after
+//! `active_for`, and counts everything it did.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Fault rates (each in 0..=1, drawn per request in this order) and bounds.
+#[derive(Clone, Debug)]
+pub struct FaultPlan {
+    pub throttle: f64,
+    pub server_error: f64,
+    pub reset: f64,
+    pub latency: f64,
+    pub latency_ms: u64,
+    /// Faults only for these X-Amz-Target operations (e.g. "GetRecords"); empty = every operation.
+    pub only_ops: Vec<String>,
+    /// No more faults after this many.
+    pub max_faults: u64,
+    /// No more faults after this long.
+    pub active_for: Duration,
+}
+
+impl Default for FaultPlan {
+    fn default() -> Self {
+        FaultPlan {
+            throttle: 0.0,
+            server_error: 0.0,
+            reset: 0.0,
+            latency: 0.0,
+            latency_ms: 0,
+            only_ops: Vec::new(),
+            max_faults: u64::MAX,
+            active_for: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What the proxy did.
+#[derive(Default, Debug)]
+pub struct Counters {
+    pub requests: AtomicU64,
+    pub forwarded: AtomicU64,
+    pub throttled: AtomicU64,
+    pub server_errors: AtomicU64,
+    pub resets: AtomicU64,
+    pub delayed: AtomicU64,
+    pub upstream_errors: AtomicU64,
+}
+
+/// A snapshot of [`Counters`].
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Snapshot {
+    pub requests: u64,
+    pub forwarded: u64,
+    pub throttled: u64,
+    pub server_errors: u64,
+    pub resets: u64,
+    pub delayed: u64,
+    pub upstream_errors: u64,
+}
+
+impl Snapshot {
+    pub fn faults(&self) -> u64 {
+        self.throttled + self.server_errors + self.resets + self.delayed
+    }
+}
+
+struct Shared {
+    plan: std::sync::Mutex<FaultPlan>,
+    counters: Counters,
+    started: Instant,
+    enabled: AtomicBool,
+    upstream: SocketAddr,
+}
+
+/// The running proxy; stops accepting when dropped.
+pub struct FaultProxy {
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy to `upstream` (an `http://127.0.0.1:PORT` URL) with `plan`.
+    pub async fn start(upstream: &str, plan: FaultPlan) -> FaultProxy {
+        let hostport = upstream.trim_start_matches("http://").trim_end_matches('/');
+        let upstream: SocketAddr = tokio::net::lookup_host(hostport)
+            .await
+            .ok()
+            .and_then(|mut a| a.next())
+            .unwrap_or_else(|| panic!("fault proxy: cannot resolve upstream {upstream}"));
+        assert!(upstream.ip().is_loopback(), "the fault proxy only forwards to loopback, not {upstream}");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fault proxy");
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            plan: std::sync::Mutex::new(plan),
+            counters: Counters::default(),
+            started: Instant::now(),
+            enabled: AtomicBool::new(true),
+            upstream,
+        });
+        let sh = shared.clone();
+        let task = tokio::spawn(async move {
+            let live = Arc::new(AtomicU64::new(0));
+            while let Ok((sock, _)) = listener.accept().await {
+                // Bounded: at most 256 client connections at once.
+                if live.load(Ordering::Relaxed) >= 256 {
+                    continue;
+                }
+                live.fetch_add(1, Ordering::Relaxed);
+                let (sh, live) = (sh.clone(), live.clone());
+                tokio::spawn(async move {
+                    let _ = serve(sock, &sh).await;
+                    live.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
+        });
+        FaultProxy { addr, shared, task }
+    }
+
+    /// The URL to give the spout as its Kinesis endpoint.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops or resumes injecting faults (forwarding goes on).
+    pub fn set_enabled(&self, on: bool) {
+        self.shared.enabled.store(on, Ordering::SeqCst);
+    }
+
+    /// Replaces the plan.
+    pub fn set_plan(&self, plan: FaultPlan) {
+        *self.shared.plan.lock().unwrap() = plan;
+    }
+
+    pub fn counters(&self) -> Snapshot {
+        let c = &self.shared.counters;
+        Snapshot {
+            requests: c.requests.load(Ordering::Relaxed),
+            forwarded: c.forwarded.load(Ordering::Relaxed),
+            throttled: c.throttled.load(Ordering::Relaxed),
+            server_errors: c.server_errors.load(Ordering::Relaxed),
+            resets: c.resets.load(Ordering::Relaxed),
+            delayed: c.delayed.load(Ordering::Relaxed),
+            upstream_errors: c.upstream_errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+enum Fault {
+    None,
+    Throttle,
+    ServerError,
+    Reset,
+    Delay(Duration),
+}
+
+fn choose(sh: &Shared, op: &str) -> Fault {
+    let plan = sh.plan.lock().unwrap().clone();
+    let c = &sh.counters;
+    let injected = c.throttled.load(Ordering::Relaxed)
+        + c.server_errors.load(Ordering::Relaxed)
+        + c.resets.load(Ordering::Relaxed)
+        + c.delayed.load(Ordering::Relaxed);
+    if !sh.enabled.load(Ordering::SeqCst)
+        || injected >= plan.max_faults
+        || sh.started.elapsed() >= plan.active_for
+        || (!plan.only_ops.is_empty() && !plan.only_ops.iter().any(|o| o == op))
+    {
+        return Fault::None;
+    }
+    let mut x: f64 = rand::random::<f64>();
+    for (rate, fault) in [
+        (plan.throttle, Fault::Throttle),
+        (plan.server_error, Fault::ServerError),
+        (plan.reset, Fault::Reset),
+        (plan.latency, Fault::Delay(Duration::from_millis(plan.latency_ms))),
+    ] {
+        if x < rate {
+            return fault;
+        }
+        x -= rate;
+    }
+    Fault::None
+}
+
+/// One HTTP/1.1 message: head (up to and including the blank line) and body.
+struct Message {
+    head: Vec<u8>,
+    body: Vec<u8>,
+}
+
+impl Message {
+    fn header(&self, name: &str) -> Option<String> {
+        let text = String::from_utf8_lossy(&self.head);
+        text.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    }
+}
+
+/// Reads one message from `s` (with `buf` holding bytes already read). None at a clean EOF.
+async fn read_message(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<Option<Message>> {
+    let head_end = loop {
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p + 4;
+        }
+        if buf.len() > 64 * 1024 {
+            return Err(std::io::Error::other("header too large"));
+        }
+        let mut chunk = [0u8; 8192];
+        let n = s.read(&mut chunk).await?;
+        if n == 0 {
+            return if buf.is_empty() { Ok(None) } else { Err(std::io::ErrorKind::UnexpectedEof.into()) };
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head: Vec<u8> = buf.drain(..head_end).collect();
+    let mut msg = Message { head, body: Vec::new() };
+    if let Some(len) = msg.header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        while buf.len() < len {
+            let mut chunk = vec![0u8; (len - buf.len()).min(1 << 20)];
+            let n = s.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        msg.body = buf.drain(..len).collect();
+    } else if msg.header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        // Keep the chunked framing as it is; read until the terminating chunk and trailers.
+        loop {
+            if let Some(end) = chunked_end(buf) {
+                msg.body = buf.drain(..end).collect();
+                break;
+            }
+            let mut chunk = [0u8; 8192];
+            let n = s.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+    Ok(Some(msg))
+}
+
+/// Length of a complete chunked body at the start of `b`, if complete.
+fn chunked_end(b: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    loop {
+        let line_end = b[i..].windows(2).position(|w| w == b"\r\n")? + i;
+        let size_text = std::str::from_utf8(&b[i..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        i = line_end + 2;
+        if size == 0 {
+            // Trailers end with an empty line.
+            loop {
+                let e = b[i..].windows(2).position(|w| w == b"\r\n")? + i;
+                let empty = e == i;
+                i = e + 2;
+                if empty {
+                    return Some(i);
+                }
+            }
+        }
+        if b.len() < i + size + 2 {
+            return None;
+        }
+        i += size + 2;
+    }
+}
+
+fn response(status: &str, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: application/x-amz-json-1.1\r\nx-amzn-RequestId: fault-proxy\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+async fn serve(mut client: TcpStream, sh: &Shared) -> std::io::Result<()> {
+    let _ = client.set_nodelay(true);
+    let mut cbuf = Vec::new();
+    let mut upstream: Option<(TcpStream, Vec<u8>)> = None;
+    loop {
+        let Some(req) = read_message(&mut client, &mut cbuf).await? else { return Ok(()) };
+        sh.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let op = req.header("x-amz-target").and_then(|t| t.rsplit('.').next().map(str::to_string)).unwrap_or_default();
+        match choose(sh, &op) {
+            Fault::Throttle => {
+                sh.counters.throttled.fetch_add(1, Ordering::Relaxed);
+                let body = r#"{"__type":"ProvisionedThroughputExceededException","message":"Rate exceeded for shard (injected by the fault proxy)"}"#;
+                client.write_all(&response("400 Bad Request", body)).await?;
+                continue;
+            }
+            Fault::ServerError => {
+                sh.counters.server_errors.fetch_add(1, Ordering::Relaxed);
+                let body = r#"{"__type":"InternalFailure","message":"injected by the fault proxy"}"#;
+                client.write_all(&response("500 Internal Server Error", body)).await?;
+                continue;
+            }
+            Fault::Reset => {
+                sh.counters.resets.fetch_add(1, Ordering::Relaxed);
+                // Linger 0 + close = RST instead of FIN.
+                let _ = client.set_zero_linger();
+                drop(client);
+                return Ok(());
+            }
+            Fault::Delay(d) => {
+                sh.counters.delayed.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(d).await;
+            }
+            Fault::None => {}
+        }
+        // Forward on this client's upstream connection (opened on first use, reopened after EOF).
+        let mut attempt = 0;
+        let resp = loop {
+            if upstream.is_none() {
+                let s = TcpStream::connect(sh.upstream).await?;
+                let _ = s.set_nodelay(true);
+                upstream = Some((s, Vec::new()));
+            }
+            let (up, ubuf) = upstream.as_mut().unwrap();
+            let sent = async {
+                up.write_all(&req.head).await?;
+                up.write_all(&req.body).await?;
+                read_message(up, ubuf).await
+            }
+            .await;
+            match sent {
+                Ok(Some(r)) => break r,
+                Ok(None) | Err(_) if attempt == 0 => {
+                    // A kept-alive upstream connection closed under us: one fresh attempt.
+                    upstream = None;
+                    attempt += 1;
+                }
+                Ok(None) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Err(e) => {
+                    sh.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        };
+        if resp.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close")) {
+            upstream = None;
+        }
+        client.write_all(&resp.head).await?;
+        client.write_all(&resp.body).await?;
+        sh.counters.forwarded.fetch_add(1, Ordering::Relaxed);
+    }
+}

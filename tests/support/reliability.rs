@@ -1,0 +1,291 @@
+//! Shared pieces of the reliability tests: a background producer, a checkpoint watcher that records
+//! every version of every checkpoint znode it sees, and log scanning.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use squall::coord::{Checkpoint, CheckpointPosition, sequence_cmp};
+use squall::kinesis::payload::Manifest;
+use squall::kinesis::{self, PutOptions};
+
+/// Starts the test producer in the background: `count` records over `keys` keys at `rate`/s.
+pub fn spawn_producer(
+    client: &aws_sdk_kinesis::Client,
+    label: &str,
+    stream: &str,
+    count: u64,
+    keys: u64,
+    rate: f64,
+) -> tokio::task::JoinHandle<Manifest> {
+    let (client, label, stream) = (client.clone(), label.to_string(), stream.to_string());
+    tokio::spawn(async move {
+        let opts = PutOptions { count, keys, rate: Some(rate), ..PutOptions::default() };
+        kinesis::put_records(&client, &label, &stream, &opts).await.expect("producer").manifest
+    })
+}
+
+/// One observed version of a checkpoint znode.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    pub shard: String,
+    pub version: i32,
+    pub mtime_ms: i64,
+    pub cp: Checkpoint,
+}
+
+/// Polls every checkpoint znode of a stream (every 40 ms) and keeps every version it sees.
+/// Survives connection loss and session expiry (it reconnects).
+pub struct CheckpointWatcher {
+    pub seen: Arc<Mutex<Vec<Observed>>>,
+    stop: tokio_util::sync::CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl CheckpointWatcher {
+    pub fn start(connect: &str, stream_path: &str, auth: Option<(&str, &str)>) -> CheckpointWatcher {
+        let seen = Arc::new(Mutex::new(Vec::<Observed>::new()));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (connect, dir) = (connect.to_string(), format!("{stream_path}/checkpoints"));
+        let auth = auth.map(|(u, p)| format!("{u}:{p}").into_bytes());
+        let (s2, stop2) = (seen.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut last: BTreeMap<String, i32> = BTreeMap::new();
+            'outer: while !stop2.is_cancelled() {
+                let mut c = zookeeper_client::Client::connector()
+                    .with_session_timeout(Duration::from_secs(10))
+                    .with_connection_timeout(Duration::from_secs(2));
+                if let Some(a) = &auth {
+                    c = c.with_auth("digest", a);
+                }
+                let client = match tokio::time::timeout(Duration::from_secs(3), c.connect(&connect)).await {
+                    Ok(Ok(c)) => c,
+                    _ => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                };
+                while !stop2.is_cancelled() {
+                    if client.state().is_terminated() {
+                        continue 'outer;
+                    }
+                    if let Ok(children) = client.list_children(&dir).await {
+                        for shard in children {
+                            let Ok((data, stat)) = client.get_data(&format!("{dir}/{shard}")).await else { continue };
+                            if last.get(&shard) == Some(&stat.version) {
+                                continue;
+                            }
+                            last.insert(shard.clone(), stat.version);
+                            if let Ok(cp) = serde_json::from_slice::<Checkpoint>(&data) {
+                                s2.lock().unwrap().push(Observed {
+                                    shard,
+                                    version: stat.version,
+                                    mtime_ms: stat.mtime,
+                                    cp,
+                                });
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                }
+            }
+        });
+        CheckpointWatcher { seen, stop, task: Some(task) }
+    }
+
+    /// Stops polling; returns every observation.
+    pub async fn finish(mut self) -> Vec<Observed> {
+        self.stop.cancel();
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Checks that no checkpoint ever moved backwards, nor was un-finished, as versions increased.
+/// Returns the violations.
+pub fn backwards_moves(obs: &[Observed]) -> Vec<String> {
+    let mut by_shard: BTreeMap<&str, Vec<&Observed>> = BTreeMap::new();
+    for o in obs {
+        by_shard.entry(o.shard.as_str()).or_default().push(o);
+    }
+    let mut v = Vec::new();
+    for (shard, mut list) in by_shard {
+        list.sort_by_key(|o| o.version);
+        for w in list.windows(2) {
+            let (a, b) = (&w[0].cp, &w[1].cp);
+            if a.finished && !b.finished {
+                v.push(format!("{shard}: v{} finished, v{} not", w[0].version, w[1].version));
+            }
+            if let (
+                CheckpointPosition::AfterSequence { sequence: sa, .. },
+                CheckpointPosition::AfterSequence { sequence: sb, .. },
+            ) = (&a.position, &b.position)
+            {
+                if sequence_cmp(sb, sa).is_lt() {
+                    v.push(format!("{shard}: v{} at {sa} -> v{} at {sb} (backwards)", w[0].version, w[1].version));
+                }
+            }
+            if matches!(a.position, CheckpointPosition::AfterSequence { .. })
+                && !matches!(b.position, CheckpointPosition::AfterSequence { .. })
+            {
+                v.push(format!(
+                    "{shard}: v{} {} -> v{} {} (backwards)",
+                    w[0].version, a.position, w[1].version, b.position
+                ));
+            }
+        }
+    }
+    v
+}
+
+/// Lines of a file containing `needle`.
+pub fn count_lines(path: &Path, needle: &str) -> usize {
+    std::fs::read_to_string(path).unwrap_or_default().lines().filter(|l| l.contains(needle)).count()
+}
+
+/// Every line of every `*.log` file of `dir` that contains `needle`.
+pub fn grep_logs(dir: &Path, needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "log") {
+            for l in std::fs::read_to_string(&p).unwrap_or_default().lines() {
+                if l.contains(needle) {
+                    out.push(format!("{}: {l}", p.display()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A worker process of the audit example started with extra environment variables (e.g.
+/// `SQUALL_ZK_PASSWORD`, which must not appear on a command line). Same file names as
+/// [`super::workers::Cluster::start`], so the cluster's audit and read-log helpers see it.
+pub struct Proc {
+    pub name: String,
+    pub child: Option<std::process::Child>,
+    pub log: std::path::PathBuf,
+}
+
+pub fn spawn_worker(
+    cluster: &super::workers::Cluster,
+    name: &str,
+    tasks: usize,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> Proc {
+    use std::process::{Command, Stdio};
+    let deliveries = cluster.dir.join(format!("{name}.deliveries.jsonl"));
+    let read_log = cluster.dir.join(format!("{name}.reads.jsonl"));
+    let log_path = cluster.dir.join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut cmd = Command::new(super::workers::audit_bin());
+    cmd.args(["--topology", &cluster.topology, "--stream", &cluster.stream, "--zk-root", &cluster.zk_root])
+        .args(["--spout-tasks", &tasks.to_string()])
+        .args(["--zk-session-timeout-ms", &cluster.session_timeout_ms.to_string()])
+        .args(["--initial-position", &cluster.initial_position])
+        .args(["--message-timeout-ms", &cluster.message_timeout_ms.to_string()])
+        .arg("--spout-config")
+        .arg(&cluster.spout_config)
+        .arg("--deliveries")
+        .arg(&deliveries)
+        .arg("--read-log")
+        .arg(&read_log)
+        .args(extra)
+        .env("SQUALL_ZK", super::zk_connect())
+        .env("SQUALL_KINESIS_ENDPOINT", super::kinesis_endpoint().endpoint)
+        .env("RUST_LOG", "info,squall=debug")
+        .env_remove("SQUALL_ZK_USER")
+        .env_remove("SQUALL_ZK_PASSWORD");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let child =
+        cmd.stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).spawn().expect("start audit worker");
+    Proc { name: name.to_string(), child: Some(child), log: log_path }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = std::process::Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+    pub fn pause(&self) {
+        signal(self.pid(), "STOP");
+    }
+    pub fn resume(&self) {
+        signal(self.pid(), "CONT");
+    }
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+    /// SIGTERM and wait for the exit code (None: killed after the timeout).
+    pub fn stop(&mut self, timeout: Duration) -> Option<i32> {
+        let child = self.child.as_mut()?;
+        signal(child.id(), "TERM");
+        let start = std::time::Instant::now();
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                self.child = None;
+                return st.code();
+            }
+            if start.elapsed() > timeout {
+                self.kill();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    /// Waits for the process to exit by itself (None: still running after the timeout).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let child = self.child.as_mut()?;
+        let start = std::time::Instant::now();
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                self.child = None;
+                return Some(st.code().unwrap_or(-1));
+            }
+            if start.elapsed() > timeout {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            signal(c.id(), "CONT");
+        }
+        self.kill();
+    }
+}
+
+/// A manifest without the given keys (for audits that expect those keys elsewhere).
+pub fn manifest_without(m: &Manifest, keys: &[&str]) -> Manifest {
+    let mut m = m.clone();
+    for k in keys {
+        if let Some(n) = m.counts.remove(*k) {
+            m.total -= n;
+        }
+    }
+    m
+}
