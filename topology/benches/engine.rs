@@ -319,8 +319,25 @@ fn criterion_benches(c: &mut Criterion) {
 
 criterion_group!(benches, criterion_benches);
 
+/// Runs one pipeline repeatedly (for profilers): `profile-bare`, `profile-unacked`, `profile-acked`.
+fn profile_one(which: &str) {
+    let rt = runtime();
+    for _ in 0..5 {
+        let wps = match which {
+            "profile-bare" => rt.block_on(run_bare(SENTENCES)),
+            "profile-unacked" => rt.block_on(run_engine(false, SENTENCES)),
+            _ => rt.block_on(run_engine(true, SENTENCES)),
+        };
+        println!("{which}: {:.2}M words/s", wps / 1e6);
+    }
+}
+
 fn main() {
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    if let Some(f) = filter.as_deref().filter(|f| f.starts_with("profile-")) {
+        profile_one(f);
+        return;
+    }
     if filter.is_none() || filter.as_deref() == Some("interleaved") {
         interleaved_comparison();
         sustained_memory();

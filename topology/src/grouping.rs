@@ -111,7 +111,13 @@ pub fn fields_task(key: &[&Value], n: usize) -> usize {
     for v in key {
         v.hash_into(&mut h);
     }
-    ((u128::from(h.finish()) * n as u128) >> 64) as usize
+    bucket(h.finish(), n)
+}
+
+/// Maps a hash to `0..n` (multiply-shift on the well-mixed high bits).
+#[inline(always)]
+fn bucket(h: u64, n: usize) -> usize {
+    ((u128::from(h) * n as u128) >> 64) as usize
 }
 
 struct ByFields {
@@ -120,12 +126,18 @@ struct ByFields {
 }
 
 impl Router for ByFields {
+    #[inline]
     fn route(&mut self, values: &[Value], targets: &mut Vec<usize>) {
         let mut h = KeyHasher::default();
-        for &i in &self.idx {
+        if let [i] = *self.idx {
+            // the usual single-field key
             values.get(i).unwrap_or(&Value::Null).hash_into(&mut h);
+        } else {
+            for &i in &self.idx {
+                values.get(i).unwrap_or(&Value::Null).hash_into(&mut h);
+            }
         }
-        targets.push(((u128::from(h.finish()) * self.n as u128) >> 64) as usize);
+        targets.push(bucket(h.finish(), self.n));
     }
 }
 

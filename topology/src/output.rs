@@ -143,6 +143,7 @@ impl Outbox {
     }
 
     /// The index of the default stream (cached).
+    #[inline]
     pub(crate) fn default_index(&self) -> Result<usize, EmitError> {
         match self.default {
             Some(i) => Ok(i),
@@ -160,7 +161,18 @@ impl Outbox {
     }
 
     /// Checks an emit before anything is routed.
+    #[inline]
     fn check(&self, stream: usize, values: &Values, direct: Option<usize>) -> Result<(), EmitError> {
+        let s = &self.streams[stream];
+        if values.len() != s.meta.fields.len() || direct.is_some() {
+            return self.check_slow(stream, values, direct);
+        }
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn check_slow(&self, stream: usize, values: &Values, direct: Option<usize>) -> Result<(), EmitError> {
         let s = &self.streams[stream];
         if values.len() != s.meta.fields.len() {
             return Err(EmitError::FieldCount {
@@ -229,7 +241,7 @@ impl Outbox {
         Ok(copies)
     }
 
-    #[inline]
+    #[inline(always)]
     fn push(&mut self, target: usize, tuple: Tuple) {
         let tgt = &mut self.targets[target];
         tgt.buf.push(tuple);
@@ -276,12 +288,14 @@ impl<M> SpoutOutput<M> {
     }
 
     /// Emits an untracked tuple on the default stream (at most once).
+    #[inline]
     pub fn emit(&mut self, values: impl Into<Values>) -> Result<(), EmitError> {
         let s = self.outbox.default_index()?;
         self.emit_inner(s, values.into(), None, None)
     }
 
     /// Emits a tracked tuple on the default stream: `ack(msg_id)` or `fail(msg_id)` follows.
+    #[inline]
     pub fn emit_tracked(&mut self, values: impl Into<Values>, msg_id: M) -> Result<(), EmitError> {
         let s = self.outbox.default_index()?;
         self.emit_inner(s, values.into(), None, Some(msg_id))
@@ -382,6 +396,8 @@ pub(crate) struct Held {
 pub(crate) enum Current {
     #[default]
     None,
+    /// An input outside every ack tree: emits are unanchored, ending it only counts it.
+    Untracked,
     Input {
         anchors: Anchors,
         ack_val: u64,
@@ -418,6 +434,7 @@ impl BoltOutput {
     }
 
     /// Emits on the default stream, anchored to the current input (unanchored outside execute).
+    #[inline]
     pub fn emit(&mut self, values: impl Into<Values>) -> Result<(), EmitError> {
         let s = self.outbox.default_index()?;
         self.emit_current(s, values.into(), None)
@@ -473,7 +490,11 @@ impl BoltOutput {
     /// Holds the current input past `execute`: it is not acked when `execute` returns; ack or
     /// fail it later through the handle. If `execute` returns an error it is failed anyway.
     pub fn defer_ack(&mut self) -> Result<AckHandle, EmitError> {
-        match std::mem::take(&mut self.current) {
+        let current = match std::mem::take(&mut self.current) {
+            Current::Untracked => Current::Input { anchors: Anchors::new(), ack_val: 0 },
+            other => other,
+        };
+        match current {
             Current::Input { anchors, ack_val } => {
                 let id = self.next_handle;
                 self.next_handle += 1;
@@ -507,6 +528,7 @@ impl BoltOutput {
         self.held.len()
     }
 
+    #[inline]
     fn emit_current(&mut self, stream: usize, values: Values, direct: Option<usize>) -> Result<(), EmitError> {
         match &mut self.current {
             Current::Input { anchors, ack_val } if !anchors.is_empty() => {
@@ -562,16 +584,38 @@ impl BoltOutput {
     }
 
     /// Starts executing an input.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn begin(&mut self, input: &Tuple) {
-        self.current = Current::Input { anchors: input.anchors.clone(), ack_val: 0 };
+        self.current = match *input.anchors {
+            [] => Current::Untracked,
+            // no SmallVec clone machinery for the usual single anchor
+            [a] => {
+                let mut anchors = Anchors::new();
+                anchors.push(a);
+                Current::Input { anchors, ack_val: 0 }
+            }
+            _ => Current::Input { anchors: input.anchors.clone(), ack_val: 0 },
+        };
     }
 
     /// Ends executing an input: acks it on success, fails it on error (also when deferred).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn finish(&mut self, ok: bool) {
+        if let Current::Untracked = self.current {
+            self.current = Current::None;
+            if ok {
+                self.acked += 1;
+            } else {
+                self.failed += 1;
+            }
+            return;
+        }
+        self.finish_tracked(ok);
+    }
+
+    fn finish_tracked(&mut self, ok: bool) {
         match std::mem::take(&mut self.current) {
-            Current::None => {}
+            Current::None | Current::Untracked => {}
             Current::Input { anchors, ack_val } => {
                 if ok {
                     self.queue_ack(&anchors, ack_val);

@@ -120,9 +120,10 @@ impl<T: Into<Value>> From<Option<T>> for Value {
     }
 }
 
-/// The values of one tuple, in declared field order. Up to three values are stored inline.
+/// The values of one tuple, in declared field order. Up to two values are stored inline
+/// (a tuple with more fields allocates its values).
 #[derive(Clone, Debug, PartialEq, Default)]
-pub struct Values(pub(crate) SmallVec<[Value; 3]>);
+pub struct Values(pub(crate) SmallVec<[Value; 2]>);
 
 impl Values {
     /// An empty list.
@@ -156,6 +157,7 @@ impl<T: Into<Value>, const N: usize> From<[T; N]> for Values {
 }
 
 impl From<Value> for Values {
+    #[inline]
     fn from(v: Value) -> Self {
         let mut s = SmallVec::new();
         s.push(v);
