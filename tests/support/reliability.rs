@@ -289,3 +289,70 @@ pub fn manifest_without(m: &Manifest, keys: &[&str]) -> Manifest {
     }
     m
 }
+
+/// "Never two readers of one shard at once", robust to crashed and frozen tasks (which never log a
+/// release): per (task, shard), the reading interval runs from `acquire` to its last `records` or
+/// `end` event of that ownership; two tasks' intervals on one shard must not overlap.
+pub fn reading_overlaps(entries: &[squall::spout::ReadLogEntry]) -> Vec<String> {
+    // (shard) -> list of (task, start, end)
+    let mut intervals: BTreeMap<&str, Vec<(&str, i64, i64)>> = BTreeMap::new();
+    let mut open: BTreeMap<(&str, &str), (i64, i64)> = BTreeMap::new();
+    for e in entries {
+        let key = (e.shard.as_str(), e.task.as_str());
+        match e.event.as_str() {
+            "acquire" => {
+                if let Some((s, end)) = open.insert(key, (e.t_ms, e.t_ms)) {
+                    intervals.entry(key.0).or_default().push((key.1, s, end));
+                }
+            }
+            "records" | "end" => {
+                let iv = open.entry(key).or_insert((e.t_ms, e.t_ms));
+                iv.1 = e.t_ms;
+            }
+            "release" => {
+                if let Some((s, end)) = open.remove(&key) {
+                    intervals.entry(key.0).or_default().push((key.1, s, end));
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((shard, task), (s, end)) in open {
+        intervals.entry(shard).or_default().push((task, s, end));
+    }
+    let mut v = Vec::new();
+    for (shard, ivs) in intervals {
+        for (i, a) in ivs.iter().enumerate() {
+            for b in &ivs[i + 1..] {
+                if a.0 != b.0 && a.1 < b.2 && b.1 < a.2 {
+                    v.push(format!("{shard}: {} read {}..{} while {} read {}..{}", a.0, a.1, a.2, b.0, b.1, b.2));
+                }
+            }
+        }
+    }
+    v
+}
+
+/// "No child read before all its parents finished": every `records` event of a shard comes after
+/// a `finish` event of each parent. `parents` maps child -> parents.
+pub fn child_before_parent(
+    entries: &[squall::spout::ReadLogEntry],
+    parents: &std::collections::HashMap<String, Vec<String>>,
+) -> Vec<String> {
+    let mut finished: BTreeMap<&str, i64> = BTreeMap::new();
+    for e in entries.iter().filter(|e| e.event == "finish") {
+        finished.entry(e.shard.as_str()).or_insert(e.t_ms);
+    }
+    let mut v = Vec::new();
+    for e in entries.iter().filter(|e| e.event == "records") {
+        for p in parents.get(&e.shard).into_iter().flatten() {
+            match finished.get(p.as_str()) {
+                Some(t) if *t <= e.t_ms => {}
+                other => {
+                    v.push(format!("{} read {} at {} but parent {p} finished at {other:?}", e.task, e.shard, e.t_ms))
+                }
+            }
+        }
+    }
+    v
+}
