@@ -57,9 +57,9 @@ pub struct WorkerArgs {
     /// ZooKeeper digest-auth user (optional).
     #[arg(long, env = "SQUALL_ZK_USER")]
     pub zk_user: Option<String>,
-    /// ZooKeeper digest-auth password (optional; never logged).
-    #[arg(long, env = "SQUALL_ZK_PASSWORD", hide_env_values = true)]
-    pub zk_password: Option<String>,
+    /// ZooKeeper digest-auth password (optional; never logged, redacted in Debug).
+    #[arg(long, env = "SQUALL_ZK_PASSWORD", hide_env_values = true, value_parser = parse_secret)]
+    pub zk_password: Option<crate::coord::Secret>,
     /// Kinesis endpoint URL, or `aws`.
     #[arg(long, env = "SQUALL_KINESIS_ENDPOINT", default_value = crate::kinesis::DEFAULT_ENDPOINT)]
     pub endpoint: String,
@@ -85,6 +85,10 @@ pub struct WorkerArgs {
     /// Append a JSON-lines read log here (shard, sequences, times) for audits.
     #[arg(long, env = "SQUALL_READ_LOG")]
     pub read_log: Option<String>,
+}
+
+fn parse_secret(s: &str) -> Result<crate::coord::Secret, std::convert::Infallible> {
+    Ok(crate::coord::Secret::new(s))
 }
 
 impl WorkerArgs {
@@ -113,7 +117,7 @@ impl WorkerArgs {
         cfg.zookeeper.root = self.zk_root.clone();
         cfg.zookeeper.session_timeout_ms = self.zk_session_timeout_ms;
         cfg.zookeeper.auth_user = self.zk_user.clone();
-        cfg.zookeeper.auth_password = self.zk_password.clone();
+        cfg.zookeeper.auth_password = self.zk_password.as_ref().map(|p| p.expose().to_string());
         if self.read_log.is_some() {
             cfg.read_log = self.read_log.clone();
         }
@@ -389,5 +393,48 @@ fn worker_status(
         tasks,
         shards,
         components: serde_json::to_value(running.metrics().components).unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        worker: super::WorkerArgs,
+    }
+
+    #[test]
+    fn the_zookeeper_password_never_shows_in_debug_or_config_debug() {
+        let cmd = Cmd::try_parse_from([
+            "w",
+            "--topology",
+            "t",
+            "--stream",
+            "s",
+            "--zk-user",
+            "u",
+            "--zk-password",
+            "pa55-hunter2",
+        ])
+        .unwrap();
+        assert!(!format!("{cmd:?}").contains("pa55-hunter2"), "{cmd:?}");
+        let cfg = cmd.worker.spout_config().unwrap();
+        assert_eq!(cfg.zookeeper.auth_password.as_deref(), Some("pa55-hunter2"));
+        assert!(!format!("{cfg:?}").contains("pa55-hunter2"));
+        assert!(!format!("{:?}", cfg.zookeeper.to_zk_config()).contains("pa55-hunter2"));
+    }
+
+    #[test]
+    fn bad_flags_name_the_setting() {
+        let cmd = Cmd::try_parse_from(["w", "--topology", "t", "--stream", "bad stream"]).unwrap();
+        let e = cmd.worker.spout_config().unwrap_err().to_string();
+        assert!(e.contains("stream") && e.contains("bad stream"), "{e}");
+        let e = Cmd::try_parse_from(["w", "--topology", "t", "--stream", "s", "--initial-position", "soon"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("soon") && e.contains("trim-horizon"), "{e}");
     }
 }

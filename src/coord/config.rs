@@ -133,8 +133,8 @@ impl Secret {
         Self(value.into())
     }
 
-    /// The secret itself; only for handing it to the client library.
-    pub(crate) fn expose(&self) -> &str {
+    /// The secret itself; only for handing it to the client library (never log it).
+    pub fn expose(&self) -> &str {
         &self.0
     }
 }
