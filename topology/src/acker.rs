@@ -49,6 +49,7 @@ impl EdgeRng {
     }
 
     /// The next non-zero edge id.
+    #[inline]
     pub fn next_edge(&mut self) -> u64 {
         loop {
             self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -109,6 +110,7 @@ pub fn anchor_child<'a>(parents: impl IntoIterator<Item = (&'a Anchors, &'a mut 
 }
 
 /// The `(root, xor)` updates that ack a tuple with the given anchors and accumulated ack value.
+#[inline]
 pub fn ack_updates(anchors: &Anchors, ack_val: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
     anchors.iter().map(move |&(root, edge)| (root, edge ^ ack_val))
 }

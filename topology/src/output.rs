@@ -531,6 +531,20 @@ impl BoltOutput {
     #[inline]
     fn emit_current(&mut self, stream: usize, values: Values, direct: Option<usize>) -> Result<(), EmitError> {
         match &mut self.current {
+            Current::Untracked => self.outbox.dispatch(stream, values, direct, |_| Anchors::new()).map(|_| ()),
+            // the usual input of one ack tree: what `anchor_child` does for a single root, inline
+            Current::Input { anchors, ack_val } if anchors.len() == 1 => {
+                let root = anchors[0].0;
+                self.outbox
+                    .dispatch(stream, values, direct, |rng| {
+                        let edge = rng.next_edge();
+                        *ack_val ^= edge;
+                        let mut child = Anchors::new();
+                        child.push((root, edge));
+                        child
+                    })
+                    .map(|_| ())
+            }
             Current::Input { anchors, ack_val } if !anchors.is_empty() => {
                 let a = &*anchors;
                 self.outbox
@@ -613,6 +627,7 @@ impl BoltOutput {
         self.finish_tracked(ok);
     }
 
+    #[inline]
     fn finish_tracked(&mut self, ok: bool) {
         match std::mem::take(&mut self.current) {
             Current::None | Current::Untracked => {}

@@ -44,10 +44,7 @@ impl Fields {
     /// Builds a field list from names.
     pub fn new<S: AsRef<str>>(names: &[S]) -> Self {
         Fields(
-            names
-                .iter()
-                .map(|n| Field { name: Arc::from(n.as_ref()), key: name_key(n.as_ref().as_bytes()) })
-                .collect(),
+            names.iter().map(|n| Field { name: Arc::from(n.as_ref()), key: name_key(n.as_ref().as_bytes()) }).collect(),
         )
     }
 
@@ -56,9 +53,9 @@ impl Fields {
     pub fn index_of(&self, name: &str) -> Option<usize> {
         let b = name.as_bytes();
         let key = name_key(b);
-        self.0.iter().position(|f| {
-            f.key == key && f.name.len() == b.len() && (b.len() <= 8 || f.name.as_bytes()[8..] == b[8..])
-        })
+        self.0
+            .iter()
+            .position(|f| f.key == key && f.name.len() == b.len() && (b.len() <= 8 || f.name.as_bytes()[8..] == b[8..]))
     }
 
     /// Number of fields.

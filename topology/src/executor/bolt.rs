@@ -305,10 +305,7 @@ impl<B: Bolt> BoltTask<B> {
         let dirty = std::mem::take(&mut self.out.acks_dirty);
         for &slot in &dirty {
             // the next batch starts with room for as many updates (no regrowing per batch)
-            let next = AckBatch {
-                xors: Vec::with_capacity(self.out.acks[slot].xors.len()),
-                fails: Vec::new(),
-            };
+            let next = AckBatch { xors: Vec::with_capacity(self.out.acks[slot].xors.len()), fails: Vec::new() };
             let batch = std::mem::replace(&mut self.out.acks[slot], next);
             let tx = &self.ack_txs[slot];
             let batch = match tx.try_send(batch) {
