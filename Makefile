@@ -40,9 +40,17 @@ demo:
 	$(CARGO) build --bins --examples
 	./scripts/demo.sh
 
+# The engine benchmark (squall-topology) and the Kinesis benchmark (benches/kinesis.rs) against
+# kinesis-local and kinesalite; kinesalite is stopped again even when a step fails.
+export SQUALL_KINESALITE_ENDPOINT ?= http://127.0.0.1:$(or $(SQUALL_KINESALITE_PORT),4568)
 bench:
 	./localstack/up
-	$(CARGO) bench --workspace
+	./localstack/kinesalite-up
+	@status=0; \
+	  $(CARGO) build --release --examples && \
+	  $(CARGO) bench --workspace || status=$$?; \
+	  ./localstack/kinesalite-down; \
+	  exit $$status
 
 clean:
 	./localstack/down

@@ -1,0 +1,983 @@
+//! End-to-end Kinesis benchmarks of Squall (`cargo bench --bench kinesis`, part of `make bench`).
+//!
+//! Sections (run all, or name some: `cargo bench --bench kinesis -- throughput memory`):
+//!
+//! - `throughput` (b): one pre-filled multi-shard stream per engine, read from TRIM_HORIZON by a
+//!   raw aws-sdk-kinesis GetRecords loop (one task per shard, no pauses) and by a topology
+//!   (Kinesis spout -> no-op bolt, acking on, fresh topology name and ZooKeeper root each time),
+//!   interleaved raw, topology, raw, topology..., medians. On kinesis-local (LocalStack's engine,
+//!   `SQUALL_KINESIS_ENDPOINT`) and kinesalite (`SQUALL_KINESALITE_ENDPOINT`).
+//! - `reshard` (c): an audit worker process reads a 2-shard stream under a steady producer; shards
+//!   are split one after another; latency = from the parent's `end` in the read log to the first
+//!   delivery of a child record.
+//! - `failover` (d, e): two worker processes share a 4-shard stream; a worker joins, leaves
+//!   (SIGTERM) and crashes (SIGKILL); latency = from the event to the first records read by the
+//!   new owner of every moved shard. While both run, checkpoint znode versions (and every znode
+//!   version of the topology) are counted over a timed window: ZooKeeper writes per shard per
+//!   checkpoint interval.
+//! - `memory` (f): one worker owning 50 shards; VmRSS / VmHWM from /proc.
+//!
+//! Needs ZooKeeper and the engines on loopback (`make bench` starts them) and the audit example
+//! built in the same profile (`cargo build --release --examples`). `SQUALL_BENCH_REPS` sets the
+//! throughput repetitions (default 5).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use aws_sdk_kinesis::Client;
+use aws_sdk_kinesis::types::ShardIteratorType;
+use squall::audit::Delivery;
+use squall::kinesis::{KinesisEndpoint, PutOptions};
+use squall::spout::{KinesisSpout, KinesisSpoutConfig, ReadLogEntry, WorkerIdentity};
+use squall::topology::{Bolt, BoltOutput, ComponentError, TopologyBuilder, TopologyConfig, Tuple, run_local};
+
+const REGION: &str = "us-east-1";
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+fn unique(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{}-{n}-{:04x}", std::process::id(), rand::random::<u16>())
+}
+
+fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let m = s.len() / 2;
+    if s.len() % 2 == 1 { s[m] } else { (s[m - 1] + s[m]) / 2.0 }
+}
+
+fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NAN, f64::max)
+}
+
+struct Env {
+    kinesis_local: String,
+    kinesalite: String,
+    zk: String,
+    audit_bin: PathBuf,
+    reps: usize,
+}
+
+impl Env {
+    fn load() -> anyhow::Result<Self> {
+        let var = |k: &str, d: &str| std::env::var(k).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| d.into());
+        // target/<profile>/deps/kinesis-HASH -> target/<profile>/examples/audit
+        let exe = std::env::current_exe()?;
+        let profile_dir = exe.parent().and_then(Path::parent).context("bench binary has no target dir")?;
+        let audit_bin = profile_dir.join("examples").join("audit");
+        Ok(Self {
+            kinesis_local: var("SQUALL_KINESIS_ENDPOINT", "http://127.0.0.1:4566"),
+            kinesalite: var("SQUALL_KINESALITE_ENDPOINT", "http://127.0.0.1:4568"),
+            zk: var("SQUALL_ZK", "127.0.0.1:2181"),
+            audit_bin,
+            reps: var("SQUALL_BENCH_REPS", "5").parse().unwrap_or(5).max(1),
+        })
+    }
+
+    fn need_audit_bin(&self) -> anyhow::Result<()> {
+        if !self.audit_bin.exists() {
+            bail!(
+                "{} missing: build it first with `cargo build --release --examples` (make bench does)",
+                self.audit_bin.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+async fn client(endpoint: &str) -> anyhow::Result<Client> {
+    Ok(KinesisEndpoint::new(endpoint, REGION).client().await?)
+}
+
+async fn reachable(client: &Client) -> bool {
+    tokio::time::timeout(Duration::from_secs(3), client.list_streams().send()).await.is_ok_and(|r| r.is_ok())
+}
+
+async fn zk_client(connect: &str) -> anyhow::Result<zookeeper_client::Client> {
+    zookeeper_client::Client::connector()
+        .session_timeout(Duration::from_secs(10))
+        .connect(connect)
+        .await
+        .with_context(|| format!("connecting to ZooKeeper at {connect}"))
+}
+
+/// Deletes a znode tree (best effort): the bench's own ZooKeeper roots.
+async fn zk_delete_tree(zk: &zookeeper_client::Client, root: &str) {
+    let mut stack = vec![root.to_string()];
+    let mut order = Vec::new();
+    while let Some(p) = stack.pop() {
+        for c in zk.list_children(&p).await.unwrap_or_default() {
+            stack.push(format!("{p}/{c}"));
+        }
+        order.push(p);
+    }
+    for p in order.iter().rev() {
+        let _ = zk.delete(p, None).await;
+    }
+}
+
+/// Sum of `version` and `cversion` of every znode under `root`, and the versions of the nodes
+/// directly under `checkpoints` (by shard).
+async fn zk_versions(zk: &zookeeper_client::Client, root: &str) -> (i64, BTreeMap<String, i32>) {
+    let mut total = 0i64;
+    let mut checkpoints = BTreeMap::new();
+    let mut stack = vec![root.to_string()];
+    while let Some(p) = stack.pop() {
+        if let Ok(Some(st)) = zk.check_stat(&p).await {
+            total += i64::from(st.version) + i64::from(st.cversion);
+            if let Some((dir, shard)) = p.rsplit_once('/') {
+                if dir.ends_with("/checkpoints") {
+                    checkpoints.insert(shard.to_string(), st.version);
+                }
+            }
+        }
+        for c in zk.list_children(&p).await.unwrap_or_default() {
+            stack.push(format!("{p}/{c}"));
+        }
+    }
+    (total, checkpoints)
+}
+
+/// Creates a stream and waits until it is ACTIVE.
+async fn create_stream(client: &Client, endpoint: &str, shards: i32, prefix: &str) -> anyhow::Result<String> {
+    let name = unique(prefix);
+    squall::kinesis::create_stream(client, endpoint, &name, shards)
+        .await
+        .with_context(|| format!("creating stream {name} on {endpoint}"))?;
+    Ok(name)
+}
+
+/// Writes `count` records with `producers` concurrent producers (distinct keys, spread over the
+/// shards by their hash).
+async fn fill(client: &Client, endpoint: &str, stream: &str, count: u64, producers: u64) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for p in 0..producers {
+        let (client, endpoint, stream) = (client.clone(), endpoint.to_string(), stream.to_string());
+        let opts = PutOptions {
+            count: count / producers + u64::from(p < count % producers),
+            keys: 100,
+            rate: None,
+            size: 100,
+            run: String::new(),
+            key_prefix: format!("p{p}-key-"),
+        };
+        set.spawn(async move { squall::kinesis::put_records(&client, &endpoint, &stream, &opts).await });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    Ok(start.elapsed())
+}
+
+/// A steady background producer (aborted on drop).
+struct Producer(tokio::task::JoinHandle<()>);
+
+impl Producer {
+    fn start(client: &Client, endpoint: &str, stream: &str, rate: f64) -> Self {
+        let (client, endpoint, stream) = (client.clone(), endpoint.to_string(), stream.to_string());
+        Producer(tokio::spawn(async move {
+            let opts = PutOptions {
+                count: 10_000_000,
+                keys: 64,
+                rate: Some(rate),
+                size: 100,
+                run: String::new(),
+                key_prefix: "live-".into(),
+            };
+            if let Err(e) = squall::kinesis::put_records(&client, &endpoint, &stream, &opts).await {
+                eprintln!("background producer on {stream}: {e}");
+            }
+        }))
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn delete_stream(client: &Client, endpoint: &str, stream: &str) {
+    let _ = squall::kinesis::delete_stream(client, endpoint, stream).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// (b) throughput
+
+/// One read of the whole stream: when it started, when the first and the last record arrived.
+#[derive(Debug, Clone, Copy)]
+struct ReadRun {
+    records: u64,
+    start: Instant,
+    first: Instant,
+    last: Instant,
+}
+
+impl ReadRun {
+    /// Records per second from the first record to the last (steady state).
+    fn steady(&self) -> f64 {
+        self.records.saturating_sub(1) as f64 / self.last.duration_since(self.first).as_secs_f64().max(1e-6)
+    }
+    /// Records per second from the start (client or topology creation) to the last record.
+    fn total(&self) -> f64 {
+        self.records as f64 / self.last.duration_since(self.start).as_secs_f64().max(1e-6)
+    }
+    fn startup_ms(&self) -> f64 {
+        self.first.duration_since(self.start).as_secs_f64() * 1e3
+    }
+}
+
+/// The raw loop: one task per shard, GetShardIterator(TRIM_HORIZON), GetRecords as fast as the
+/// engine answers, until an empty answer that is not behind.
+async fn raw_read(client: &Client, stream: &str, shards: &[String], limit: i32) -> anyhow::Result<ReadRun> {
+    let start = Instant::now();
+    let first: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let mut set = tokio::task::JoinSet::new();
+    for shard in shards {
+        let (client, stream, shard, first) = (client.clone(), stream.to_string(), shard.clone(), first.clone());
+        set.spawn(async move {
+            let mut it = client
+                .get_shard_iterator()
+                .stream_name(&stream)
+                .shard_id(&shard)
+                .shard_iterator_type(ShardIteratorType::TrimHorizon)
+                .send()
+                .await?
+                .shard_iterator
+                .context("no iterator")?;
+            let mut n = 0u64;
+            let mut last = Instant::now();
+            loop {
+                let out = client.get_records().shard_iterator(&it).limit(limit).send().await?;
+                let got = out.records().len() as u64;
+                if got > 0 {
+                    last = Instant::now();
+                    first.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(last);
+                    n += got;
+                }
+                match out.next_shard_iterator() {
+                    Some(next) if got > 0 || out.millis_behind_latest().unwrap_or(0) > 0 => it = next.to_string(),
+                    _ => break,
+                }
+            }
+            anyhow::Ok((n, last))
+        });
+    }
+    let (mut records, mut last) = (0, start);
+    while let Some(r) = set.join_next().await {
+        let (n, l) = r??;
+        records += n;
+        last = last.max(l);
+    }
+    let first = first.lock().unwrap_or_else(|p| p.into_inner()).unwrap_or(last);
+    Ok(ReadRun { records, start, first, last })
+}
+
+#[derive(Default)]
+struct Seen {
+    count: AtomicU64,
+    times: Mutex<(Option<Instant>, Option<Instant>)>,
+}
+
+/// The no-op bolt: counts, notes the first and last arrival, acks (returns Ok).
+struct Noop(Arc<Seen>);
+
+impl Bolt for Noop {
+    async fn execute(&mut self, _t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let now = Instant::now();
+        self.0.count.fetch_add(1, Ordering::Relaxed);
+        let mut t = self.0.times.lock().unwrap_or_else(|p| p.into_inner());
+        t.0.get_or_insert(now);
+        t.1 = Some(now);
+        Ok(())
+    }
+}
+
+/// A fresh topology (own name and ZooKeeper root) reads the stream from TRIM_HORIZON until the
+/// bolt saw `expect` records.
+async fn topology_read(env: &Env, endpoint: &str, stream: &str, expect: u64, limit: i32) -> anyhow::Result<ReadRun> {
+    let topo = unique("bench-tput");
+    let root = format!("/{}", unique("squall-bench"));
+    let mut cfg = KinesisSpoutConfig::new(topo.clone(), stream);
+    cfg.kinesis = KinesisEndpoint::new(endpoint, REGION);
+    cfg.zookeeper.connect = env.zk.clone();
+    cfg.zookeeper.root = root.clone();
+    cfg.records_per_get = limit;
+    let seen = Arc::new(Seen::default());
+    let start = Instant::now();
+    let mut b = TopologyBuilder::new(topo.clone());
+    KinesisSpout::declare(&mut b, "kinesis", 1, cfg, WorkerIdentity::current());
+    let s = seen.clone();
+    b.set_bolt("noop", 1, move |_| Noop(s.clone())).shuffle_grouping("kinesis");
+    let topology = b.build().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let tcfg = TopologyConfig { max_spout_pending: 5000, ..TopologyConfig::default() };
+    let running = run_local(topology, tcfg).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while seen.count.load(Ordering::Relaxed) < expect {
+        if Instant::now() > deadline || running.is_finished() {
+            bail!("topology read {} of {expect} records", seen.count.load(Ordering::Relaxed));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let (first, last) = *seen.times.lock().unwrap_or_else(|p| p.into_inner());
+    let records = seen.count.load(Ordering::Relaxed);
+    running.kill(Duration::from_secs(5)).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Ok(zk) = zk_client(&env.zk).await {
+        zk_delete_tree(&zk, &root).await;
+    }
+    Ok(ReadRun { records, start, first: first.unwrap_or(start), last: last.unwrap_or(start) })
+}
+
+async fn throughput(env: &Env) -> anyhow::Result<()> {
+    println!("\n## (b) end-to-end read throughput: topology vs raw GetRecords loop\n");
+    let engines =
+        [("kinesis-local", env.kinesis_local.clone(), 5_000u64), ("kinesalite", env.kinesalite.clone(), 25_000)];
+    const SHARDS: i32 = 4;
+    let mut summary = Vec::new();
+    for (engine, endpoint, per_shard) in engines {
+        let client = client(&endpoint).await?;
+        if !reachable(&client).await {
+            println!(
+                "{engine} at {endpoint} does not answer: skipped (start it: localstack/up, localstack/kinesalite-up)\n"
+            );
+            continue;
+        }
+        let stream = create_stream(&client, &endpoint, SHARDS, "bench-tput").await?;
+        let total = per_shard * SHARDS as u64;
+        let took = fill(&client, &endpoint, &stream, total, 4).await?;
+        let shards: Vec<String> =
+            squall::kinesis::list_shards(&client, &endpoint, &stream).await?.into_iter().map(|s| s.shard_id).collect();
+        println!(
+            "{engine}: stream {stream}, {SHARDS} shards, {total} records of ~190 bytes, filled in {:.1} s ({:.0} rec/s)",
+            took.as_secs_f64(),
+            total as f64 / took.as_secs_f64()
+        );
+        println!();
+        println!(
+            "| engine | records/get | raw steady rec/s | topology steady rec/s | ratio (median of per-round) | raw incl. start | topology incl. start | ratio incl. start | topology start-up ms |"
+        );
+        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        for limit in [1000, 10_000] {
+            // One warm-up read of each, not counted.
+            raw_read(&client, &stream, &shards, limit).await?;
+            topology_read(env, &endpoint, &stream, total, limit).await?;
+            let (mut raw_s, mut top_s, mut raw_t, mut top_t, mut ratio_s, mut ratio_t, mut start_ms) =
+                (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+            for _ in 0..env.reps {
+                let r = raw_read(&client, &stream, &shards, limit).await?;
+                if r.records != total {
+                    bail!("raw loop read {} of {total} records on {engine}", r.records);
+                }
+                let t = topology_read(env, &endpoint, &stream, total, limit).await?;
+                raw_s.push(r.steady());
+                top_s.push(t.steady());
+                raw_t.push(r.total());
+                top_t.push(t.total());
+                ratio_s.push(t.steady() / r.steady());
+                ratio_t.push(t.total() / r.total());
+                start_ms.push(t.startup_ms());
+            }
+            println!(
+                "| {engine} | {limit} | {:.0} | {:.0} | **{:.2}** | {:.0} | {:.0} | {:.2} | {:.0} |",
+                median(&raw_s),
+                median(&top_s),
+                median(&ratio_s),
+                median(&raw_t),
+                median(&top_t),
+                median(&ratio_t),
+                median(&start_ms)
+            );
+            summary.push(format!(
+                "(b) {engine} records/get {limit}: steady ratio {:.2} (per-round {:?}), incl. start-up {:.2}",
+                median(&ratio_s),
+                ratio_s.iter().map(|r| (r * 100.0).round() / 100.0).collect::<Vec<_>>(),
+                median(&ratio_t)
+            ));
+        }
+        println!();
+        delete_stream(&client, &endpoint, &stream).await;
+    }
+    for s in summary {
+        println!("{s}");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker processes (examples/audit.rs)
+
+struct Cluster {
+    topology: String,
+    stream: String,
+    root: String,
+    dir: PathBuf,
+    spout_config: PathBuf,
+    session_timeout_ms: u64,
+    endpoint: String,
+    zk: String,
+    bin: PathBuf,
+}
+
+struct Worker {
+    name: String,
+    child: Option<Child>,
+    read_log: PathBuf,
+    deliveries: PathBuf,
+}
+
+impl Worker {
+    fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+    fn signal(&self, sig: &str) {
+        let _ = Command::new("kill").arg(format!("-{sig}")).arg(self.pid().to_string()).status();
+    }
+    /// SIGKILL: a crash.
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+    /// SIGTERM, without waiting.
+    fn term(&self) {
+        self.signal("TERM");
+    }
+    fn reap(&mut self, timeout: Duration) {
+        let Some(c) = self.child.as_mut() else { return };
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Ok(Some(_)) = c.try_wait() {
+                self.child = None;
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+    }
+    fn reads(&self) -> Vec<ReadLogEntry> {
+        read_log(&[self.read_log.clone()])
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn read_log(files: &[PathBuf]) -> Vec<ReadLogEntry> {
+    let mut out: Vec<ReadLogEntry> = files
+        .iter()
+        .flat_map(|f| std::fs::read_to_string(f).unwrap_or_default().lines().map(str::to_owned).collect::<Vec<_>>())
+        .filter_map(|l| serde_json::from_str(&l).ok())
+        .collect();
+    out.sort_by_key(|e| e.t_ms);
+    out
+}
+
+fn deliveries(files: &[PathBuf]) -> Vec<Delivery> {
+    files
+        .iter()
+        .flat_map(|f| std::fs::read_to_string(f).unwrap_or_default().lines().map(str::to_owned).collect::<Vec<_>>())
+        .filter_map(|l| serde_json::from_str(&l).ok())
+        .collect()
+}
+
+impl Cluster {
+    fn new(env: &Env, endpoint: &str, stream: &str, session_timeout_ms: u64) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(unique("squall-bench"));
+        std::fs::create_dir_all(&dir)?;
+        // Product defaults (checkpoint 1 s, discovery 10 s, idle poll 250 ms, GetRecords >= 200 ms apart).
+        let spout_config = dir.join("spout.json");
+        std::fs::write(&spout_config, "{}")?;
+        Ok(Self {
+            topology: unique("bench-topo"),
+            stream: stream.into(),
+            root: format!("/{}", unique("squall-bench")),
+            dir,
+            spout_config,
+            session_timeout_ms,
+            endpoint: endpoint.into(),
+            zk: env.zk.clone(),
+            bin: env.audit_bin.clone(),
+        })
+    }
+
+    fn start(&self, name: &str) -> anyhow::Result<Worker> {
+        let read_log = self.dir.join(format!("{name}.reads.jsonl"));
+        let deliveries = self.dir.join(format!("{name}.deliveries.jsonl"));
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
+        let child = Command::new(&self.bin)
+            .args(["--topology", &self.topology, "--stream", &self.stream, "--zk-root", &self.root])
+            .args(["--spout-tasks", "1", "--zk-session-timeout-ms", &self.session_timeout_ms.to_string()])
+            .arg("--spout-config")
+            .arg(&self.spout_config)
+            .arg("--read-log")
+            .arg(&read_log)
+            .arg("--deliveries")
+            .arg(&deliveries)
+            .env("SQUALL_ZK", &self.zk)
+            .env("SQUALL_KINESIS_ENDPOINT", &self.endpoint)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", self.bin.display()))?;
+        Ok(Worker { name: name.into(), child: Some(child), read_log, deliveries })
+    }
+
+    fn stream_path(&self) -> String {
+        format!("{}/topologies/{}/streams/{}", self.root, self.topology, self.stream)
+    }
+
+    fn all_reads(&self, workers: &[&Worker]) -> Vec<ReadLogEntry> {
+        read_log(&workers.iter().map(|w| w.read_log.clone()).collect::<Vec<_>>())
+    }
+}
+
+/// Shards a read log says the task holds now (acquired and not released since).
+fn held(entries: &[ReadLogEntry]) -> BTreeMap<String, String> {
+    let mut h = BTreeMap::new();
+    for e in entries {
+        match e.event.as_str() {
+            "acquire" => {
+                h.insert(e.shard.clone(), e.task.clone());
+            }
+            "release" | "finish" if h.get(&e.shard) == Some(&e.task) => {
+                h.remove(&e.shard);
+            }
+            _ => {}
+        }
+    }
+    h
+}
+
+async fn wait_for<F: FnMut() -> bool>(what: &str, timeout: Duration, mut f: F) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while !f() {
+        if start.elapsed() > timeout {
+            bail!("timed out after {:?} waiting for {what}", timeout);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// First `records` event of `shard` by the worker at or after `since_ms`.
+fn first_records(w: &Worker, shard: &str, since_ms: i64) -> Option<i64> {
+    w.reads().iter().find(|e| e.event == "records" && e.shard == shard && e.t_ms >= since_ms).map(|e| e.t_ms)
+}
+
+fn first_event(w: &Worker, event: &str, shard: &str, since_ms: i64) -> Option<i64> {
+    w.reads().iter().find(|e| e.event == event && e.shard == shard && e.t_ms >= since_ms).map(|e| e.t_ms)
+}
+
+// ---------------------------------------------------------------------------------------------
+// (c) reshard latency
+
+async fn reshard(env: &Env) -> anyhow::Result<()> {
+    println!("\n## (c) reshard latency (kinesis-local; kinesalite has no ChildShards)\n");
+    env.need_audit_bin()?;
+    let endpoint = env.kinesis_local.clone();
+    let client = client(&endpoint).await?;
+    let stream = create_stream(&client, &endpoint, 2, "bench-reshard").await?;
+    let _producer = Producer::start(&client, &endpoint, &stream, 40.0);
+    let cluster = Cluster::new(env, &endpoint, &stream, 10_000)?;
+    let w = cluster.start("w1")?;
+    let initial: Vec<String> =
+        squall::kinesis::list_shards(&client, &endpoint, &stream).await?.into_iter().map(|s| s.shard_id).collect();
+    wait_for("the worker reading both shards", Duration::from_secs(30), || {
+        let r = w.reads();
+        initial.iter().all(|s| r.iter().any(|e| e.event == "records" && &e.shard == s))
+    })
+    .await?;
+    println!(
+        "| split | parent | split -> parent end (ms) | end -> finish (ms) | end -> child acquire (ms) | end -> child first read (ms) | **end -> first child record delivered (ms)** |"
+    );
+    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: |");
+    let mut lat = Vec::new();
+    for round in 0..4 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let shards = squall::kinesis::list_shards(&client, &endpoint, &stream).await?;
+        let parent = shards.iter().find(|s| !s.closed).context("no open shard")?.shard_id.clone();
+        let t_split = now_ms();
+        squall::kinesis::split_shard(&client, &endpoint, &stream, &parent).await?;
+        let children: Vec<String> = squall::kinesis::list_shards(&client, &endpoint, &stream)
+            .await?
+            .into_iter()
+            .filter(|s| s.parents().any(|p| p == parent))
+            .map(|s| s.shard_id)
+            .collect();
+        let mut first_delivery = None;
+        wait_for("a delivery from a child shard", Duration::from_secs(60), || {
+            first_delivery = deliveries(std::slice::from_ref(&w.deliveries))
+                .iter()
+                .filter(|d| children.contains(&d.shard))
+                .map(|d| d.t_us)
+                .min();
+            first_delivery.is_some()
+        })
+        .await?;
+        let end = first_event(&w, "end", &parent, t_split).context("no end event")?;
+        let finish = first_event(&w, "finish", &parent, t_split).unwrap_or(end);
+        let acquire = children.iter().filter_map(|c| first_event(&w, "acquire", c, t_split)).min().unwrap_or(end);
+        let read = children.iter().filter_map(|c| first_records(&w, c, t_split)).min().unwrap_or(end);
+        let delivered_ms = first_delivery.unwrap_or(0) as f64 / 1e3;
+        let l = delivered_ms - end as f64;
+        lat.push(l);
+        println!(
+            "| {} | {parent} | {} | {} | {} | {} | **{l:.0}** |",
+            round + 1,
+            end - t_split,
+            finish - end,
+            acquire - end,
+            read - end
+        );
+    }
+    println!();
+    println!(
+        "(c) reshard latency, parent end -> first child record delivered: median {:.0} ms, max {:.0} ms (target <= 1000 ms; KCL polls parents every 10 s)",
+        median(&lat),
+        max(&lat)
+    );
+    drop(w);
+    cleanup(&cluster, &client, &endpoint).await;
+    Ok(())
+}
+
+async fn cleanup(cluster: &Cluster, client: &Client, endpoint: &str) {
+    if let Ok(zk) = zk_client(&cluster.zk).await {
+        zk_delete_tree(&zk, &cluster.root).await;
+    }
+    delete_stream(client, endpoint, &cluster.stream).await;
+    let _ = std::fs::remove_dir_all(&cluster.dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// (d) failover and handoff, (e) ZooKeeper writes
+
+/// For every shard `to` acquired at or after `since`: (acquire - reference, first read - reference).
+fn moved(to: &Worker, since_ms: i64, reference_ms: i64) -> Vec<(String, i64, i64)> {
+    let reads = to.reads();
+    let mut out = Vec::new();
+    let mut shards: Vec<&str> =
+        reads.iter().filter(|e| e.event == "acquire" && e.t_ms >= since_ms).map(|e| e.shard.as_str()).collect();
+    shards.dedup();
+    for s in shards {
+        let acq = first_event(to, "acquire", s, since_ms).unwrap_or(since_ms);
+        let rd = first_records(to, s, acq).unwrap_or(i64::MAX);
+        out.push((s.to_string(), acq - reference_ms, rd.saturating_sub(reference_ms)));
+    }
+    out
+}
+
+/// The time of the newest task znode (its creation, ZooKeeper's clock = this host's).
+async fn newest_task_ctime(zk: &zookeeper_client::Client, cluster: &Cluster) -> Option<i64> {
+    let dir = format!("{}/topologies/{}/tasks", cluster.root, cluster.topology);
+    let mut best = None;
+    for t in zk.list_children(&dir).await.unwrap_or_default() {
+        if let Ok(Some(st)) = zk.check_stat(&format!("{dir}/{t}")).await {
+            best = best.max(Some(st.ctime));
+        }
+    }
+    best
+}
+
+struct Moves {
+    kind: &'static str,
+    acquire: Vec<f64>,
+    read: Vec<f64>,
+}
+
+impl Moves {
+    fn add(&mut self, m: &[(String, i64, i64)]) -> (f64, f64) {
+        let a = m.iter().map(|x| x.1 as f64).fold(f64::NAN, f64::max);
+        let r = m.iter().map(|x| x.2 as f64).fold(f64::NAN, f64::max);
+        self.acquire.push(a);
+        self.read.push(r);
+        (a, r)
+    }
+}
+
+async fn failover(env: &Env) -> anyhow::Result<()> {
+    println!("\n## (d) failover and handoff latency, (e) ZooKeeper writes (kinesis-local, 2 workers, 4 shards)\n");
+    env.need_audit_bin()?;
+    const SESSION_MS: u64 = 10_000;
+    let endpoint = env.kinesis_local.clone();
+    let client = client(&endpoint).await?;
+    let stream = create_stream(&client, &endpoint, 4, "bench-failover").await?;
+    let _producer = Producer::start(&client, &endpoint, &stream, 60.0);
+    let cluster = Cluster::new(env, &endpoint, &stream, SESSION_MS)?;
+    let zk = zk_client(&env.zk).await?;
+    let a = cluster.start("a")?;
+    wait_for("worker a reading all 4 shards", Duration::from_secs(30), || {
+        let r = a.reads();
+        held(&r).len() == 4 && r.iter().filter(|e| e.event == "records").count() >= 4
+    })
+    .await?;
+    let mut join = Moves { kind: "join (new worker starts)", acquire: vec![], read: vec![] };
+    let mut leave = Moves { kind: "leave (SIGTERM, graceful)", acquire: vec![], read: vec![] };
+    let mut crash = Moves { kind: "crash (SIGKILL)", acquire: vec![], read: vec![] };
+    let mut zk_rows = Vec::new();
+    println!("| event | shards moved | per shard: (to acquire ms, to first read ms) |");
+    println!("| --- | ---: | --- |");
+    for round in 0..2 {
+        // Join: b starts; 2 shards move from a to b.
+        let spawn_ms = now_ms();
+        let b = cluster.start(&format!("b{round}"))?;
+        wait_for("the rebalance after b joined", Duration::from_secs(30), || {
+            let (ha, hb) = (held(&a.reads()), held(&b.reads()));
+            ha.len() == 2 && hb.len() == 2 && hb.keys().all(|s| first_records(&b, s, spawn_ms).is_some())
+        })
+        .await?;
+        let joined = newest_task_ctime(&zk, &cluster).await.unwrap_or(spawn_ms);
+        let m = moved(&b, spawn_ms, joined);
+        let (ja, jr) = join.add(&m);
+        println!(
+            "| join {} (from b's task znode; process start -> znode {} ms) | {} | {:?} |",
+            round + 1,
+            joined - spawn_ms,
+            m.len(),
+            m.iter().map(|x| (x.1, x.2)).collect::<Vec<_>>()
+        );
+        let _ = (ja, jr);
+
+        // (e) steady state with both workers: checkpoint writes over a window.
+        if round == 0 {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let window = Duration::from_secs(10);
+            let topo_path = format!("{}/topologies/{}", cluster.root, cluster.topology);
+            let (t0, c0) = zk_versions(&zk, &topo_path).await;
+            let zx0 = zxid(&env.zk).await;
+            let t_start = Instant::now();
+            tokio::time::sleep(window).await;
+            let (t1, c1) = zk_versions(&zk, &topo_path).await;
+            let zx1 = zxid(&env.zk).await;
+            let secs = t_start.elapsed().as_secs_f64();
+            let intervals = secs / 1.0; // checkpoint_interval_ms default 1000
+            let per_shard: Vec<f64> =
+                c1.iter().map(|(s, v)| f64::from(v - c0.get(s).copied().unwrap_or(*v)) / intervals).collect();
+            let cp_writes: i64 = c1.iter().map(|(s, v)| i64::from(v - c0.get(s).copied().unwrap_or(*v))).sum();
+            zk_rows.push(format!(
+                "(e) {:.1} s window, {} shards, checkpoint interval 1 s: {cp_writes} checkpoint writes = {:.2} per shard per interval (max shard {:.2}); all znode versions of the topology: {} = {:.2} per shard per interval; server zxid delta (whole ensemble, includes other clients): {}",
+                secs,
+                c1.len(),
+                cp_writes as f64 / (c1.len() as f64 * intervals),
+                max(&per_shard),
+                t1 - t0,
+                (t1 - t0) as f64 / (c1.len() as f64 * intervals),
+                match (zx0, zx1) { (Some(x), Some(y)) => (y - x).to_string(), _ => "n/a".into() }
+            ));
+        }
+
+        // Leave: SIGTERM b; its shards go back to a.
+        let b_shards: Vec<String> = held(&b.reads()).into_keys().collect();
+        let t_leave = now_ms();
+        b.term();
+        wait_for("a re-owning b's shards after SIGTERM", Duration::from_secs(60), || {
+            b_shards.iter().all(|s| first_records(&a, s, t_leave).is_some())
+        })
+        .await?;
+        let m = moved(&a, t_leave, t_leave);
+        leave.add(&m);
+        println!(
+            "| leave {} (SIGTERM) | {} | {:?} |",
+            round + 1,
+            m.len(),
+            m.iter().map(|x| (x.1, x.2)).collect::<Vec<_>>()
+        );
+        let mut b = b;
+        b.reap(Duration::from_secs(30));
+
+        // Crash: a second worker joins, then is SIGKILLed.
+        let spawn_ms = now_ms();
+        let mut c = cluster.start(&format!("c{round}"))?;
+        wait_for("the rebalance after c joined", Duration::from_secs(30), || {
+            let (ha, hc) = (held(&a.reads()), held(&c.reads()));
+            ha.len() == 2 && hc.len() == 2 && hc.keys().all(|s| first_records(&c, s, spawn_ms).is_some())
+        })
+        .await?;
+        let joined = newest_task_ctime(&zk, &cluster).await.unwrap_or(spawn_ms);
+        let m = moved(&c, spawn_ms, joined);
+        join.add(&m);
+        println!("| join {} | {} | {:?} |", round + 1 + 2, m.len(), m.iter().map(|x| (x.1, x.2)).collect::<Vec<_>>());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let c_shards: Vec<String> = held(&c.reads()).into_keys().collect();
+        let t_kill = now_ms();
+        c.kill();
+        wait_for("a re-owning c's shards after SIGKILL", Duration::from_secs(60), || {
+            c_shards.iter().all(|s| first_records(&a, s, t_kill).is_some())
+        })
+        .await?;
+        let m = moved(&a, t_kill, t_kill);
+        crash.add(&m);
+        println!(
+            "| crash {} (SIGKILL) | {} | {:?} |",
+            round + 1,
+            m.len(),
+            m.iter().map(|x| (x.1, x.2)).collect::<Vec<_>>()
+        );
+        let _ = c.name.len();
+    }
+    println!();
+    println!("| event | samples | to acquire, median / max (ms) | to first read, median / max (ms) | target |");
+    println!("| --- | ---: | ---: | ---: | --- |");
+    for (m, target) in [
+        (&crash, format!("<= session timeout + 1 s = {} ms", SESSION_MS + 1000)),
+        (&join, "<= 1000 ms".into()),
+        (&leave, "<= 1000 ms".into()),
+    ] {
+        println!(
+            "| {} | {} | {:.0} / {:.0} | **{:.0} / {:.0}** | {target} |",
+            m.kind,
+            m.read.len(),
+            median(&m.acquire),
+            max(&m.acquire),
+            median(&m.read),
+            max(&m.read)
+        );
+    }
+    println!();
+    for r in zk_rows {
+        println!("{r}");
+    }
+    drop(a);
+    cleanup(&cluster, &client, &endpoint).await;
+    Ok(())
+}
+
+/// The server's last zxid (`srvr`), counting every write transaction of the ensemble.
+async fn zxid(connect: &str) -> Option<i64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = connect.split(',').next()?;
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(b"srvr").await.ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    let line = out.lines().find(|l| l.starts_with("Zxid:"))?;
+    i64::from_str_radix(line.trim_start_matches("Zxid:").trim().trim_start_matches("0x"), 16).ok()
+}
+
+// ---------------------------------------------------------------------------------------------
+// (f) memory of a worker owning 50 shards
+
+fn proc_status(pid: u32) -> HashMap<String, f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            let n: f64 = v.split_whitespace().next()?.parse().ok()?;
+            Some((k.to_string(), n))
+        })
+        .collect()
+}
+
+async fn memory(env: &Env) -> anyhow::Result<()> {
+    println!("\n## (f) resident memory of a worker owning 50 shards (kinesis-local)\n");
+    env.need_audit_bin()?;
+    const SHARDS: i32 = 50;
+    let endpoint = env.kinesis_local.clone();
+    let client = client(&endpoint).await?;
+    let stream = create_stream(&client, &endpoint, SHARDS, "bench-memory").await?;
+    let prefill = 5_000u64;
+    fill(&client, &endpoint, &stream, prefill, 4).await?;
+    let _producer = Producer::start(&client, &endpoint, &stream, 50.0);
+    let cluster = Cluster::new(env, &endpoint, &stream, 10_000)?;
+    let w = cluster.start("w")?;
+    let pid = w.pid();
+    let t0 = Instant::now();
+    let mut samples = Vec::new();
+    wait_for("the worker owning 50 shards and delivering the prefill", Duration::from_secs(120), || {
+        let rss = proc_status(pid).get("VmRSS").copied().unwrap_or(0.0);
+        samples.push(rss);
+        held(&w.reads()).len() == SHARDS as usize
+            && deliveries(std::slice::from_ref(&w.deliveries)).len() as u64 >= prefill
+    })
+    .await?;
+    let caught_up = t0.elapsed();
+    let mut steady = Vec::new();
+    for _ in 0..15 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        steady.push(proc_status(pid).get("VmRSS").copied().unwrap_or(0.0));
+    }
+    let st = proc_status(pid);
+    let mib = |kb: f64| kb / 1024.0;
+    println!(
+        "worker pid {pid}: owned {SHARDS} shards and delivered the {prefill}-record prefill after {:.1} s; then 15 s under a 50 rec/s producer",
+        caught_up.as_secs_f64()
+    );
+    println!();
+    println!("| phase | VmRSS median (MiB) | VmRSS max (MiB) |");
+    println!("| --- | ---: | ---: |");
+    println!("| start-up + catch-up | {:.1} | {:.1} |", mib(median(&samples)), mib(max(&samples)));
+    println!("| steady, 15 s | {:.1} | {:.1} |", mib(median(&steady)), mib(max(&steady)));
+    println!();
+    println!(
+        "(f) worker owning {SHARDS} shards: VmRSS {:.1} MiB steady, VmHWM (peak) {:.1} MiB, threads {} (target < 100 MB)",
+        mib(median(&steady)),
+        mib(st.get("VmHWM").copied().unwrap_or(f64::NAN)),
+        st.get("Threads").copied().unwrap_or(f64::NAN)
+    );
+    drop(w);
+    cleanup(&cluster, &client, &endpoint).await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let env = Env::load()?;
+    let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let run = |s: &str| wanted.is_empty() || wanted.iter().any(|w| w == s);
+    let started = Instant::now();
+    println!("# Squall Kinesis benchmarks");
+    println!(
+        "kinesis-local {}, kinesalite {}, ZooKeeper {}, {} cores",
+        env.kinesis_local,
+        env.kinesalite,
+        env.zk,
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    );
+    let mut failed = Vec::new();
+    if run("throughput") {
+        if let Err(e) = throughput(&env).await {
+            failed.push(format!("throughput: {e:#}"));
+        }
+    }
+    if run("reshard") {
+        if let Err(e) = reshard(&env).await {
+            failed.push(format!("reshard: {e:#}"));
+        }
+    }
+    if run("failover") {
+        if let Err(e) = failover(&env).await {
+            failed.push(format!("failover: {e:#}"));
+        }
+    }
+    if run("memory") {
+        if let Err(e) = memory(&env).await {
+            failed.push(format!("memory: {e:#}"));
+        }
+    }
+    println!("\nKinesis benchmarks took {:.0} s", started.elapsed().as_secs_f64());
+    if !failed.is_empty() {
+        bail!("failed sections:\n{}", failed.join("\n"));
+    }
+    Ok(())
+}
