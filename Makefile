@@ -26,11 +26,13 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # up + fmt + clippy + every test of the workspace + down (down runs even when a step fails).
+# Benchmarks are compiled by clippy --all-targets but run only by `make bench`.
 test:
 	./localstack/up
 	@status=0; \
 	  $(MAKE) --no-print-directory lint && \
-	  $(CARGO) test --workspace --all-targets --no-fail-fast && \
+	  $(CARGO) build --workspace --bins --examples && \
+	  $(CARGO) test --workspace --lib --bins --tests --examples --no-fail-fast && \
 	  $(CARGO) test --workspace --doc || status=$$?; \
 	  ./localstack/down; \
 	  exit $$status
