@@ -107,7 +107,7 @@ async fn reachable(client: &Client) -> bool {
 
 async fn zk_client(connect: &str) -> anyhow::Result<zookeeper_client::Client> {
     zookeeper_client::Client::connector()
-        .session_timeout(Duration::from_secs(10))
+        .with_session_timeout(Duration::from_secs(10))
         .connect(connect)
         .await
         .with_context(|| format!("connecting to ZooKeeper at {connect}"))
@@ -182,23 +182,38 @@ async fn fill(client: &Client, endpoint: &str, stream: &str, count: u64, produce
     Ok(start.elapsed())
 }
 
-/// A steady background producer (aborted on drop).
+/// A steady background producer (aborted on drop): a small PutRecords every 25 ms, one fresh
+/// partition key per record, so records arrive evenly on every shard. (The `squall stream put`
+/// producer batches one record per key per call, which at low rates means one burst per second.)
 struct Producer(tokio::task::JoinHandle<()>);
 
 impl Producer {
-    fn start(client: &Client, endpoint: &str, stream: &str, rate: f64) -> Self {
-        let (client, endpoint, stream) = (client.clone(), endpoint.to_string(), stream.to_string());
+    fn start(client: &Client, stream: &str, rate: f64) -> Self {
+        let (client, stream) = (client.clone(), stream.to_string());
         Producer(tokio::spawn(async move {
-            let opts = PutOptions {
-                count: 10_000_000,
-                keys: 64,
-                rate: Some(rate),
-                size: 100,
-                run: String::new(),
-                key_prefix: "live-".into(),
-            };
-            if let Err(e) = squall::kinesis::put_records(&client, &endpoint, &stream, &opts).await {
-                eprintln!("background producer on {stream}: {e}");
+            let tick = Duration::from_millis(25);
+            let mut timer = tokio::time::interval(tick);
+            timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let run = unique("live");
+            let (mut n, start) = (0u64, Instant::now());
+            loop {
+                timer.tick().await;
+                let due = (start.elapsed().as_secs_f64() * rate) as u64 + 1;
+                let entries: Vec<_> = (n..due.max(n + 1))
+                    .filter_map(|i| {
+                        let key = format!("live-{i}");
+                        let data = squall::kinesis::payload::AuditPayload::new(&run, &key, 0, 100).to_bytes();
+                        aws_sdk_kinesis::types::PutRecordsRequestEntry::builder()
+                            .partition_key(key)
+                            .data(aws_sdk_kinesis::primitives::Blob::new(data))
+                            .build()
+                            .ok()
+                    })
+                    .collect();
+                n += entries.len() as u64;
+                if let Err(e) = client.put_records().stream_name(&stream).set_records(Some(entries)).send().await {
+                    eprintln!("background producer on {stream}: {}", aws_sdk_kinesis::error::DisplayErrorContext(e));
+                }
             }
         }))
     }
@@ -540,14 +555,6 @@ impl Cluster {
             .with_context(|| format!("starting {}", self.bin.display()))?;
         Ok(Worker { name: name.into(), child: Some(child), read_log, deliveries })
     }
-
-    fn stream_path(&self) -> String {
-        format!("{}/topologies/{}/streams/{}", self.root, self.topology, self.stream)
-    }
-
-    fn all_reads(&self, workers: &[&Worker]) -> Vec<ReadLogEntry> {
-        read_log(&workers.iter().map(|w| w.read_log.clone()).collect::<Vec<_>>())
-    }
 }
 
 /// Shards a read log says the task holds now (acquired and not released since).
@@ -596,7 +603,7 @@ async fn reshard(env: &Env) -> anyhow::Result<()> {
     let endpoint = env.kinesis_local.clone();
     let client = client(&endpoint).await?;
     let stream = create_stream(&client, &endpoint, 2, "bench-reshard").await?;
-    let _producer = Producer::start(&client, &endpoint, &stream, 40.0);
+    let _producer = Producer::start(&client, &stream, 40.0);
     let cluster = Cluster::new(env, &endpoint, &stream, 10_000)?;
     let w = cluster.start("w1")?;
     let initial: Vec<String> =
@@ -721,7 +728,7 @@ async fn failover(env: &Env) -> anyhow::Result<()> {
     let endpoint = env.kinesis_local.clone();
     let client = client(&endpoint).await?;
     let stream = create_stream(&client, &endpoint, 4, "bench-failover").await?;
-    let _producer = Producer::start(&client, &endpoint, &stream, 60.0);
+    let _producer = Producer::start(&client, &stream, 60.0);
     let cluster = Cluster::new(env, &endpoint, &stream, SESSION_MS)?;
     let zk = zk_client(&env.zk).await?;
     let a = cluster.start("a")?;
@@ -896,7 +903,7 @@ async fn memory(env: &Env) -> anyhow::Result<()> {
     let stream = create_stream(&client, &endpoint, SHARDS, "bench-memory").await?;
     let prefill = 5_000u64;
     fill(&client, &endpoint, &stream, prefill, 4).await?;
-    let _producer = Producer::start(&client, &endpoint, &stream, 50.0);
+    let _producer = Producer::start(&client, &stream, 50.0);
     let cluster = Cluster::new(env, &endpoint, &stream, 10_000)?;
     let w = cluster.start("w")?;
     let pid = w.pid();
