@@ -143,11 +143,21 @@ async fn chaos_splits_merges_sigkill_zombie_and_zookeeper_leader_loss() {
     tokio::time::sleep(Duration::from_secs(4)).await;
 
     // 3. The zombie: SIGSTOP b past its session timeout, then SIGCONT.
+    // The zombie is a worker that is not the leader, so that the leader lists the children of the
+    // split below while their parent is frozen.
+    let leader_task = live_tasks(&chaos.zk, &cluster).await.into_iter().next().unwrap_or_default();
+    if chaos.tasks_of(b.pid()).await.contains(&leader_task) {
+        std::mem::swap(&mut b, &mut c);
+    }
     let b_tasks = chaos.tasks_of(b.pid()).await;
     let b_shards: Vec<String> =
         owners(&chaos.zk, &cluster).await.into_iter().filter(|(_, t)| b_tasks.contains(t)).map(|(s, _)| s).collect();
     let stopped = Instant::now();
     b.pause();
+    // Split a shard of the frozen worker: its children are listed while their parent is unread
+    // (a lagging parent), so reading them before the parent finished would be possible now.
+    let lagging = b_shards.first().cloned().expect("b held a shard");
+    kinesis::split_shard(&s.client, &s.label(), &s.name, &lagging).await.unwrap();
     let zombie_failover = chaos.wait_moved(&b_tasks, stopped, Duration::from_secs(30)).await;
     // Its session is gone once its task node is gone (the server expired it).
     let expired_at = loop {
@@ -157,12 +167,15 @@ async fn chaos_splits_merges_sigkill_zombie_and_zookeeper_leader_loss() {
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     };
-    mark(format!("SIGSTOP b {b_tasks:?} (held {b_shards:?}); re-owned by others after {zombie_failover:?}"));
+    mark(format!(
+        "SIGSTOP {} {b_tasks:?} (held {b_shards:?}), split {lagging} meanwhile; re-owned by others after {zombie_failover:?}",
+        b.name
+    ));
     let stop_for = Duration::from_millis(SESSION_MS * 8 / 5);
     tokio::time::sleep(stop_for.saturating_sub(stopped.elapsed())).await;
     b.resume();
     let resumed_at = now_ms();
-    mark(format!("SIGCONT b after {:?} stopped", stopped.elapsed()));
+    mark(format!("SIGCONT {} after {:?} stopped", b.name, stopped.elapsed()));
     tokio::time::sleep(Duration::from_secs(6)).await;
 
     // 4. Merge two adjacent open shards.
