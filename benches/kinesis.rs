@@ -484,7 +484,7 @@ impl Worker {
         self.kill();
     }
     fn reads(&self) -> Vec<ReadLogEntry> {
-        read_log(&[self.read_log.clone()])
+        read_log(std::slice::from_ref(&self.read_log))
     }
 }
 
