@@ -137,7 +137,6 @@ fn config_debug_output_hides_the_password() {
 /// The worker flags themselves: `squall::WorkerArgs` derives `Debug`, so `{args:?}` prints
 /// `zk_password: Some("...")` in clear (the audit example's own `Args` derives Debug around it too).
 #[test]
-#[ignore = "bug in src/worker.rs (not owned here): WorkerArgs derives Debug and prints zk_password in clear"]
 fn worker_args_debug_output_hides_the_password() {
     let args = parse_worker_args();
     let text = format!("{args:?} {args:#?}");

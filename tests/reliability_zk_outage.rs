@@ -34,7 +34,6 @@ async fn zookeeper_outage_of_10s_expires_sessions_then_workers_recover_losing_no
 /// acted on ("stopped fetching" is never logged) and readers keep fetching until the client expires
 /// the session at ~1.4 x the timeout (observed: reads until 5.5 s into the outage with a 4 s timeout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug in src/spout/coordinator.rs (not owned here): readers keep fetching for ~1.4 x session timeout after ZooKeeper is lost; the Unsafe health signal is starved by a blocked ZooKeeper call in the coordinator loop"]
 async fn zookeeper_outage_readers_stop_within_half_the_session_timeout() {
     outage(true).await;
 }

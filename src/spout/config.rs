@@ -190,10 +190,10 @@ pub struct KinesisSpoutConfig {
     /// Wait after a GetRecords call that returned nothing (ms).
     #[serde(default = "default_idle_poll_ms")]
     pub idle_poll_interval_ms: u64,
-    /// Minimum time between two GetRecords calls on one shard (ms); 200 keeps within Kinesis'
-    /// 5 calls per second per shard.
-    #[serde(default = "default_min_get_interval_ms")]
-    pub min_get_interval_ms: u64,
+    /// GetRecords calls per shard in any one second (1..=5: Kinesis allows 5 per second per
+    /// shard). After a full batch the next call goes at once while the last second has room.
+    #[serde(default = "default_max_gets_per_second")]
+    pub max_get_calls_per_second: u32,
     /// How often a moved checkpoint is written (ms); at most one write per shard per interval.
     #[serde(default = "default_checkpoint_ms")]
     pub checkpoint_interval_ms: u64,
@@ -239,8 +239,8 @@ fn default_records_per_get() -> i32 {
 fn default_idle_poll_ms() -> u64 {
     250
 }
-fn default_min_get_interval_ms() -> u64 {
-    200
+fn default_max_gets_per_second() -> u32 {
+    5
 }
 fn default_checkpoint_ms() -> u64 {
     1_000
@@ -275,7 +275,7 @@ impl KinesisSpoutConfig {
             initial_position: InitialPosition::default(),
             records_per_get: default_records_per_get(),
             idle_poll_interval_ms: default_idle_poll_ms(),
-            min_get_interval_ms: default_min_get_interval_ms(),
+            max_get_calls_per_second: default_max_gets_per_second(),
             checkpoint_interval_ms: default_checkpoint_ms(),
             shard_discovery_interval_ms: default_discovery_ms(),
             resync_interval_ms: default_resync_ms(),
@@ -309,12 +309,12 @@ impl KinesisSpoutConfig {
         if !(1..=10_000).contains(&self.records_per_get) {
             return err("records_per_get", format!("is {}; Kinesis allows 1..=10000", self.records_per_get));
         }
-        if self.min_get_interval_ms < 200 {
+        if !(1..=5).contains(&self.max_get_calls_per_second) {
             return err(
-                "min_get_interval_ms",
+                "max_get_calls_per_second",
                 format!(
-                    "is {}; below 200 ms exceeds Kinesis' 5 GetRecords calls per second per shard",
-                    self.min_get_interval_ms
+                    "is {}; use 1..=5 (Kinesis allows 5 GetRecords calls per second per shard)",
+                    self.max_get_calls_per_second
                 ),
             );
         }
@@ -383,8 +383,8 @@ mod tests {
         c.records_per_get = 10;
         assert!(c.validate().unwrap_err().to_string().contains("`stream`"));
         let mut c = KinesisSpoutConfig::new("t", "s");
-        c.min_get_interval_ms = 50;
-        assert!(c.validate().unwrap_err().to_string().contains("min_get_interval_ms"));
+        c.max_get_calls_per_second = 6;
+        assert!(c.validate().unwrap_err().to_string().contains("max_get_calls_per_second"));
         let e = serde_json::from_str::<KinesisSpoutConfig>(r#"{"topology":"t","stream":"s","recordz":1}"#).unwrap_err();
         assert!(e.to_string().contains("recordz"), "{e}");
     }

@@ -54,8 +54,9 @@ pub(crate) struct Coordinator {
     pub reader_events: mpsc::UnboundedReceiver<ReaderEvent>,
     /// Desired activation (from the spout's activate/deactivate).
     pub active: watch::Receiver<bool>,
-    /// What the readers obey: active and session healthy.
-    pub fetch_allowed: watch::Sender<bool>,
+    /// What the readers obey: active and session healthy. Shared with the session monitor, which
+    /// closes it at once when the session becomes unsafe, even while this loop waits on ZooKeeper.
+    pub fetch_allowed: Arc<watch::Sender<bool>>,
     /// The task's ZooKeeper node name, published for the spout (status, logs).
     pub task_name: Arc<Mutex<String>>,
     /// Readers and the session monitor: owned, awaited before `run` returns.
@@ -80,6 +81,7 @@ struct Session {
     dirty: bool,
     last_sync: Instant,
     finished_seen: usize,
+    last_warn: Option<(String, Instant)>,
 }
 
 impl Coordinator {
@@ -163,7 +165,12 @@ impl Coordinator {
         tracing::info!(topology = %self.cfg.topology, stream = %self.cfg.stream, task = %task, "spout task registered");
         let (health_tx, health) = watch::channel(Health::Ok);
         let monitor = cancel.child_token();
-        self.tasks.spawn(monitor_session(store.session_state(), health_tx, monitor.clone()));
+        self.tasks.spawn(monitor_session(
+            store.session_state(),
+            health_tx,
+            self.fetch_allowed.clone(),
+            monitor.clone(),
+        ));
         let mut s = Session {
             store,
             task,
@@ -177,16 +184,21 @@ impl Coordinator {
             dirty: true,
             last_sync: Instant::now(),
             finished_seen: 0,
+            last_warn: None,
         };
         self.set_fetch(Health::Ok);
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let resync = KinesisSpoutConfig::ms(self.cfg.resync_interval_ms);
+        // Losing a channel because we are shutting down is a shutdown, not a lost session.
+        let lost =
+            |cancel: &CancellationToken| if cancel.is_cancelled() { SessionEnd::Shutdown } else { SessionEnd::Lost };
         let end = loop {
             tokio::select! {
+                biased;
                 _ = cancel.cancelled() => break SessionEnd::Shutdown,
                 ev = s.events.recv() => match ev {
-                    None | Some(ChangeEvent::SessionLost) => break SessionEnd::Lost,
+                    None | Some(ChangeEvent::SessionLost) => break lost(cancel),
                     Some(ChangeEvent::Disconnected) => {}
                     Some(_) => s.dirty = true,
                 },
@@ -199,12 +211,12 @@ impl Coordinator {
                     }
                 }
                 r = s.health.changed() => {
-                    if r.is_err() { break SessionEnd::Lost; }
+                    if r.is_err() { break lost(cancel); }
                     let h = *s.health.borrow();
                     self.set_fetch(h);
                     match h {
-                        Health::Lost => break SessionEnd::Lost,
-                        Health::Unsafe => tracing::warn!("ZooKeeper disconnected for more than half the session timeout: stopped fetching"),
+                        Health::Lost => break lost(cancel),
+                        Health::Unsafe => {}
                         Health::Ok => { tracing::info!("ZooKeeper connection back: fetching again"); s.dirty = true; }
                     }
                 }
@@ -220,28 +232,39 @@ impl Coordinator {
             if *s.health.borrow() != Health::Ok {
                 continue;
             }
-            let step = async {
-                if s.dirty || s.last_sync.elapsed() >= resync {
-                    self.sync(&mut s).await?;
+            // Each part runs even when another failed: a broken checkpoint must not stop the
+            // leader's discovery, which is what repairs it.
+            let mut first_err: Option<CoordError> = None;
+            if s.dirty || s.last_sync.elapsed() >= resync {
+                if let Err(e) = self.sync(&mut s).await {
+                    first_err.get_or_insert(e);
                 }
-                self.maintain(&mut s, false).await?;
-                if s.is_leader {
-                    let due = s
-                        .last_discovery
-                        .is_none_or(|t| t.elapsed() >= KinesisSpoutConfig::ms(self.cfg.shard_discovery_interval_ms));
-                    if due || s.discovery_wanted {
-                        s.discovery_wanted = false;
-                        s.last_discovery = Some(Instant::now());
-                        self.discover(&s).await?;
+            }
+            if let Err(e) = self.maintain(&mut s, false).await {
+                first_err.get_or_insert(e);
+            }
+            if s.is_leader {
+                let due = s
+                    .last_discovery
+                    .is_none_or(|t| t.elapsed() >= KinesisSpoutConfig::ms(self.cfg.shard_discovery_interval_ms));
+                if due || s.discovery_wanted {
+                    s.discovery_wanted = false;
+                    s.last_discovery = Some(Instant::now());
+                    if let Err(e) = self.discover(&s).await {
+                        first_err.get_or_insert(e);
                     }
                 }
-                Ok::<_, CoordError>(())
-            };
-            if let Err(e) = step.await {
+            }
+            if let Some(e) = first_err {
                 if e.is_session_lost() {
-                    break SessionEnd::Lost;
+                    break lost(cancel);
                 }
-                tracing::warn!(error = %e, "coordination step failed; retrying");
+                // The same failure repeats every tick: say it once per 10 s.
+                let msg = e.to_string();
+                if s.last_warn.as_ref().is_none_or(|(m, t)| *m != msg || t.elapsed() >= Duration::from_secs(10)) {
+                    tracing::warn!(error = %msg, "coordination step failed; retrying");
+                    s.last_warn = Some((msg, Instant::now()));
+                }
                 s.dirty = true;
             }
         };
@@ -500,8 +523,13 @@ impl Coordinator {
                 tracing::info!(task = %s.task, shard = %shard, "shard finished: read to its end and every record acked");
                 self.reader.read_log.finish(&s.task, shard);
             }
-            Err(e @ (CoordError::Fenced { .. } | CoordError::VersionConflict { .. })) => {
-                tracing::warn!(shard = %shard, error = %e, "could not mark the shard finished: no longer its owner");
+            Err(
+                e @ (CoordError::Fenced { .. }
+                | CoordError::VersionConflict { .. }
+                | CoordError::NoCheckpoint { .. }
+                | CoordError::Malformed { .. }),
+            ) => {
+                tracing::warn!(shard = %shard, error = %e, "could not mark the shard finished; it will be read again");
             }
             Err(e) => return Err(e),
         }
@@ -602,7 +630,12 @@ enum SessionEnd {
     Lost,
 }
 
-async fn monitor_session(mut sw: crate::coord::SessionWatch, tx: watch::Sender<Health>, cancel: CancellationToken) {
+async fn monitor_session(
+    mut sw: crate::coord::SessionWatch,
+    tx: watch::Sender<Health>,
+    fetch: Arc<watch::Sender<bool>>,
+    cancel: CancellationToken,
+) {
     loop {
         let alarm = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -610,10 +643,15 @@ async fn monitor_session(mut sw: crate::coord::SessionWatch, tx: watch::Sender<H
         };
         match alarm {
             SessionAlarm::Terminal(_) => {
+                fetch.send_replace(false);
+                tracing::warn!("ZooKeeper session ended: stopped fetching");
                 let _ = tx.send(Health::Lost);
                 return;
             }
             SessionAlarm::DisconnectedTooLong => {
+                // Stop the readers now: the coordinator's loop may be blocked in a ZooKeeper call.
+                fetch.send_replace(false);
+                tracing::warn!("ZooKeeper disconnected for more than half the session timeout: stopped fetching");
                 let _ = tx.send(Health::Unsafe);
                 loop {
                     let st = tokio::select! {
@@ -621,6 +659,7 @@ async fn monitor_session(mut sw: crate::coord::SessionWatch, tx: watch::Sender<H
                         st = sw.changed() => st,
                     };
                     if st.is_terminal() {
+                        fetch.send_replace(false);
                         let _ = tx.send(Health::Lost);
                         return;
                     }

@@ -287,13 +287,14 @@ impl Spout for KinesisSpout {
             .map_err(|e| ComponentError::fatal(format!("cannot open the read log {:?}: {e}", self.cfg.read_log)))?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let (fetch_tx, fetch_rx) = watch::channel(false);
+        let fetch_tx = Arc::new(fetch_tx);
         let reader = Arc::new(reader::ReaderCtx {
             client,
             endpoint: self.cfg.kinesis.label(),
             stream: self.cfg.stream.clone(),
             task: self.task_name.clone(),
             records_per_get: self.cfg.records_per_get,
-            min_get_interval: KinesisSpoutConfig::ms(self.cfg.min_get_interval_ms),
+            max_gets_per_second: self.cfg.max_get_calls_per_second,
             idle_poll_interval: KinesisSpoutConfig::ms(self.cfg.idle_poll_interval_ms),
             call_min_backoff: KinesisSpoutConfig::ms(self.cfg.retry.call_min_backoff_ms),
             call_max_backoff: KinesisSpoutConfig::ms(self.cfg.retry.call_max_backoff_ms),

@@ -1,7 +1,7 @@
 //! One GetRecords loop per owned shard.
 //!
 //! - Starts from the shard's checkpoint (TRIM_HORIZON, AT_TIMESTAMP, AFTER_SEQUENCE_NUMBER).
-//! - At most one GetRecords call per `min_get_interval` (Kinesis allows 5 per second per shard),
+//! - At most `max_gets_per_second` GetRecords calls in any one second (Kinesis allows 5 per shard),
 //!   `idle_poll_interval` after an empty read, capped exponential back-off with jitter after a
 //!   throttle or a transient error.
 //! - After ExpiredIteratorException: a new iterator AFTER_SEQUENCE_NUMBER of the last record it
@@ -12,6 +12,7 @@
 //! - Backpressure: it fetches only while the shard's queue of unemitted records is below one batch,
 //!   and only while fetching is allowed (topology active, ZooKeeper session healthy).
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,7 +43,7 @@ pub(crate) struct ReaderCtx {
     /// The task's ZooKeeper node name (for the read log).
     pub task: Arc<Mutex<String>>,
     pub records_per_get: i32,
-    pub min_get_interval: Duration,
+    pub max_gets_per_second: u32,
     pub idle_poll_interval: Duration,
     pub call_min_backoff: Duration,
     pub call_max_backoff: Duration,
@@ -132,16 +133,19 @@ impl ReaderCtx {
         let mut delays = backoff();
         let mut last_fetched: Option<Arc<str>> = None;
         let mut iterator: Option<String> = None;
-        let mut last_call = Instant::now() - self.min_get_interval;
+        // Start times of the recent GetRecords calls: a sliding one-second window.
+        let mut calls: VecDeque<Instant> = VecDeque::with_capacity(self.max_gets_per_second as usize + 1);
         loop {
             if !self.wait_room(&shard, epoch, &cancel).await {
                 return;
             }
-            let since = last_call.elapsed();
-            if since < self.min_get_interval {
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(self.min_get_interval - since) => {}
+            if calls.len() >= self.max_gets_per_second as usize {
+                if let Some(oldest) = calls.pop_front() {
+                    let free_at = oldest + Duration::from_millis(1_020);
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep_until(free_at.into()) => {}
+                    }
                 }
             }
             let it = match &iterator {
@@ -151,7 +155,6 @@ impl ReaderCtx {
                         Some(seq) => CheckpointPosition::AfterSequence { sequence: seq.to_string(), sub_sequence: 0 },
                         None => start.clone(),
                     };
-                    last_call = Instant::now();
                     let res = tokio::select! {
                         _ = cancel.cancelled() => return,
                         r = self.iterator(&shard, &pos) => r,
@@ -167,7 +170,7 @@ impl ReaderCtx {
                     }
                 }
             };
-            last_call = Instant::now();
+            calls.push_back(Instant::now());
             // Cancellation drops the call in flight: after a release nothing more is fetched.
             let res = tokio::select! {
                 _ = cancel.cancelled() => return,
