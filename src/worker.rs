@@ -37,7 +37,8 @@ use crate::spout::{InitialPosition, KinesisSpout, KinesisSpoutConfig, SpoutRegis
 pub const SPOUT_ID: &str = "kinesis";
 
 /// Standard worker flags; each also reads an environment variable.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, clap::Parser)]
+#[command(about = "A Squall worker")]
 pub struct WorkerArgs {
     /// Topology name (its state lives in ZooKeeper under {zk-root}/topologies/{topology}).
     #[arg(long, env = "SQUALL_TOPOLOGY")]
