@@ -12,7 +12,7 @@
 //! and acked only once its counts are emitted (at-least-once); the drain at the end flushes any
 //! window still open.
 //!
-//! Run: `cargo run -p squall-topology --example windowed_counts`
+//! Run: `cargo run -p squall-topology --example windowed_counts_local`
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
