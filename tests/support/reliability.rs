@@ -179,34 +179,12 @@ pub fn spawn_worker(
     extra: &[&str],
     envs: &[(&str, &str)],
 ) -> Proc {
-    use std::process::{Command, Stdio};
-    let deliveries = cluster.dir.join(format!("{name}.deliveries.jsonl"));
-    let read_log = cluster.dir.join(format!("{name}.reads.jsonl"));
-    let log_path = cluster.dir.join(format!("{name}.log"));
-    let log = std::fs::File::create(&log_path).unwrap();
-    let mut cmd = Command::new(super::workers::audit_bin());
-    cmd.args(["--topology", &cluster.topology, "--stream", &cluster.stream, "--zk-root", &cluster.zk_root])
-        .args(["--spout-tasks", &tasks.to_string()])
-        .args(["--zk-session-timeout-ms", &cluster.session_timeout_ms.to_string()])
-        .args(["--initial-position", &cluster.initial_position])
-        .args(["--message-timeout-ms", &cluster.message_timeout_ms.to_string()])
-        .arg("--spout-config")
-        .arg(&cluster.spout_config)
-        .arg("--deliveries")
-        .arg(&deliveries)
-        .arg("--read-log")
-        .arg(&read_log)
-        .args(extra)
-        .env("SQUALL_ZK", super::zk_connect())
-        .env("SQUALL_KINESIS_ENDPOINT", super::kinesis_endpoint().endpoint)
-        .env("RUST_LOG", "info,squall=debug")
-        .env_remove("SQUALL_ZK_USER")
-        .env_remove("SQUALL_ZK_PASSWORD");
+    let (mut cmd, log_path) = cluster.worker_command(&super::workers::audit_bin(), name, tasks, extra);
+    cmd.env_remove("SQUALL_ZK_USER").env_remove("SQUALL_ZK_PASSWORD");
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    let child =
-        cmd.stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).spawn().expect("start audit worker");
+    let child = cmd.spawn().expect("start audit worker");
     Proc { name: name.to_string(), child: Some(child), log: log_path }
 }
 

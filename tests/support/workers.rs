@@ -88,14 +88,16 @@ impl Cluster {
         self.start_example(&audit_bin(), name, tasks, extra)
     }
 
-    /// Starts worker `name` running the example binary `bin` (which takes the standard worker
-    /// flags and `--deliveries`).
-    pub fn start_example(&self, bin: &Path, name: &str, tasks: usize, extra: &[&str]) -> Worker {
+    /// The command that starts worker `name` of this cluster running `bin`: the standard worker
+    /// flags, `--deliveries` and `--read-log` in the test directory, output to `{name}.log`.
+    /// Returns it with the log's path.
+    pub fn worker_command(&self, bin: &Path, name: &str, tasks: usize, extra: &[&str]) -> (Command, PathBuf) {
         let deliveries = self.dir.join(format!("{name}.deliveries.jsonl"));
         let read_log = self.dir.join(format!("{name}.reads.jsonl"));
-        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
-        let child = Command::new(bin)
-            .args(["--topology", &self.topology, "--stream", &self.stream, "--zk-root", &self.zk_root])
+        let log_path = self.dir.join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let mut cmd = Command::new(bin);
+        cmd.args(["--topology", &self.topology, "--stream", &self.stream, "--zk-root", &self.zk_root])
             .args(["--spout-tasks", &tasks.to_string()])
             .args(["--zk-session-timeout-ms", &self.session_timeout_ms.to_string()])
             .args(["--initial-position", &self.initial_position])
@@ -112,10 +114,21 @@ impl Cluster {
             .env("RUST_LOG", "info,squall=debug")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start audit worker");
-        Worker { name: name.to_string(), child: Some(child), deliveries, read_log }
+            .stderr(log);
+        (cmd, log_path)
+    }
+
+    /// Starts worker `name` running the example binary `bin` (which takes the standard worker
+    /// flags and `--deliveries`).
+    pub fn start_example(&self, bin: &Path, name: &str, tasks: usize, extra: &[&str]) -> Worker {
+        let (mut cmd, _) = self.worker_command(bin, name, tasks, extra);
+        let child = cmd.spawn().expect("start worker");
+        Worker {
+            name: name.to_string(),
+            child: Some(child),
+            deliveries: self.dir.join(format!("{name}.deliveries.jsonl")),
+            read_log: self.dir.join(format!("{name}.reads.jsonl")),
+        }
     }
 
     /// Every delivery file of this test's directory.
