@@ -45,24 +45,88 @@ pub trait Grouping: fmt::Debug + Send + Sync + 'static {
 
     /// A router for one emitting task.
     fn router(&self, fields: &Fields, ctx: RouteContext) -> Box<dyn Router>;
+
+    /// The engine's statically dispatched form of a built-in grouping's router; `None` (the
+    /// default) makes the engine call [`Grouping::router`]. Not for implementations outside this
+    /// crate.
+    #[doc(hidden)]
+    fn builtin_router(&self, fields: &Fields, ctx: RouteContext) -> Option<BuiltinRouter> {
+        let _ = (fields, ctx);
+        None
+    }
+}
+
+/// A built-in router, opaque outside this crate (see [`Grouping::builtin_router`]).
+#[doc(hidden)]
+pub struct BuiltinRouter(AnyRouter);
+
+/// The router of one subscription as the engine holds it: the built-in single-target routers
+/// without a virtual call, everything else boxed.
+pub(crate) enum AnyRouter {
+    RoundRobin(RoundRobin),
+    Fields(ByFields),
+    Dyn(Box<dyn Router>),
+}
+
+impl AnyRouter {
+    pub(crate) fn new(g: &dyn Grouping, fields: &Fields, ctx: RouteContext) -> Self {
+        match g.builtin_router(fields, ctx) {
+            Some(BuiltinRouter(r)) => r,
+            None => AnyRouter::Dyn(g.router(fields, ctx)),
+        }
+    }
+
+    /// The one target index of a single-target router (`< target_tasks`), or `None` when the
+    /// router may pick any number of targets (use [`AnyRouter::route`]).
+    #[inline(always)]
+    pub(crate) fn route_one(&mut self, values: &[Value]) -> Option<usize> {
+        match self {
+            AnyRouter::RoundRobin(r) => Some(r.next_index()),
+            AnyRouter::Fields(r) => Some(r.index(values)),
+            AnyRouter::Dyn(_) => None,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn route(&mut self, values: &[Value], targets: &mut Vec<usize>) {
+        match self {
+            AnyRouter::RoundRobin(r) => targets.push(r.next_index()),
+            AnyRouter::Fields(r) => targets.push(r.index(values)),
+            AnyRouter::Dyn(r) => r.route(values, targets),
+        }
+    }
 }
 
 /// Round-robin over all target tasks, starting at an offset that differs per emitting task.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Shuffle;
 
-struct RoundRobin {
+pub(crate) struct RoundRobin {
     next: usize,
     n: usize,
 }
 
-impl Router for RoundRobin {
-    fn route(&mut self, _values: &[Value], targets: &mut Vec<usize>) {
-        targets.push(self.next);
+impl RoundRobin {
+    fn new(ctx: RouteContext) -> Self {
+        let mut rng = EdgeRng::new(ctx.source_task as u64);
+        let n = ctx.target_tasks.max(1);
+        RoundRobin { next: rng.below(n), n }
+    }
+
+    #[inline(always)]
+    fn next_index(&mut self) -> usize {
+        let i = self.next;
         self.next += 1;
         if self.next == self.n {
             self.next = 0;
         }
+        i
+    }
+}
+
+impl Router for RoundRobin {
+    fn route(&mut self, _values: &[Value], targets: &mut Vec<usize>) {
+        targets.push(self.next_index());
     }
 }
 
@@ -71,9 +135,10 @@ impl Grouping for Shuffle {
         "shuffle"
     }
     fn router(&self, _fields: &Fields, ctx: RouteContext) -> Box<dyn Router> {
-        let mut rng = EdgeRng::new(ctx.source_task as u64);
-        let n = ctx.target_tasks.max(1);
-        Box::new(RoundRobin { next: rng.below(n), n })
+        Box::new(RoundRobin::new(ctx))
+    }
+    fn builtin_router(&self, _fields: &Fields, ctx: RouteContext) -> Option<BuiltinRouter> {
+        Some(BuiltinRouter(AnyRouter::RoundRobin(RoundRobin::new(ctx))))
     }
 }
 
@@ -88,6 +153,9 @@ impl Grouping for LocalOrShuffle {
     }
     fn router(&self, fields: &Fields, ctx: RouteContext) -> Box<dyn Router> {
         Shuffle.router(fields, ctx)
+    }
+    fn builtin_router(&self, fields: &Fields, ctx: RouteContext) -> Option<BuiltinRouter> {
+        Shuffle.builtin_router(fields, ctx)
     }
 }
 
@@ -120,14 +188,19 @@ fn bucket(h: u64, n: usize) -> usize {
     ((u128::from(h) * n as u128) >> 64) as usize
 }
 
-struct ByFields {
+pub(crate) struct ByFields {
     idx: Vec<usize>,
     n: usize,
 }
 
-impl Router for ByFields {
-    #[inline]
-    fn route(&mut self, values: &[Value], targets: &mut Vec<usize>) {
+impl ByFields {
+    fn new(g: &FieldsGrouping, fields: &Fields, ctx: RouteContext) -> Self {
+        let idx = g.fields.iter().filter_map(|f| fields.index_of(f)).collect();
+        ByFields { idx, n: ctx.target_tasks.max(1) }
+    }
+
+    #[inline(always)]
+    fn index(&self, values: &[Value]) -> usize {
         let mut h = KeyHasher::default();
         if let [i] = *self.idx {
             // the usual single-field key
@@ -137,7 +210,14 @@ impl Router for ByFields {
                 values.get(i).unwrap_or(&Value::Null).hash_into(&mut h);
             }
         }
-        targets.push(bucket(h.finish(), self.n));
+        bucket(h.finish(), self.n)
+    }
+}
+
+impl Router for ByFields {
+    #[inline]
+    fn route(&mut self, values: &[Value], targets: &mut Vec<usize>) {
+        targets.push(self.index(values));
     }
 }
 
@@ -153,8 +233,10 @@ impl Grouping for FieldsGrouping {
         }
     }
     fn router(&self, fields: &Fields, ctx: RouteContext) -> Box<dyn Router> {
-        let idx = self.fields.iter().filter_map(|f| fields.index_of(f)).collect();
-        Box::new(ByFields { idx, n: ctx.target_tasks.max(1) })
+        Box::new(ByFields::new(self, fields, ctx))
+    }
+    fn builtin_router(&self, fields: &Fields, ctx: RouteContext) -> Option<BuiltinRouter> {
+        Some(BuiltinRouter(AnyRouter::Fields(ByFields::new(self, fields, ctx))))
     }
 }
 
@@ -314,6 +396,28 @@ mod tests {
         assert_eq!(ta, tb);
         assert_eq!(ta[0], ta[4]);
         assert_eq!(ta[0], fields_task(&[&Value::from("a")], 5));
+    }
+
+    #[test]
+    fn builtin_routers_match_the_boxed_ones() {
+        let f = Fields::new(&["word", "n"]);
+        let groupings: [&dyn Grouping; 4] = [&Shuffle, &LocalOrShuffle, &FieldsGrouping::new(&["word"]), &All];
+        for g in groupings {
+            let c = RouteContext { source_task: 1, target_tasks: 3 };
+            let mut boxed = g.router(&f, c);
+            let mut any = AnyRouter::new(g, &f, c);
+            let (mut tb, mut ta, mut one) = (vec![], vec![], vec![]);
+            for w in ["a", "b", "c", "dd", "a", "eee"] {
+                let v = [Value::from(w), Value::Int(1)];
+                boxed.route(&v, &mut tb);
+                match any.route_one(&v) {
+                    Some(i) => one.push(i),
+                    None => any.route(&v, &mut ta),
+                }
+            }
+            ta.extend(one);
+            assert_eq!(ta, tb, "{}", g.name());
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::acker::{self, AckBatch, EdgeRng, PendingTrees, U64Map};
 use crate::component::Watermark;
-use crate::grouping::Router;
+use crate::grouping::AnyRouter;
 use crate::tuple::{Anchors, DEFAULT_STREAM, StreamMeta, Tuple};
 use crate::value::Values;
 
@@ -94,7 +94,7 @@ pub(crate) struct Target {
 /// One subscription of a stream: a router and the target indices of the subscriber's tasks.
 pub(crate) struct Route {
     pub(crate) consumer: Arc<str>,
-    pub(crate) router: Box<dyn Router>,
+    pub(crate) router: AnyRouter,
     pub(crate) direct: bool,
     pub(crate) tasks: Vec<usize>,
 }
@@ -210,6 +210,17 @@ impl Outbox {
         self.emitted += 1;
         let s = &mut self.streams[stream];
         let meta = s.meta;
+        // the usual case: one subscriber with a single-target built-in grouping
+        if let ([route], None) = (&mut *s.routes, direct) {
+            if !route.direct {
+                if let Some(i) = route.router.route_one(&values) {
+                    let Some(&target) = route.tasks.get(i) else { return Ok(0) };
+                    let anchors = anchor(&mut self.rng);
+                    self.push(target, Tuple { meta, values, anchors });
+                    return Ok(1);
+                }
+            }
+        }
         // target indices of every copy, then the copies: the last one takes the values
         self.scratch.clear();
         for route in &mut s.routes {

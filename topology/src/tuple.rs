@@ -311,7 +311,7 @@ impl Tuple {
     /// A bytes field (cheap clone of the shared buffer).
     pub fn get_bytes(&self, field: &str) -> Result<Bytes, TupleError> {
         match self.get(field)? {
-            Value::Bytes(b) => Ok(b.clone()),
+            Value::Bytes(b) => Ok(Bytes::clone(b)),
             v => Err(self.mismatch(field, "bytes", v)),
         }
     }

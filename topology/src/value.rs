@@ -8,6 +8,9 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 
 /// One field value of a tuple. Cheap to clone: strings are `Arc<str>`, byte strings [`Bytes`].
+///
+/// 24 bytes: byte strings are boxed so that the common variants (numbers, strings) keep tuples
+/// small; building one from [`Bytes`] or `Vec<u8>` goes through `Value::from`.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub enum Value {
     /// No value.
@@ -23,8 +26,8 @@ pub enum Value {
     Float(f64),
     /// A UTF-8 string.
     Str(Arc<str>),
-    /// Raw bytes.
-    Bytes(Bytes),
+    /// Raw bytes (boxed: keeps `Value` at 24 bytes).
+    Bytes(Box<Bytes>),
 }
 
 impl Value {
@@ -110,8 +113,8 @@ from_impl! {
     Arc<str> => Str via |v| v,
     &str => Str via Arc::from,
     String => Str via Arc::from,
-    Bytes => Bytes via |v| v,
-    Vec<u8> => Bytes via Bytes::from,
+    Bytes => Bytes via Box::new,
+    Vec<u8> => Bytes via |v: Vec<u8>| Box::new(Bytes::from(v)),
 }
 
 impl<T: Into<Value>> From<Option<T>> for Value {
@@ -197,6 +200,12 @@ mod tests {
         let w: Values = ["x", "y"].into();
         assert_eq!(w.len(), 2);
         assert_eq!(format!("{}", w[1]), "y");
+    }
+
+    #[test]
+    fn value_is_small() {
+        assert_eq!(std::mem::size_of::<Value>(), 24);
+        assert_eq!(std::mem::size_of::<crate::Tuple>(), 88);
     }
 
     #[test]

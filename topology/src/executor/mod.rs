@@ -23,7 +23,7 @@ use crate::acker::AckBatch;
 use crate::builder::{Kind, Topology};
 use crate::component::{ComponentError, TaskContext, Wakeup};
 use crate::config::{ConfigError, TopologyConfig};
-use crate::grouping::RouteContext;
+use crate::grouping::{AnyRouter, RouteContext};
 use crate::metrics::{ComponentKind, MetricsRegistry, TaskMetrics};
 use crate::output::{Envelope, OutStream, Outbox, Route, Target};
 use crate::tuple::StreamMeta;
@@ -261,7 +261,8 @@ pub(crate) fn start(
                         .filter(|(s, _, _)| *s == si)
                         .map(|(_, b, g)| Route {
                             consumer: comps[*b].id.clone(),
-                            router: g.router(
+                            router: AnyRouter::new(
+                                &**g,
                                 fields,
                                 RouteContext { source_task: task, target_tasks: comps[*b].parallelism },
                             ),
