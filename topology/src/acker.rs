@@ -183,9 +183,15 @@ impl<M> PendingTrees<M> {
 
     /// XORs an update into a root; returns the message id when the tree completes.
     pub fn apply(&mut self, root: u64, xor: u64) -> Option<M> {
-        let e = self.entries.get_mut(&root)?;
-        e.xor ^= xor;
-        if e.xor == 0 { self.entries.remove(&root).map(|e| e.msg) } else { None }
+        // one lookup: the entry is removed through the same slot when the tree completes
+        match self.entries.entry(root) {
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                let e = o.get_mut();
+                e.xor ^= xor;
+                if e.xor == 0 { Some(o.remove().msg) } else { None }
+            }
+            std::collections::hash_map::Entry::Vacant(_) => None,
+        }
     }
 
     /// Fails a root; returns its message id if it was still pending.

@@ -45,7 +45,7 @@ impl Value {
     }
 
     /// Feeds the value into a hasher; used by fields grouping. Stable within one build.
-    #[inline]
+    #[inline(always)]
     pub fn hash_into<H: Hasher>(&self, h: &mut H) {
         match self {
             Value::Null => h.write_u8(0),
