@@ -135,6 +135,7 @@ impl Values {
     }
 
     /// Appends a value.
+    #[inline]
     pub fn push(&mut self, v: impl Into<Value>) {
         self.0.push(v.into());
     }
@@ -142,6 +143,7 @@ impl Values {
 
 impl std::ops::Deref for Values {
     type Target = [Value];
+    #[inline]
     fn deref(&self) -> &[Value] {
         &self.0
     }
