@@ -176,8 +176,18 @@ impl<M> PendingTrees<M> {
         // Acked roots leave stale deadline records behind; compact so memory stays bounded by
         // the number of pending trees.
         if self.deadlines.len() > 2 * self.entries.len() + 64 {
-            let entries = &self.entries;
-            self.deadlines.retain(|(d, r)| entries.get(r).is_some_and(|e| e.deadline == *d));
+            // Trees mostly complete in emit order: drop the stale records at the front first
+            // (one lookup each), and scan the whole queue only when that is not enough.
+            while let Some(&(d, r)) = self.deadlines.front() {
+                if self.entries.get(&r).is_some_and(|e| e.deadline == d) {
+                    break;
+                }
+                self.deadlines.pop_front();
+            }
+            if self.deadlines.len() > self.entries.len() + self.entries.len() / 2 + 64 {
+                let entries = &self.entries;
+                self.deadlines.retain(|(d, r)| entries.get(r).is_some_and(|e| e.deadline == *d));
+            }
         }
     }
 
