@@ -129,11 +129,16 @@ pub(super) async fn activate(cli: &Cli, topology: &str, active: bool) -> anyhow:
 }
 
 async fn wait_no_leases(admin: &Admin, topology: &str, wait: Duration) -> anyhow::Result<bool> {
+    // One session per stream for the whole wait, not one per poll.
+    let mut stores = Vec::new();
+    for stream in admin.streams(topology).await? {
+        stores.push(admin.store(topology, &stream).await?);
+    }
     let start = Instant::now();
     loop {
         let mut held = 0;
-        for stream in admin.streams(topology).await? {
-            held += admin.store(topology, &stream).await?.shard_owners().await?.len();
+        for store in &stores {
+            held += store.shard_owners().await?.len();
         }
         if held == 0 {
             return Ok(true);

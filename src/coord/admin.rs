@@ -28,17 +28,21 @@ impl Admin {
         format!("{}/topologies", self.cfg.root)
     }
 
-    /// Topology names under the root, sorted.
-    pub async fn topologies(&self) -> Result<Vec<String>, CoordError> {
-        let dir = self.topologies_dir();
-        match self.client.list_children(&dir).await {
+    /// The children of `dir`, sorted; none when it does not exist.
+    async fn list_sorted(&self, dir: &str) -> Result<Vec<String>, CoordError> {
+        match self.client.list_children(dir).await {
             Ok(mut v) => {
                 v.sort();
                 Ok(v)
             }
             Err(zk::Error::NoNode) => Ok(Vec::new()),
-            Err(e) => Err(CoordError::zk(&dir, "list", e)),
+            Err(e) => Err(CoordError::zk(dir, "list", e)),
         }
+    }
+
+    /// Topology names under the root, sorted.
+    pub async fn topologies(&self) -> Result<Vec<String>, CoordError> {
+        self.list_sorted(&self.topologies_dir()).await
     }
 
     /// The streams a topology reads, sorted; [`CoordError::UnknownTopology`] when it does not exist.
@@ -50,15 +54,7 @@ impl Admin {
             Ok(None) => return Err(CoordError::UnknownTopology { topology: topology.to_string(), path: topo }),
             Err(e) => return Err(CoordError::zk(&topo, "stat", e)),
         }
-        let dir = format!("{topo}/streams");
-        match self.client.list_children(&dir).await {
-            Ok(mut v) => {
-                v.sort();
-                Ok(v)
-            }
-            Err(zk::Error::NoNode) => Ok(Vec::new()),
-            Err(e) => Err(CoordError::zk(&dir, "list", e)),
-        }
+        self.list_sorted(&format!("{topo}/streams")).await
     }
 
     /// A store for one stream of an existing topology (its own session).

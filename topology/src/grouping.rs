@@ -334,16 +334,9 @@ impl Hasher for KeyHasher {
         // the tail, without a variable-length copy: overlapping loads cover every byte, and the
         // length is mixed in
         let n = b.len();
-        let tail = if n >= 4 {
-            let lo = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            let hi = u32::from_le_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]);
-            u64::from(lo) | (u64::from(hi) << 32)
-        } else if n > 0 {
-            u64::from(b[0]) | (u64::from(b[n / 2]) << 8) | (u64::from(b[n - 1]) << 16)
-        } else {
-            return;
-        };
-        self.add(tail ^ ((n as u64) << 59));
+        if n > 0 {
+            self.add(crate::tuple::short_key(b) ^ ((n as u64) << 59));
+        }
     }
     #[inline]
     fn write_u8(&mut self, i: u8) {

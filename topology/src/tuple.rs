@@ -27,9 +27,15 @@ struct Field {
 #[inline]
 fn name_key(b: &[u8]) -> u64 {
     let n = b.len();
-    if n >= 8 {
-        u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
-    } else if n >= 4 {
+    if n >= 8 { u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) } else { short_key(b) }
+}
+
+/// A key of up to 7 bytes without a variable-length copy: two overlapping 4-byte loads for 4..=7
+/// bytes, first/middle/last byte below that, 0 for none. Shared with the grouping hash's tail.
+#[inline(always)]
+pub(crate) fn short_key(b: &[u8]) -> u64 {
+    let n = b.len();
+    if n >= 4 {
         let lo = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         let hi = u32::from_le_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]);
         u64::from(lo) | (u64::from(hi) << 32)
