@@ -1,8 +1,18 @@
 //! Squall: Storm-style topologies over Amazon Kinesis, coordinated through ZooKeeper.
 //!
+//! Workers are plain processes running a whole topology; they share nothing but ZooKeeper, which
+//! spreads the stream's shards over every live spout task. See ARCHITECTURE.md for the data path
+//! and the ZooKeeper layout, and [`worker`] for a runnable example.
+//!
 //! Layout:
-//! - [`topology`]: the engine (re-export of `squall-topology`): spouts, bolts, groupings, acking.
+//! - [`topology`]: the engine (re-export of `squall-topology`): spouts, bolts, groupings, acking,
+//!   watermarks, drain, windows.
+//! - [`spout`]: the Kinesis spout: per-task coordinator (leases, assignment, fenced checkpoints,
+//!   resharding), shard readers, in-flight tracking, low watermarks.
+//! - [`coord`]: ZooKeeper access: layout, task registry, shard list, checkpoints, leases, watches.
+//! - [`worker`]: [`run`] and [`WorkerArgs`], the entry point of user worker binaries.
 //! - [`kinesis`]: Kinesis client construction, shard listing, stream helpers and the test producer.
+//! - [`audit`]: delivery logs and the produced/delivered/lost/duplicates/order comparison.
 //! - [`cli`]: the `squall` command line.
 //! - [`logging`]: tracing set-up for binaries and workers.
 

@@ -15,6 +15,7 @@
 //! - `executor` (private): one tokio task per component instance, bounded channels, backpressure.
 //! - [`metrics`]: per-component counters ([`TopologyMetrics`]).
 //! - [`local`]: the in-process runner, [`run_local`] / [`LocalCluster`] and [`RunningTopology`].
+//! - [`window`]: event-time tumbling windows fired by the low watermark.
 //!
 //! # Example
 //!
