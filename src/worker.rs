@@ -70,7 +70,7 @@ pub struct WorkerArgs {
     /// Spout tasks in this worker.
     #[arg(long, env = "SQUALL_SPOUT_TASKS", default_value_t = 1)]
     pub spout_tasks: usize,
-    /// Initial position at the topology's first start: trim-horizon, latest, at-timestamp:<ms>.
+    /// Initial position at the topology's first start: trim-horizon, latest, at-timestamp:MILLIS.
     #[arg(long, env = "SQUALL_INITIAL_POSITION", default_value = "trim-horizon")]
     pub initial_position: InitialPosition,
     /// Message timeout in milliseconds (a tuple not fully acked by then is failed and replayed).

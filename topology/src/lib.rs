@@ -4,7 +4,7 @@
 //! # Layout
 //!
 //! - [`value`]: [`Value`] and [`Values`], the dynamically typed fields of a tuple.
-//! - [`tuple`]: [`Tuple`], [`Fields`], typed accessors and [`TupleError`].
+//! - [`tuple`](mod@tuple): [`Tuple`], [`Fields`], typed accessors and [`TupleError`].
 //! - [`component`]: the [`Spout`] and [`Bolt`] traits, [`TaskContext`], [`Watermark`],
 //!   [`ComponentError`].
 //! - [`output`]: [`SpoutOutput`] and [`BoltOutput`], where components emit; [`AckHandle`].
