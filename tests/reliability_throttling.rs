@@ -40,8 +40,20 @@ async fn throttling_500s_resets_and_latency_lose_nothing() {
     let mut w2 = cluster.start_with("w2", 1, &["--endpoint", &url]);
 
     let producer = spawn_producer(&s.client, &s.label(), &s.name, 2400, 30, 240.0);
-    // Heavy faults for 8 s, light faults for 8 s, then none.
+    // Heavy faults for at least 8 s and until enough of each kind reached the workers (how many
+    // requests the workers make depends on their back-off and idle polling), light faults for
+    // 8 s, then none.
+    let heavy_start = Instant::now();
     tokio::time::sleep(Duration::from_secs(8)).await;
+    loop {
+        let c = proxy.counters();
+        if (c.throttled > 20 && c.server_errors > 5 && c.resets > 5 && c.delayed > 5)
+            || heavy_start.elapsed() > Duration::from_secs(40)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let after_heavy = proxy.counters();
     proxy.set_plan(FaultPlan {
         throttle: 0.10,
