@@ -29,9 +29,12 @@ use std::time::Duration;
 use anyhow::Context;
 use squall_topology::{TopologyBuilder, TopologyConfig, run_local};
 
-use crate::coord::{ChangeEvent, CoordError, Lifecycle, ShardRuntime, TopologyState, WorkerStatus, ZkStore, now_ms};
+use crate::coord::{
+    ChangeEvent, CoordError, Health, Lifecycle, ShardRuntime, SharedSession, TopologyState, WatchOn, WorkerStatus,
+    ZkStore, now_ms,
+};
 use crate::kinesis::KinesisEndpoint;
-use crate::spout::{InitialPosition, KinesisSpout, KinesisSpoutConfig, SpoutRegistry, WorkerIdentity};
+use crate::spout::{InitialPosition, KinesisSpout, KinesisSpoutConfig, SpoutRegistry, SpoutShared, WorkerIdentity};
 
 /// The component id of the Kinesis spout that [`run`] declares.
 pub const SPOUT_ID: &str = "kinesis";
@@ -55,6 +58,10 @@ pub struct WorkerArgs {
     /// ZooKeeper session timeout in milliseconds (a crashed worker's shards move after it).
     #[arg(long, env = "SQUALL_ZK_SESSION_TIMEOUT_MS", default_value_t = 10_000)]
     pub zk_session_timeout_ms: u64,
+    /// After its ZooKeeper session expired, how long the worker tries to build a new one before it
+    /// gives up and exits with an error (non-zero), so that its supervisor restarts it.
+    #[arg(long, env = "SQUALL_ZK_GIVE_UP_AFTER_MS", default_value_t = 120_000)]
+    pub zk_give_up_after_ms: u64,
     /// ZooKeeper digest-auth user (optional).
     #[arg(long, env = "SQUALL_ZK_USER")]
     pub zk_user: Option<String>,
@@ -160,23 +167,25 @@ where
     let identity = WorkerIdentity::current();
     let since = now_ms();
 
-    // The worker's own session: lifecycle state, and its status znode.
-    let store = ZkStore::connect(&zk, &args.topology, &args.stream)
+    // One ZooKeeper session for the whole worker: its lifecycle loop and every spout task.
+    let session = SharedSession::connect(&zk, Duration::from_millis(args.zk_give_up_after_ms))
         .await
         .map_err(|e| anyhow::anyhow!("worker of topology {}: {e}", args.topology))?;
+    let mut store = open_store(&session, &args).await?;
     let state = ensure_deployment(&store).await?;
     tracing::info!(topology = %args.topology, state = ?state.state, deployment = %state.deployment_id, "deployment");
     topo_cfg.start_active = state.state != Lifecycle::Inactive;
 
     let registry = SpoutRegistry::default();
     let mut builder = TopologyBuilder::new(args.topology.clone());
-    KinesisSpout::declare_with_registry(
+    KinesisSpout::declare_shared(
         &mut builder,
         SPOUT_ID,
         args.spout_tasks,
         spout_cfg,
         identity.clone(),
         registry.clone(),
+        SpoutShared::with_session(session.clone()),
     );
     build(&mut builder, SPOUT_ID);
     let topology = builder.build().map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -185,15 +194,18 @@ where
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
-    let mut events = store.watch().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut events = Some(store.watch(&[WatchOn::State, WatchOn::Drain]).await.map_err(|e| anyhow::anyhow!("{e}"))?);
+    let mut sessions = session.subscribe();
+    let mut generation = session.current().generation;
     let mut publish = tokio::time::interval(Duration::from_secs(2));
     publish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut published: Option<(WorkerStatus, std::time::Instant)> = None;
     let deployment = state.deployment_id.clone();
     let mut last_state = state.state;
     let mut wait = Duration::from_millis(args.message_timeout_ms);
     let status = |running: &squall_topology::RunningTopology| worker_status(&identity, since, &registry, running);
-    let mut store = store;
     let mut draining = false;
+    let mut failure: Option<String> = None;
     check_drain(&store, &running, &deployment, &mut draining).await;
     let stop_reason = loop {
         tokio::select! {
@@ -201,7 +213,8 @@ where
                 if draining && r.is_ok() {
                     finish_drain(&store, &identity.worker_id, &deployment).await;
                     drop(events);
-                    store.close_gracefully().await;
+                    drop(store);
+                    session.close().await;
                     tracing::info!(topology = %args.topology, "drained: every in-flight tuple acked, checkpoints written; worker stopped");
                     return Ok(());
                 }
@@ -210,41 +223,59 @@ where
             _ = tokio::signal::ctrl_c() => break "SIGINT",
             _ = term.recv() => break "SIGTERM",
             _ = publish.tick() => {
-                if let Err(e) = store.publish_worker(&status(&running)).await {
-                    tracing::debug!(error = %e, "publishing the worker status failed");
+                // Publish when something changed, and at least every 30 s: an idle worker costs
+                // ZooKeeper almost nothing.
+                let now = status(&running);
+                let due = published.as_ref().is_none_or(|(prev, at)| {
+                    at.elapsed() >= Duration::from_secs(30) || !same_status(prev, &now)
+                });
+                if due {
+                    match store.publish_worker(&now).await {
+                        Ok(()) => published = Some((now, std::time::Instant::now())),
+                        Err(e) => tracing::debug!(error = %e, "publishing the worker status failed"),
+                    }
                 }
             }
-            ev = events.recv() => match ev {
+            r = sessions.changed() => {
+                if r.is_err() { break "ZooKeeper session closed"; }
+                let v = sessions.borrow_and_update().clone();
+                if let Health::Failed(msg) = &v.health {
+                    failure = Some(msg.clone());
+                    break "ZooKeeper unreachable";
+                }
+                if v.generation != generation {
+                    if let Some(s) = v.session.clone() {
+                        // A new session after expiry: watch again and re-read what we obey.
+                        match reopen(s, &args).await {
+                            Ok((s, ev)) => {
+                                store = s;
+                                events = Some(ev);
+                                generation = v.generation;
+                                published = None;
+                                check_drain(&store, &running, &deployment, &mut draining).await;
+                                if let Some(reason) =
+                                    obey_state(&store, &running, &deployment, &mut last_state, &mut wait).await
+                                {
+                                    break reason;
+                                }
+                            }
+                            Err(e) => tracing::warn!(error = %e, "watching the topology state on the new session failed; retrying"),
+                        }
+                    }
+                }
+            }
+            ev = recv_opt(&mut events) => match ev {
                 Some(ChangeEvent::Drain) => check_drain(&store, &running, &deployment, &mut draining).await,
                 Some(ChangeEvent::State) | Some(ChangeEvent::Reconnected) => {
                     check_drain(&store, &running, &deployment, &mut draining).await;
-                    let Ok(Some(st)) = store.read_state().await else { continue };
-                    let st = st.value;
-                    if st.deployment_id != deployment {
-                        tracing::info!(deployment = %st.deployment_id, "a new deployment started; this worker leaves");
-                        break "a new deployment";
-                    }
-                    if st.state == last_state {
-                        continue;
-                    }
-                    tracing::info!(from = ?last_state, to = ?st.state, "topology state changed");
-                    last_state = st.state;
-                    match st.state {
-                        Lifecycle::Active => { let _ = running.activate().await; }
-                        Lifecycle::Inactive => { let _ = running.deactivate().await; }
-                        Lifecycle::Killed => {
-                            if let Some(ms) = st.kill_wait_ms { wait = Duration::from_millis(ms); }
-                            break "squall kill";
-                        }
-                        Lifecycle::Draining | Lifecycle::Drained => {}
+                    if let Some(reason) = obey_state(&store, &running, &deployment, &mut last_state, &mut wait).await {
+                        break reason;
                     }
                 }
                 Some(ChangeEvent::SessionLost) | None => {
-                    tracing::warn!("the worker's ZooKeeper session was lost; reconnecting");
-                    match reconnect(&zk, &args).await {
-                        Some((s, ev)) => { store = s; events = ev; }
-                        None => break "ZooKeeper unreachable",
-                    }
+                    tracing::warn!("the worker's ZooKeeper session was lost; waiting for the new one");
+                    // Parked until the session monitor publishes the next generation.
+                    events = None;
                 }
                 Some(_) => {}
             },
@@ -253,10 +284,83 @@ where
     tracing::info!(reason = stop_reason, ?wait, "stopping: deactivating, waiting for in-flight tuples");
     let stopped = running.kill(wait).await;
     drop(events);
-    store.close_gracefully().await;
+    drop(store);
+    session.close().await;
+    if let Some(msg) = failure {
+        anyhow::bail!("worker of topology {} stopped: {msg}", args.topology);
+    }
     stopped.map_err(|e| anyhow::anyhow!("stopping topology {}: {e}", args.topology))?;
     tracing::info!(topology = %args.topology, "worker stopped");
     Ok(())
+}
+
+async fn recv_opt(rx: &mut Option<tokio::sync::mpsc::Receiver<ChangeEvent>>) -> Option<ChangeEvent> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn open_store(session: &SharedSession, args: &WorkerArgs) -> anyhow::Result<ZkStore> {
+    let Some(s) = session.current().session else {
+        anyhow::bail!("no ZooKeeper session for topology {}", args.topology);
+    };
+    ZkStore::open(s, &args.zk_root, &args.topology, &args.stream)
+        .await
+        .map_err(|e| anyhow::anyhow!("worker of topology {}: {e}", args.topology))
+}
+
+async fn reopen(
+    session: std::sync::Arc<crate::coord::ZkSession>,
+    args: &WorkerArgs,
+) -> Result<(ZkStore, tokio::sync::mpsc::Receiver<ChangeEvent>), CoordError> {
+    let store = ZkStore::open(session, &args.zk_root, &args.topology, &args.stream).await?;
+    let events = store.watch(&[WatchOn::State, WatchOn::Drain]).await?;
+    Ok((store, events))
+}
+
+/// Reads the lifecycle state and obeys it. Returns why to stop, if it says to.
+async fn obey_state(
+    store: &ZkStore,
+    running: &squall_topology::RunningTopology,
+    deployment: &str,
+    last_state: &mut Lifecycle,
+    wait: &mut Duration,
+) -> Option<&'static str> {
+    let Ok(Some(st)) = store.read_state().await else { return None };
+    let st = st.value;
+    if st.deployment_id != deployment {
+        tracing::info!(deployment = %st.deployment_id, "a new deployment started; this worker leaves");
+        return Some("a new deployment");
+    }
+    if st.state == *last_state {
+        return None;
+    }
+    tracing::info!(from = ?last_state, to = ?st.state, "topology state changed");
+    *last_state = st.state;
+    match st.state {
+        Lifecycle::Active => {
+            let _ = running.activate().await;
+        }
+        Lifecycle::Inactive => {
+            let _ = running.deactivate().await;
+        }
+        Lifecycle::Killed => {
+            if let Some(ms) = st.kill_wait_ms {
+                *wait = Duration::from_millis(ms);
+            }
+            return Some("squall kill");
+        }
+        Lifecycle::Draining | Lifecycle::Drained => {}
+    }
+    None
+}
+
+/// Equal but for the time of the snapshot.
+fn same_status(a: &WorkerStatus, b: &WorkerStatus) -> bool {
+    let mut b = b.clone();
+    b.updated_at_ms = a.updated_at_ms;
+    *a == b
 }
 
 /// Obeys a drain notification of this deployment (once); ignores one of another deployment.
@@ -320,21 +424,6 @@ async fn finish_drain(store: &ZkStore, worker_id: &str, deployment: &str) {
     }
 }
 
-async fn reconnect(
-    zk: &crate::coord::ZkConfig,
-    args: &WorkerArgs,
-) -> Option<(ZkStore, tokio::sync::mpsc::Receiver<ChangeEvent>)> {
-    for _ in 0..30 {
-        if let Ok(store) = ZkStore::connect(zk, &args.topology, &args.stream).await {
-            if let Ok(events) = store.watch().await {
-                return Some((store, events));
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    None
-}
-
 /// Reads the lifecycle state, starting a new deployment (ACTIVE, fresh id) when there is none or
 /// the last one was killed or drained.
 pub async fn ensure_deployment(store: &ZkStore) -> anyhow::Result<TopologyState> {
@@ -378,6 +467,8 @@ fn worker_status(
                     millis_behind_latest: st.millis_behind_latest,
                     last_error: st.last_error,
                     records_read: st.records_read,
+                    retryable: st.retryable,
+                    error_since_ms: st.error_since_ms,
                 },
             );
         }

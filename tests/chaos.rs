@@ -52,20 +52,53 @@ impl Chaos {
         out
     }
 
-    /// Waits until no shard is owned by any of `tasks` and every readable shard has an owner;
-    /// returns the time since `since`.
-    async fn wait_moved(&self, tasks: &[String], since: Instant, limit: Duration) -> Duration {
+    /// Waits until every one of `shards` (held by `victims` when they failed at `since_ms`) is
+    /// owned by a live task other than the victims that reads it: an `acquire` in that task's
+    /// read log after `since_ms`, followed by a `records`, `end` or `finish` of the shard. Returns
+    /// the failover times from the read logs, the latest over the shards: to the acquisition (the
+    /// new owner holds the lease and starts reading) and to the first read that came back.
+    async fn wait_reowned(
+        &self,
+        victims: &[String],
+        shards: &[String],
+        since_ms: i64,
+        limit: Duration,
+    ) -> (Duration, Duration) {
+        let start = Instant::now();
         loop {
-            let o = owners(&self.zk, &self.cluster).await;
             let live = live_tasks(&self.zk, &self.cluster).await;
-            if !o.is_empty() && o.values().all(|t| !tasks.contains(t) && live.contains(t)) {
-                let held_before = o.len();
-                if held_before > 0 {
-                    return since.elapsed();
+            let entries = read_log_entries(&self.cluster.read_logs());
+            let mut worst = Some((0i64, 0i64));
+            for shard in shards {
+                let acquired = entries.iter().find(|e| {
+                    e.shard == *shard && e.event == "acquire" && e.t_ms >= since_ms && !victims.contains(&e.task)
+                });
+                let read = acquired.and_then(|a| {
+                    entries.iter().find(|e| {
+                        e.shard == *shard
+                            && e.task == a.task
+                            && e.t_ms >= a.t_ms
+                            && matches!(e.event.as_str(), "records" | "end" | "finish")
+                    })
+                });
+                match (acquired, read) {
+                    (Some(a), Some(r)) if live.contains(&a.task) || r.event == "finish" => {
+                        worst = worst.map(|(o, w)| (o.max(a.t_ms - since_ms), w.max(r.t_ms - since_ms)));
+                    }
+                    _ => worst = None,
                 }
             }
-            assert!(since.elapsed() < limit, "shards of {tasks:?} never moved: {o:?}\n{}", self.cluster.logs());
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            if let Some((owned, read)) = worst {
+                let ms = |v: i64| Duration::from_millis(v.max(0) as u64);
+                return (ms(owned), ms(read));
+            }
+            assert!(
+                start.elapsed() < limit,
+                "shards {shards:?} of {victims:?} were never read by another task: owners {:?}\n{}",
+                owners(&self.zk, &self.cluster).await,
+                self.cluster.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 }
@@ -135,11 +168,17 @@ async fn chaos_splits_merges_sigkill_zombie_and_zookeeper_leader_loss() {
 
     // 2. SIGKILL worker a, start its replacement.
     let a_tasks = chaos.tasks_of(a.pid()).await;
-    let killed = Instant::now();
+    let a_shards: Vec<String> =
+        owners(&chaos.zk, &cluster).await.into_iter().filter(|(_, t)| a_tasks.contains(t)).map(|(s, _)| s).collect();
+    let killed_ms = now_ms();
     a.kill();
     let mut a2 = chaos.start("a2");
-    let sigkill_failover = chaos.wait_moved(&a_tasks, killed, Duration::from_secs(30)).await;
-    mark(format!("SIGKILL a {a_tasks:?}; replaced by a2; its shards re-owned after {sigkill_failover:?}"));
+    let (sigkill_failover, sigkill_read) =
+        chaos.wait_reowned(&a_tasks, &a_shards, killed_ms, Duration::from_secs(60)).await;
+    mark(format!(
+        "SIGKILL a {a_tasks:?} (held {a_shards:?}); replaced by a2; each of its shards owned by another task after \
+         {sigkill_failover:?}, read after {sigkill_read:?}"
+    ));
     tokio::time::sleep(Duration::from_secs(4)).await;
 
     // 3. The zombie: SIGSTOP b past its session timeout, then SIGCONT.
@@ -153,12 +192,14 @@ async fn chaos_splits_merges_sigkill_zombie_and_zookeeper_leader_loss() {
     let b_shards: Vec<String> =
         owners(&chaos.zk, &cluster).await.into_iter().filter(|(_, t)| b_tasks.contains(t)).map(|(s, _)| s).collect();
     let stopped = Instant::now();
+    let stopped_ms = now_ms();
     b.pause();
     // Split a shard of the frozen worker: its children are listed while their parent is unread
     // (a lagging parent), so reading them before the parent finished would be possible now.
     let lagging = b_shards.first().cloned().expect("b held a shard");
     kinesis::split_shard(&s.client, &s.label(), &s.name, &lagging).await.unwrap();
-    let zombie_failover = chaos.wait_moved(&b_tasks, stopped, Duration::from_secs(30)).await;
+    let (zombie_failover, zombie_read) =
+        chaos.wait_reowned(&b_tasks, &b_shards, stopped_ms, Duration::from_secs(60)).await;
     // Its session is gone once its task node is gone (the server expired it).
     let expired_at = loop {
         let live = live_tasks(&chaos.zk, &cluster).await;
@@ -168,7 +209,8 @@ async fn chaos_splits_merges_sigkill_zombie_and_zookeeper_leader_loss() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     };
     mark(format!(
-        "SIGSTOP {} {b_tasks:?} (held {b_shards:?}), split {lagging} meanwhile; re-owned by others after {zombie_failover:?}",
+        "SIGSTOP {} {b_tasks:?} (held {b_shards:?}), split {lagging} meanwhile; each of its shards owned by another task \
+         after {zombie_failover:?}, read after {zombie_read:?}",
         b.name
     ));
     let stop_for = Duration::from_millis(SESSION_MS * 8 / 5);
@@ -244,14 +286,12 @@ async fn chaos_splits_merges_sigkill_zombie_and_zookeeper_leader_loss() {
         .map(|o| format!("{} v{} by {:?} at {}", o.shard, o.version, o.cp.writer, o.mtime_ms))
         .collect();
     let b_log = b.log_text();
-    let refused = b_log
+    // Every shard the zombie held when it froze: one refused checkpoint write each once it resumed.
+    let refused: BTreeSet<&str> = b_log
         .lines()
-        .filter(|l| {
-            l.contains("checkpoint refused")
-                || l.contains("fenced")
-                || (l.contains("coordination step failed") && (l.contains("session") || l.contains("connection")))
-        })
-        .count();
+        .filter(|l| l.contains("checkpoint refused"))
+        .flat_map(|l| b_shards.iter().filter(|s| l.contains(s.as_str())).map(String::as_str))
+        .collect();
     let zombie_reads: Vec<String> = entries
         .iter()
         .filter(|e| e.event == "records" && b_tasks.contains(&e.task) && e.t_ms >= resumed_at)
@@ -269,15 +309,17 @@ async fn chaos_splits_merges_sigkill_zombie_and_zookeeper_leader_loss() {
         by_shard.len()
     );
     eprintln!(
-        "zombie: refused/failed write attempts in its log: {refused}; accepted after expiry: {}; reads after resume: {}",
+        "zombie: shards whose checkpoint write was refused after it resumed: {refused:?} of {b_shards:?}; accepted after expiry: {}; reads after resume: {}",
         zombie_writes.len(),
         zombie_reads.len()
     );
     eprintln!(
-        "RELIABILITY chaos: {} sigkill_failover_ms={} zombie_failover_ms={} zk_election_ms={} zk_progress_ms={} total_s={:.0}",
+        "RELIABILITY chaos: {} sigkill_failover_ms={} sigkill_read_ms={} zombie_failover_ms={} zombie_read_ms={} zk_election_ms={} zk_progress_ms={} total_s={:.0}",
         serde_json::to_string(&report).unwrap(),
         sigkill_failover.as_millis(),
+        sigkill_read.as_millis(),
         zombie_failover.as_millis(),
+        zombie_read.as_millis(),
         election.as_millis(),
         progress.as_millis(),
         t_start.elapsed().as_secs_f64()
@@ -289,10 +331,20 @@ async fn chaos_splits_merges_sigkill_zombie_and_zookeeper_leader_loss() {
     assert!(back.is_empty(), "checkpoints moved backwards: {back:#?}");
     assert!(checkpoint_versions > 50, "too few checkpoint versions observed ({checkpoint_versions}) to prove anything");
     assert!(zombie_writes.is_empty(), "the zombie's checkpoint writes were accepted: {zombie_writes:#?}");
+    assert!(
+        !refused.is_empty(),
+        "the zombie held {b_shards:?} but no checkpoint write of it was refused after it resumed\n{b_log}"
+    );
+    assert!(zombie_reads.is_empty(), "the zombie handed on records after it resumed: {zombie_reads:#?}");
     assert!(violations.is_empty(), "read-log violations: {violations:#?}");
     assert!(b_log.contains("ZooKeeper session lost"), "the zombie never noticed its session expired\n{b_log}");
     let bounded = Duration::from_millis(SESSION_MS) + Duration::from_secs(3);
-    assert!(sigkill_failover <= bounded && zombie_failover <= bounded, "failover too slow");
+    // Re-ownership follows the session expiry, not a slower safety net; when the first read comes
+    // back depends on the Kinesis engine's load, so it is reported, not bounded.
+    assert!(
+        sigkill_failover <= bounded && zombie_failover <= bounded,
+        "shards re-owned too slowly: {sigkill_failover:?} / {zombie_failover:?} (session timeout {SESSION_MS} ms)"
+    );
 
     for w in [&mut a2, &mut b, &mut c] {
         assert!(w.is_running(), "{} died\n{}", w.name, w.log_text());

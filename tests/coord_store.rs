@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use squall::coord::{
-    Acquire, ChangeEvent, Checkpoint, CheckpointPosition, CoordError, Lease, Lifecycle, SessionAlarm, SessionStatus,
-    ShardList, ShardRecord, TaskInfo, TopologyState, ZkAuth, ZkConfig, ZkStore, assign, leader, readable_shards,
+    Acquire, Assignment, ChangeEvent, Checkpoint, CheckpointPosition, CoordError, Lease, Lifecycle, SessionAlarm,
+    SessionStatus, ShardList, ShardRecord, TaskInfo, TopologyState, Versioned, WatchOn, ZkAuth, ZkConfig, ZkStore,
+    assign, leader, readable_shards,
 };
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -118,8 +119,13 @@ fn shard(id: &str, parent: Option<&str>) -> ShardRecord {
     }
 }
 
+/// The lease holder name a test store acts as: one per session, like a task.
+fn holder(store: &ZkStore) -> String {
+    format!("task-{}", store.session_name().trim_start_matches("0x"))
+}
+
 async fn acquired(store: &ZkStore, shard_id: &str) -> Lease {
-    match store.try_acquire(shard_id).await.expect("try_acquire") {
+    match store.try_acquire(shard_id, &holder(store)).await.expect("try_acquire") {
         Acquire::Acquired(lease) => lease,
         other => panic!("expected to acquire {shard_id}, got {other:?}"),
     }
@@ -129,7 +135,7 @@ async fn acquired(store: &ZkStore, shard_id: &str) -> Lease {
 async fn acquire_within(store: &ZkStore, shard_id: &str, within: Duration) -> Lease {
     let deadline = Instant::now() + within;
     loop {
-        match store.try_acquire(shard_id).await.expect("try_acquire") {
+        match store.try_acquire(shard_id, &holder(store)).await.expect("try_acquire") {
             Acquire::Acquired(lease) => return lease,
             Acquire::HeldBy { .. } if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
             held => panic!("still {held:?} after {within:?}"),
@@ -295,7 +301,8 @@ async fn leases_are_exclusive_and_pass_on_release_and_session_close() {
     let shard_id = "shardId-000000000007";
 
     for round in 0..3 {
-        let (ra, rb) = tokio::join!(a.try_acquire(shard_id), b.try_acquire(shard_id));
+        let (ha, hb) = (holder(&a), holder(&b));
+        let (ra, rb) = tokio::join!(a.try_acquire(shard_id, &ha), b.try_acquire(shard_id, &hb));
         let (ra, rb) = (ra.unwrap(), rb.unwrap());
         let (winner, lease, loser) = match (&ra, &rb) {
             (Acquire::Acquired(l), Acquire::HeldBy { .. }) => (&a, l.clone(), rb.clone()),
@@ -303,8 +310,8 @@ async fn leases_are_exclusive_and_pass_on_release_and_session_close() {
             _ => panic!("round {round}: exactly one must acquire: {ra:?} {rb:?}"),
         };
         assert_eq!(loser, Acquire::HeldBy { shard_id: shard_id.into(), holder_path: lease.path.clone() });
-        // The same session acquiring again gets its existing lease back.
-        assert_eq!(winner.try_acquire(shard_id).await.unwrap(), Acquire::Acquired(lease.clone()));
+        // The same holder acquiring again gets its existing lease back.
+        assert_eq!(winner.try_acquire(shard_id, &holder(winner)).await.unwrap(), Acquire::Acquired(lease.clone()));
         // Only the holder's lease node remains (losers deleted theirs).
         let raw = raw_client().await;
         assert_eq!(raw.list_children(&a.paths().owner_dir(shard_id)).await.unwrap().len(), 1);
@@ -314,10 +321,16 @@ async fn leases_are_exclusive_and_pass_on_release_and_session_close() {
 
     // After release the other one acquires.
     let la = acquired(&a, shard_id).await;
-    assert!(matches!(b.try_acquire(shard_id).await.unwrap(), Acquire::HeldBy { .. }));
+    let raw = raw_client().await;
+    let before = raw.get_children(&a.paths().owner_dir(shard_id)).await.unwrap().1.cversion;
+    assert!(matches!(b.try_acquire(shard_id, &holder(&b)).await.unwrap(), Acquire::HeldBy { .. }));
+    let after = raw.get_children(&a.paths().owner_dir(shard_id)).await.unwrap().1.cversion;
+    assert_eq!(before, after, "a shard seen held is answered without creating or deleting anything");
     a.release(la).await.unwrap();
     let _lb = acquired(&b, shard_id).await;
-    assert!(matches!(a.try_acquire(shard_id).await.unwrap(), Acquire::HeldBy { .. }));
+    assert!(matches!(a.try_acquire(shard_id, &holder(&a)).await.unwrap(), Acquire::HeldBy { .. }));
+    // Two holders on one session (two tasks of one worker) never pass for each other.
+    assert!(matches!(b.try_acquire(shard_id, "task-sibling").await.unwrap(), Acquire::HeldBy { .. }));
 
     // When the holder's session closes, the other acquires.
     b.close();
@@ -334,14 +347,15 @@ async fn zombie_writes_are_fenced_after_session_expiry() {
     cfg_a.connect = proxy.addr.clone();
     let a = ZkStore::connect(&cfg_a, TOPOLOGY, STREAM).await.unwrap();
     let b = root.store().await;
-    let mut watch_a = a.watch().await.unwrap();
+    let mut watch_a = a.watch(&[WatchOn::Tasks]).await.unwrap();
     let mut session_a = a.session_state();
     assert_eq!(session_a.current(), SessionStatus::Connected);
 
     let lease_a = acquired(&a, shard_id).await;
-    let v0 = a.init_checkpoint(shard_id, &Checkpoint::at(CheckpointPosition::TrimHorizon, 1)).await.unwrap().version;
-    let v1 = a.write_checkpoint(&lease_a, &after("100", 0), v0).await.unwrap();
-    assert_eq!(v1, v0 + 1);
+    let c0 = a.init_checkpoint(shard_id, &Checkpoint::at(CheckpointPosition::TrimHorizon, 1)).await.unwrap();
+    let v1 = a.write_checkpoint(&lease_a, &after("100", 0), &c0).await.unwrap();
+    assert_eq!(v1, c0.version + 1);
+    let c1 = Versioned { value: after("100", 0), version: v1 };
 
     // Network partition: A is cut off; its session expires on the server, its lease vanishes.
     proxy.cut();
@@ -357,12 +371,12 @@ async fn zombie_writes_are_fenced_after_session_expiry() {
     // A's client notices the expiry itself (about 1.4 x timeout) and says so everywhere.
     expect_event(&mut watch_a, &ChangeEvent::SessionLost, Duration::from_secs(10)).await;
     assert_eq!(session_a.current(), SessionStatus::Expired);
-    let err = a.write_checkpoint(&lease_a, &after("150", 0), v1).await.unwrap_err();
+    let err = a.write_checkpoint(&lease_a, &after("150", 0), &c1).await.unwrap_err();
     assert!(err.is_session_lost(), "{err:?}");
 
     // The zombie comes back with a new session but still holds its old lease: fenced.
     let a_again = root.store().await;
-    let err = a_again.write_checkpoint(&lease_a, &after("150", 0), v1).await.unwrap_err();
+    let err = a_again.write_checkpoint(&lease_a, &after("150", 0), &c1).await.unwrap_err();
     match &err {
         CoordError::Fenced { shard_id: s, lease_path } => assert!(s == shard_id && *lease_path == lease_a.path),
         other => panic!("expected Fenced, got {other:?}"),
@@ -372,27 +386,36 @@ async fn zombie_writes_are_fenced_after_session_expiry() {
 
     // B, the new owner, resumes and writes.
     let current = b.read_checkpoint(shard_id).await.unwrap().unwrap();
-    let v2 = b.write_checkpoint(&lease_b, &after("200", 0), current.version).await.unwrap();
-    let v3 = b.write_checkpoint(&lease_b, &after(REAL_SEQ, 0), v2).await.unwrap();
+    let v2 = b.write_checkpoint(&lease_b, &after("200", 0), &current).await.unwrap();
+    let c2 = Versioned { value: after("200", 0), version: v2 };
+    let v3 = b.write_checkpoint(&lease_b, &after(REAL_SEQ, 0), &c2).await.unwrap();
+    let c3 = Versioned { value: after(REAL_SEQ, 0), version: v3 };
     // Stale checkpoint version.
-    let err = b.write_checkpoint(&lease_b, &after(REAL_SEQ, 5), v2).await.unwrap_err();
+    let err = b.write_checkpoint(&lease_b, &after(REAL_SEQ, 5), &c2).await.unwrap_err();
     assert!(
         matches!(&err, CoordError::VersionConflict { path, .. } if path == &b.paths().checkpoint(shard_id)),
         "{err:?}"
     );
     // Backwards (the 19-digit sentinel is numerically below a real 56-digit sequence).
-    let err = b.write_checkpoint(&lease_b, &after("9223372036854775807", 0), v3).await.unwrap_err();
+    let err = b.write_checkpoint(&lease_b, &after("9223372036854775807", 0), &c3).await.unwrap_err();
     assert!(matches!(err, CoordError::CheckpointBackwards { .. }), "{err:?}");
-    let err = b.write_checkpoint(&lease_b, &Checkpoint::at(CheckpointPosition::TrimHorizon, 9), v3).await.unwrap_err();
+    let err = b.write_checkpoint(&lease_b, &Checkpoint::at(CheckpointPosition::TrimHorizon, 9), &c3).await.unwrap_err();
     assert!(matches!(err, CoordError::CheckpointBackwards { .. }), "{err:?}");
     let stored = b.read_checkpoint(shard_id).await.unwrap().unwrap();
     assert_eq!((stored.value, stored.version), (after(REAL_SEQ, 0), v3), "refused writes changed nothing");
     // Shard end: finished is written fenced, then released; a released lease fences too.
     let mut fin = after(REAL_SEQ, 0);
     fin.finished = true;
-    let v4 = b.write_checkpoint(&lease_b, &fin, v3).await.unwrap();
+    assert!(b.list_finished().await.unwrap().is_empty());
+    let v4 = b.write_checkpoint(&lease_b, &fin, &c3).await.unwrap();
+    let c4 = Versioned { value: fin.clone(), version: v4 };
+    assert_eq!(
+        b.list_finished().await.unwrap().into_iter().collect::<Vec<_>>(),
+        vec![shard_id.to_string()],
+        "the finished checkpoint and its marker are one transaction"
+    );
     b.release(lease_b.clone()).await.unwrap();
-    let err = b.write_checkpoint(&lease_b, &fin, v4).await.unwrap_err();
+    let err = b.write_checkpoint(&lease_b, &fin, &c4).await.unwrap_err();
     assert!(matches!(err, CoordError::Fenced { .. }), "{err:?}");
 }
 
@@ -413,40 +436,82 @@ async fn malformed_checkpoint_names_the_path() {
     let msg = err.to_string();
     assert!(msg.contains(&path) && msg.contains("squall checkpoints reset"), "{msg}");
     assert!(matches!(a.read_checkpoints().await, Err(CoordError::Malformed { .. })));
+    // A scan isolates it: the other shard's checkpoint reads fine, only this one is an error.
+    a.init_checkpoint("shardId-000000000004", &Checkpoint::at(CheckpointPosition::TrimHorizon, 1)).await.unwrap();
+    let scan = a.scan_checkpoints().await.unwrap();
+    assert!(matches!(&scan["shardId-000000000003"], Err(CoordError::Malformed { path: p, .. }) if p == &path));
+    assert!(scan["shardId-000000000004"].is_ok());
+    // A writer holding the version from before the corruption cannot overwrite it unnoticed.
     let lease = acquired(&a, shard_id).await;
-    assert!(matches!(a.write_checkpoint(&lease, &after("1", 0), 1).await, Err(CoordError::Malformed { .. })));
+    let before = Versioned { value: Checkpoint::at(CheckpointPosition::TrimHorizon, 1), version: 0 };
+    assert!(matches!(
+        a.write_checkpoint(&lease, &after("1", 0), &before).await,
+        Err(CoordError::VersionConflict { .. })
+    ));
     // Valid JSON of the wrong shape is malformed too.
     raw_client().await.set_data(&path, b"{\"finished\": true}", None).await.unwrap();
     assert!(matches!(a.read_checkpoint(shard_id).await, Err(CoordError::Malformed { .. })));
 }
 
+/// The next event, whatever it is.
+async fn next_event(rx: &mut mpsc::Receiver<ChangeEvent>, within: Duration) -> ChangeEvent {
+    match tokio::time::timeout(within, rx.recv()).await {
+        Ok(Some(ev)) => ev,
+        Ok(None) => panic!("watch channel closed"),
+        Err(_) => panic!("no event within {within:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_reports_changes_within_a_second() {
+async fn watch_reports_cold_changes_and_never_hot_checkpoint_writes() {
     let root = TestRoot::new();
     let a = root.store().await;
     let b = root.store().await;
-    let mut rx = a.watch().await.unwrap();
+    let all = [WatchOn::Tasks, WatchOn::Assignment, WatchOn::Finished, WatchOn::State, WatchOn::Drain];
+    let mut rx = a.watch(&all).await.unwrap();
     let second = Duration::from_secs(1);
 
-    b.register_task(&task_info(1)).await.unwrap();
-    expect_event(&mut rx, &ChangeEvent::Tasks, second).await;
+    let task = b.register_task(&task_info(1)).await.unwrap();
+    assert_eq!(next_event(&mut rx, second).await, ChangeEvent::Tasks);
 
+    // Hot traffic: a shard's start, its lease, many checkpoint writes, the release. None of it
+    // reaches a watcher; the next event is the cold change that follows.
     let shard_id = "shardId-000000000009";
-    let v0 = b.init_checkpoint(shard_id, &Checkpoint::at(CheckpointPosition::TrimHorizon, 1)).await.unwrap().version;
-    expect_event(&mut rx, &ChangeEvent::Checkpoint(shard_id.into()), second).await;
+    let mut cp = b.init_checkpoint(shard_id, &Checkpoint::at(CheckpointPosition::TrimHorizon, 1)).await.unwrap();
     let lease = acquired(&b, shard_id).await;
-    expect_event(&mut rx, &ChangeEvent::Owners(shard_id.into()), second).await;
-    b.write_checkpoint(&lease, &after("5", 0), v0).await.unwrap();
-    expect_event(&mut rx, &ChangeEvent::Checkpoint(shard_id.into()), second).await;
-    b.release(lease).await.unwrap();
-    expect_event(&mut rx, &ChangeEvent::Owners(shard_id.into()), second).await;
-
+    for i in 1..=20 {
+        let next = after(&i.to_string(), 0);
+        let v = b.write_checkpoint(&lease, &next, &cp).await.unwrap();
+        cp = Versioned { value: next, version: v };
+    }
+    b.release(lease.clone()).await.unwrap();
     b.write_shard_list(&ShardList::new(vec![shard(shard_id, None)], 1), None).await.unwrap();
-    expect_event(&mut rx, &ChangeEvent::Shards, second).await;
     let state =
         TopologyState { state: Lifecycle::Active, deployment_id: "d1".into(), updated_at_ms: 1, kill_wait_ms: None };
     b.write_state(&state, None).await.unwrap();
-    expect_event(&mut rx, &ChangeEvent::State, second).await;
+    assert_eq!(next_event(&mut rx, second).await, ChangeEvent::State, "hot writes produced events");
+
+    // The leader's assignment (fenced on its task node).
+    let mut plan = Assignment { generation: 1, leader: task.clone(), ..Assignment::default() };
+    plan.tasks.insert(task.clone(), vec![shard_id.to_string()]);
+    let v = b.write_assignment(&task, &plan, None).await.unwrap();
+    assert_eq!(next_event(&mut rx, second).await, ChangeEvent::Assignment);
+    assert!(matches!(b.write_assignment(&task, &plan, None).await, Err(CoordError::VersionConflict { .. })));
+    assert!(
+        matches!(b.write_assignment("task-0000099999", &plan, Some(v)).await, Err(CoordError::Fenced { .. })),
+        "only a registered leader task writes the assignment"
+    );
+    assert_eq!(b.read_assignment().await.unwrap().unwrap().value, plan);
+
+    // A shard finishing is the leader's signal.
+    let lease = acquired(&b, shard_id).await;
+    let mut fin = after("21", 0);
+    fin.finished = true;
+    b.write_checkpoint(&lease, &fin, &cp).await.unwrap();
+    assert_eq!(next_event(&mut rx, second).await, ChangeEvent::Finished);
+
+    b.write_drain(&squall::coord::DrainRequest { deployment_id: "d1".into(), requested_at_ms: 1 }).await.unwrap();
+    expect_event(&mut rx, &ChangeEvent::Drain, second).await;
 
     // A task going away (session closed) is reported too.
     b.close();
@@ -525,15 +590,23 @@ async fn reset_checkpoints_only_without_leases() {
     let lease = acquired(&a, "s0").await;
     let mut fin = after("500", 0);
     fin.finished = true;
-    a.write_checkpoint(&lease, &fin, v).await.unwrap();
+    a.write_checkpoint(
+        &lease,
+        &fin,
+        &Versioned { value: Checkpoint::at(CheckpointPosition::TrimHorizon, 1), version: v },
+    )
+    .await
+    .unwrap();
 
     let err = b.reset_checkpoints(&CheckpointPosition::TrimHorizon).await.unwrap_err();
     assert!(matches!(&err, CoordError::LeasesHeld { shards } if shards == &vec!["s0".to_string()]), "{err:?}");
     assert!(b.read_checkpoint("s1").await.unwrap().is_none(), "nothing written while leased");
     a.release(lease).await.unwrap();
 
+    assert_eq!(a.list_finished().await.unwrap().len(), 1, "s0 finished");
     let at = CheckpointPosition::AtTimestamp { millis: 1_650_000_000_000 };
     assert_eq!(b.reset_checkpoints(&at).await.unwrap(), 3);
+    assert!(a.list_finished().await.unwrap().is_empty(), "reset reopens finished shards");
     let cps = a.read_checkpoints().await.unwrap();
     assert_eq!(cps.len(), 3);
     assert!(cps.values().all(|c| c.value.position == at && !c.value.finished));

@@ -156,6 +156,12 @@ pub(super) async fn rebalance(cli: &Cli, topology: &str, wait: u64) -> anyhow::R
     let start = Instant::now();
     let prev = set_state(&store, topology, to(Lifecycle::Inactive, topology)).await?;
     let released = wait_no_leases(&admin, topology, Duration::from_secs(wait)).await?;
+    if released {
+        // The leader computes the next assignment from scratch (round-robin), not sticky.
+        for stream in admin.streams(topology).await? {
+            admin.store(topology, &stream).await?.delete_assignment().await?;
+        }
+    }
     let restore = prev.state;
     set_state(&store, topology, |cur| Ok(TopologyState { state: restore, ..cur.clone() })).await?;
     if !released {
@@ -320,6 +326,8 @@ pub struct WorkerReport {
 pub struct StreamReport {
     /// Stream name.
     pub stream: String,
+    /// Why nothing of the stream is read, when the leader refuses it (e.g. it was re-created).
+    pub error: Option<String>,
     /// Every shard in the stored shard list.
     pub shards: Vec<ShardReport>,
 }
@@ -333,16 +341,20 @@ pub struct ShardReport {
     pub parent_shard_ids: Vec<String>,
     /// `open`, `closed` or `finished`.
     pub state: String,
-    /// Owning task (`task-N`), if any.
+    /// The task holding its lease (`task-N`), if any.
     pub owner: Option<String>,
+    /// The task the leader assigned it to, if any.
+    pub assigned_to: Option<String>,
     /// Checkpoint position (`TRIM_HORIZON`, `AT_TIMESTAMP ms`, `AFTER_SEQUENCE seq/sub`).
     pub checkpoint: Option<String>,
     /// Read to its end and fully acked.
     pub finished: bool,
     /// Last MillisBehindLatest its reader saw.
     pub millis_behind_latest: Option<i64>,
-    /// Last read error.
+    /// Last error reading it (or its malformed checkpoint), with the fix.
     pub error: Option<String>,
+    /// False when retrying cannot fix the error (an operator must act).
+    pub retryable: bool,
 }
 
 pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<StatusReport> {
@@ -376,14 +388,19 @@ pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<S
                 });
             }
         }
-        let sessions: BTreeMap<String, String> =
-            store.live_tasks().await?.into_iter().map(|(name, info)| (info.session, name)).collect();
         let owners = store.shard_owners().await?;
-        let cps = store.read_checkpoints().await?;
+        // One malformed checkpoint is that shard's error, not the whole report's.
+        let cps = store.scan_checkpoints().await?;
         let list = store.read_shard_list().await?;
+        let assignment = store.read_assignment().await.ok().flatten().map(|a| a.value);
+        let assigned = assignment.as_ref().map(|a| a.owner_of()).unwrap_or_default();
         let mut shards = Vec::new();
         for sh in list.map(|l| l.value.shards).unwrap_or_default() {
-            let cp = cps.get(&sh.shard_id).map(|c| &c.value);
+            let (cp, cp_error) = match cps.get(&sh.shard_id) {
+                Some(Ok(c)) => (Some(&c.value), None),
+                Some(Err(e)) => (None, Some(e.to_string())),
+                None => (None, None),
+            };
             let finished = cp.is_some_and(|c| c.finished);
             let rt = runtime.get(&sh.shard_id);
             shards.push(ShardReport {
@@ -396,17 +413,17 @@ pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<S
                     "open"
                 }
                 .into(),
-                owner: owners
-                    .get(&sh.shard_id)
-                    .map(|(_, session)| sessions.get(session).cloned().unwrap_or_else(|| session.clone())),
+                owner: owners.get(&sh.shard_id).map(|o| o.holder.clone()),
+                assigned_to: assigned.get(sh.shard_id.as_str()).map(|t| t.to_string()),
                 checkpoint: cp.map(|c| c.position.to_string()),
                 finished,
                 millis_behind_latest: rt.and_then(|r| r.millis_behind_latest),
-                error: rt.and_then(|r| r.last_error.clone()),
+                error: cp_error.clone().or_else(|| rt.and_then(|r| r.last_error.clone())),
+                retryable: cp_error.is_none() && rt.is_none_or(|r| r.retryable),
                 shard_id: sh.shard_id,
             });
         }
-        report.streams.push(StreamReport { stream: stream.clone(), shards });
+        report.streams.push(StreamReport { stream: stream.clone(), error: assignment.and_then(|a| a.error), shards });
     }
     Ok(report)
 }
@@ -437,6 +454,9 @@ pub(super) async fn status(cli: &Cli, topology: &str, json: bool) -> anyhow::Res
     }
     for s in &r.streams {
         outln!("stream {}: {} shards", s.stream, s.shards.len());
+        if let Some(e) = &s.error {
+            outln!("  ERROR {e}");
+        }
         outln!("  {:<22} {:<9} {:<44} {:<16} {:>10}  CHECKPOINT", "SHARD", "STATE", "PARENTS", "OWNER", "LAG MS");
         for sh in &s.shards {
             outln!(
@@ -447,7 +467,10 @@ pub(super) async fn status(cli: &Cli, topology: &str, json: bool) -> anyhow::Res
                 sh.owner.as_deref().unwrap_or("-"),
                 sh.millis_behind_latest.map(|m| m.to_string()).unwrap_or_else(|| "-".into()),
                 sh.checkpoint.as_deref().unwrap_or("-"),
-                sh.error.as_ref().map(|e| format!("  ERROR {e}")).unwrap_or_default()
+                sh.error
+                    .as_ref()
+                    .map(|e| format!("  {} {e}", if sh.retryable { "ERROR" } else { "ERROR (not retryable)" }))
+                    .unwrap_or_default()
             );
         }
     }

@@ -6,7 +6,8 @@ use zookeeper_client as zk;
 use super::config::ZkConfig;
 use super::error::CoordError;
 use super::paths::{validate_name, validate_root};
-use super::store::{ZkStore, connect_client};
+use super::session::connect_client;
+use super::store::ZkStore;
 
 /// A ZooKeeper session for administration.
 #[derive(Debug)]

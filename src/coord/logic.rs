@@ -1,7 +1,7 @@
 //! Pure coordination logic: which shards may be read, who reads them, who leads.
 //!
-//! Every task computes these from the same inputs (live tasks, shard list, checkpoints) and gets
-//! the same answer, so no assignment znode is needed; leases make it safe while views differ.
+//! The leader evaluates these and writes the result to the `assignment` znode; leases keep
+//! reading exclusive while workers' views of it differ for a moment.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,8 +15,14 @@ use super::paths::sequence_of;
 /// the list (trimmed past retention). A merge child waits for both parents. A shard without a
 /// checkpoint is not finished.
 pub fn readable_shards(list: &ShardList, checkpoints: &BTreeMap<String, Checkpoint>) -> Vec<String> {
+    let finished: BTreeSet<String> = checkpoints.iter().filter(|(_, c)| c.finished).map(|(k, _)| k.clone()).collect();
+    readable(list, &finished)
+}
+
+/// [`readable_shards`] with the set of finished shards (the `finished/` markers) as input.
+pub fn readable(list: &ShardList, finished_set: &BTreeSet<String>) -> Vec<String> {
     let present: BTreeSet<&str> = list.shards.iter().map(|s| s.shard_id.as_str()).collect();
-    let finished = |id: &str| checkpoints.get(id).is_some_and(|c| c.finished);
+    let finished = |id: &str| finished_set.contains(id);
     let mut out: Vec<String> = list
         .shards
         .iter()
@@ -61,6 +67,112 @@ pub fn assign(tasks: &[String], readable: &[String]) -> BTreeMap<String, Vec<Str
         }
     }
     out
+}
+
+/// Sticky, balanced assignment (in the manner of Kafka's cooperative-sticky assignor).
+///
+/// Every live task gets a quota of `floor(N/T)` or `ceil(N/T)` shards; the `N mod T` ceiling
+/// quotas go to the tasks holding the most shards in `previous` (ties by task order), so that as
+/// few shards as possible move. Each task keeps its previous shards up to its quota; the surplus,
+/// the shards of tasks that left and new shards are dealt round-robin to tasks below quota, a
+/// shard going to its `hints` task (e.g. a child to its parent's reader) when that one has room.
+///
+/// Consequences, each checked by a property test:
+/// - loads differ by at most one, every readable shard is assigned exactly once;
+/// - with an empty `previous` it equals [`assign`] (round-robin by index);
+/// - a task joining moves exactly its quota (at most `ceil(N/T)`) shards;
+/// - a task leaving moves only that task's shards;
+/// - a split parent finishing moves nothing but where its children go; the first parent of a merge
+///   finishing (one shard fewer) moves at most one more shard, and only when that is the only way
+///   to keep loads within one.
+pub fn sticky_assign(
+    previous: &BTreeMap<String, Vec<String>>,
+    tasks: &[String],
+    readable: &[String],
+    hints: &BTreeMap<String, String>,
+) -> BTreeMap<String, Vec<String>> {
+    let mut order: Vec<&str> = tasks.iter().map(String::as_str).collect();
+    order.sort_by(|a, b| task_cmp(a, b));
+    order.dedup();
+    let mut out: BTreeMap<String, Vec<String>> = order.iter().map(|t| (t.to_string(), Vec::new())).collect();
+    if order.is_empty() {
+        return out;
+    }
+    let readable_set: BTreeSet<&str> = readable.iter().map(String::as_str).collect();
+    // What each live task keeps of its previous shards (still readable, not claimed twice).
+    let mut claimed: BTreeSet<&str> = BTreeSet::new();
+    let mut kept: Vec<Vec<&str>> = order
+        .iter()
+        .map(|t| {
+            let mut mine: Vec<&str> = previous
+                .get(*t)
+                .into_iter()
+                .flatten()
+                .map(String::as_str)
+                .filter(|s| readable_set.contains(s))
+                .collect();
+            mine.sort_unstable();
+            mine.retain(|s| claimed.insert(s));
+            mine
+        })
+        .collect();
+    let n = readable_set.len();
+    let t = order.len();
+    let (base, extra) = (n / t, n % t);
+    // Ceiling quotas go to the tasks that hold the most now (stable: ties keep task order).
+    let mut by_load: Vec<usize> = (0..t).collect();
+    by_load.sort_by(|&a, &b| kept[b].len().cmp(&kept[a].len()).then(a.cmp(&b)));
+    let mut quota = vec![base; t];
+    for &i in by_load.iter().take(extra) {
+        quota[i] = base + 1;
+    }
+    // Surplus back to the pool, with every readable shard nobody kept.
+    let mut pool: Vec<&str> = Vec::new();
+    for (i, mine) in kept.iter_mut().enumerate() {
+        while mine.len() > quota[i] {
+            if let Some(s) = mine.pop() {
+                claimed.remove(s);
+                pool.push(s);
+            }
+        }
+    }
+    pool.extend(readable_set.iter().copied().filter(|s| !claimed.contains(s)));
+    pool.sort_unstable();
+    pool.dedup();
+    let index: BTreeMap<&str, usize> = order.iter().enumerate().map(|(i, t)| (*t, i)).collect();
+    let mut next = 0usize;
+    for shard in pool {
+        let hinted =
+            hints.get(shard).and_then(|h| index.get(h.as_str())).copied().filter(|&i| kept[i].len() < quota[i]);
+        let i = match hinted {
+            Some(i) => i,
+            None => {
+                // Round-robin over tasks with room; one exists since sum(quota) == n.
+                let mut i = next % t;
+                while kept[i].len() >= quota[i] {
+                    i = (i + 1) % t;
+                }
+                next = i + 1;
+                i
+            }
+        };
+        kept[i].push(shard);
+    }
+    for (i, t) in order.iter().enumerate() {
+        let mut shards: Vec<String> = kept[i].iter().map(|s| s.to_string()).collect();
+        shards.sort();
+        out.insert(t.to_string(), shards);
+    }
+    out
+}
+
+/// How many shards changed owner between two assignments (shards in both).
+pub fn moved(before: &BTreeMap<String, Vec<String>>, after: &BTreeMap<String, Vec<String>>) -> usize {
+    let owner = |m: &BTreeMap<String, Vec<String>>| -> BTreeMap<String, String> {
+        m.iter().flat_map(|(t, ss)| ss.iter().map(move |s| (s.clone(), t.clone()))).collect()
+    };
+    let (a, b) = (owner(before), owner(after));
+    a.iter().filter(|(s, t)| b.get(*s).is_some_and(|u| u != *t)).count()
 }
 
 /// The leader: the live task with the lowest sequence.
@@ -246,6 +358,73 @@ mod tests {
                 if let (Some(l), Some(first)) = (leader(&tasks), shards.iter().min()) {
                     prop_assert_eq!(a[l].first(), Some(first));
                 }
+            }
+        }
+
+        #[test]
+        fn sticky_is_balanced_complete_and_round_robin_at_first(tasks in task_names(), shards in shard_names()) {
+            let (none, no_hints) = (BTreeMap::new(), BTreeMap::new());
+            let a = sticky_assign(&none, &tasks, &shards, &no_hints);
+            prop_assert_eq!(&a, &assign(&tasks, &shards), "first placement is round-robin");
+            // Stable: recomputing from its own result changes nothing.
+            prop_assert_eq!(&sticky_assign(&a, &tasks, &shards, &no_hints), &a);
+        }
+
+        #[test]
+        fn sticky_join_leave_and_reshard_move_little(
+            tasks in task_names().prop_filter("two or more", |t| t.len() >= 2),
+            shards in shard_names(),
+            pick in any::<prop::sample::Index>(),
+            parent in any::<prop::sample::Index>(),
+        ) {
+            let (empty, none) = (BTreeMap::new(), BTreeMap::new());
+            let base = sticky_assign(&empty, &tasks, &shards, &none);
+            let check = |a: &BTreeMap<String, Vec<String>>, tasks: &[String], shards: &[String]| -> Result<(), TestCaseError> {
+                let loads: Vec<usize> = a.values().map(Vec::len).collect();
+                let (max, min) = (loads.iter().max().copied().unwrap_or(0), loads.iter().min().copied().unwrap_or(0));
+                prop_assert!(max - min <= 1, "loads {:?}", loads);
+                prop_assert_eq!(a.len(), tasks.len());
+                let mut all: Vec<&String> = a.values().flatten().collect();
+                all.sort();
+                let mut want: Vec<&String> = shards.iter().collect();
+                want.sort();
+                want.dedup();
+                prop_assert_eq!(all, want, "each readable shard exactly once");
+                Ok(())
+            };
+            // Join: at most ceil(N/T) moves, and the newcomer gets its quota.
+            let mut joined = tasks.clone();
+            joined.push("task-9999999999".to_string());
+            let after = sticky_assign(&base, &joined, &shards, &none);
+            check(&after, &joined, &shards)?;
+            let n = shards.len();
+            let t = joined.len();
+            prop_assert!(moved(&base, &after) <= n.div_ceil(t), "join moved {} of {} over {} tasks", moved(&base, &after), n, t);
+            prop_assert_eq!(moved(&base, &after), after["task-9999999999"].len());
+            // Leave: only the leaver's shards move.
+            let leaver = tasks[pick.index(tasks.len())].clone();
+            let left: Vec<String> = tasks.iter().filter(|t| **t != leaver).cloned().collect();
+            let after = sticky_assign(&base, &left, &shards, &none);
+            check(&after, &left, &shards)?;
+            let mut survivors = base.clone();
+            survivors.remove(&leaver);
+            prop_assert_eq!(moved(&survivors, &after), 0, "a leave moved other tasks' shards");
+            if !shards.is_empty() {
+                // A split: the parent finishes, two children appear, hinted to the parent's owner.
+                let p = shards[parent.index(shards.len())].clone();
+                let owner = base.iter().find(|(_, v)| v.contains(&p)).map(|(k, _)| k.clone()).unwrap();
+                let mut next: Vec<String> = shards.iter().filter(|s| **s != p).cloned().collect();
+                let kids = [format!("{p}-a"), format!("{p}-b")];
+                next.extend(kids.iter().cloned());
+                let hints: BTreeMap<String, String> = kids.iter().map(|k| (k.clone(), owner.clone())).collect();
+                let after = sticky_assign(&base, &tasks, &next, &hints);
+                check(&after, &tasks, &next)?;
+                prop_assert_eq!(moved(&base, &after), 0, "a split moved shards other than the children");
+                // A merge's first parent finishing: one shard fewer moves at most one other.
+                let fewer: Vec<String> = shards.iter().filter(|s| **s != p).cloned().collect();
+                let after = sticky_assign(&base, &tasks, &fewer, &none);
+                check(&after, &tasks, &fewer)?;
+                prop_assert!(moved(&base, &after) <= 1, "one shard fewer moved {}", moved(&base, &after));
             }
         }
 

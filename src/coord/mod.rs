@@ -29,17 +29,19 @@ pub mod error;
 pub mod logic;
 pub mod model;
 pub mod paths;
+pub mod session;
 pub mod store;
 pub mod watch;
 
 pub use admin::Admin;
 pub use config::{Secret, ZkAuth, ZkConfig};
 pub use error::{CoordError, ErrorDomain};
-pub use logic::{assign, leader, readable_shards, sequence_cmp, task_cmp};
+pub use logic::{assign, leader, moved, readable, readable_shards, sequence_cmp, sticky_assign, task_cmp};
 pub use model::{
-    Checkpoint, CheckpointPosition, DrainRequest, LeaseInfo, Lifecycle, ShardList, ShardRecord, ShardRuntime, TaskInfo,
-    TopologyState, Versioned, WorkerStatus, now_ms,
+    Assignment, Checkpoint, CheckpointPosition, DrainRequest, LeaseInfo, Lifecycle, ShardList, ShardRecord,
+    ShardRuntime, TaskInfo, TopologyState, Versioned, WorkerStatus, now_ms,
 };
 pub use paths::TopologyPaths;
-pub use store::{Acquire, Lease, MAX_SHARD_LIST_BYTES, ZkStore};
+pub use session::{FaultHook, Health, InjectedFault, Liveness, SessionView, SharedSession, ZkOp, ZkSession};
+pub use store::{Acquire, Lease, LeaseOwner, MAX_SHARD_LIST_BYTES, WatchOn, ZkStore};
 pub use watch::{ChangeEvent, SessionAlarm, SessionStatus, SessionWatch};

@@ -37,13 +37,18 @@ impl ShardRecord {
 pub struct ShardList {
     pub shards: Vec<ShardRecord>,
     pub updated_at_ms: i64,
+    /// The stream's creation time (DescribeStreamSummary) when the list was first written: a
+    /// stream deleted and re-created under the same name has the same shard ids but another
+    /// creation time, and its checkpoints would point into the old stream's sequence numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_created_ms: Option<i64>,
 }
 
 impl ShardList {
     /// Builds a list sorted by shard id (the stored form).
     pub fn new(mut shards: Vec<ShardRecord>, updated_at_ms: i64) -> Self {
         shards.sort_by(|a, b| a.shard_id.cmp(&b.shard_id));
-        Self { shards, updated_at_ms }
+        Self { shards, updated_at_ms, stream_created_ms: None }
     }
 
     /// Looks up one shard (binary search; the list is sorted).
@@ -158,7 +163,7 @@ pub struct TaskInfo {
 }
 
 /// Reading status of one shard, as its owning task last saw it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardRuntime {
     /// The task reading it.
     pub task: String,
@@ -171,6 +176,34 @@ pub struct ShardRuntime {
     /// Records read by this owner.
     #[serde(default)]
     pub records_read: u64,
+    /// False when the last error is one that retrying cannot fix (access denied, a broken
+    /// checkpoint, a deleted stream): an operator must act.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub retryable: bool,
+    /// Since when (ms since the epoch) the shard has been failing, if it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_since_ms: Option<i64>,
+}
+
+impl Default for ShardRuntime {
+    fn default() -> Self {
+        Self {
+            task: String::new(),
+            millis_behind_latest: None,
+            last_error: None,
+            records_read: 0,
+            retryable: true,
+            error_since_ms: None,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// The `workers/{workerId}` znode: a live worker's status, refreshed every few seconds.
@@ -214,12 +247,45 @@ pub struct TopologyState {
     pub kill_wait_ms: Option<u64>,
 }
 
-/// The data of a lease znode (for operators; ownership is decided by the sequence only).
+/// The data of a lease znode (for operators; ownership is decided by the sequence only, and the
+/// holder is also part of the node name).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseInfo {
     pub writer: String,
     pub session_id: String,
     pub since_ms: i64,
+    /// The holder (a task node name, or `cli-{session}` for operator tools).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+}
+
+/// The `assignment` znode: which live task reads which readable shard. Only the leader writes
+/// it (fenced on its task node); every worker watches it. Tasks missing from `tasks` read nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// Bumped on every write.
+    pub generation: u64,
+    /// The leader task that wrote it.
+    pub leader: String,
+    /// Task node name -> shard ids, each sorted.
+    pub tasks: std::collections::BTreeMap<String, Vec<String>>,
+    pub updated_at_ms: i64,
+    /// Set when the leader refuses to assign anything (e.g. the stream was re-created under the
+    /// same name); says what to do. Every task stops reading while it is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Assignment {
+    /// The shards assigned to `task` (none when absent).
+    pub fn shards_of(&self, task: &str) -> &[String] {
+        self.tasks.get(task).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// The owner the assignment names for every shard.
+    pub fn owner_of(&self) -> std::collections::BTreeMap<&str, &str> {
+        self.tasks.iter().flat_map(|(t, shards)| shards.iter().map(move |s| (s.as_str(), t.as_str()))).collect()
+    }
 }
 
 /// Parses znode data, naming the path in the error.

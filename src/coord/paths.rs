@@ -7,9 +7,11 @@
 //!   tasks/task-NNNNNNNNNN              EPHEMERAL_SEQUENTIAL, one per live spout task
 //!   workers/{workerId}                 EPHEMERAL, one per live worker process: its status JSON
 //!   streams/{stream}/
-//!     shards                           the shard list JSON (versioned writes; < 900 KB)
-//!     checkpoints/{shardId}            checkpoint JSON, one per shard
-//!     owners/{shardId}/lease-NNNNNNNNNN  EPHEMERAL_SEQUENTIAL; the lowest sequence owns the shard
+//!     shards                           the shard list JSON (leader only; versioned writes; < 900 KB)
+//!     assignment                       which task reads which shard (leader only, fenced); watched
+//!     finished/{shardId}               created with a shard's finished checkpoint; the leader watches
+//!     checkpoints/{shardId}            checkpoint JSON, one per shard; hot, watched by nobody
+//!     owners/{shardId}/lease-{task}-NNNNNNNNNN  EPHEMERAL_SEQUENTIAL; the lowest sequence owns the shard
 //! ```
 
 use super::error::CoordError;
@@ -33,6 +35,8 @@ pub struct TopologyPaths {
     shards: String,
     checkpoints: String,
     owners: String,
+    assignment: String,
+    finished: String,
 }
 
 impl TopologyPaths {
@@ -53,6 +57,8 @@ impl TopologyPaths {
             shards: format!("{stream_path}/shards"),
             checkpoints: format!("{stream_path}/checkpoints"),
             owners: format!("{stream_path}/owners"),
+            assignment: format!("{stream_path}/assignment"),
+            finished: format!("{stream_path}/finished"),
             stream: stream_path,
             topology: topo,
         })
@@ -98,6 +104,18 @@ impl TopologyPaths {
     pub fn owners(&self) -> &str {
         &self.owners
     }
+    /// `.../streams/{stream}/assignment`: the leader's assignment of shards to tasks.
+    pub fn assignment(&self) -> &str {
+        &self.assignment
+    }
+    /// `.../streams/{stream}/finished`: one child per finished shard.
+    pub fn finished_dir(&self) -> &str {
+        &self.finished
+    }
+    /// `.../finished/{shard_id}`.
+    pub fn finished(&self, shard_id: &str) -> String {
+        format!("{}/{shard_id}", self.finished)
+    }
     /// `.../tasks/task-` (the sequential-create prefix).
     pub fn task_prefix(&self) -> String {
         format!("{}/{TASK_PREFIX}", self.tasks)
@@ -114,14 +132,19 @@ impl TopologyPaths {
     pub fn owner_dir(&self, shard_id: &str) -> String {
         format!("{}/{shard_id}", self.owners)
     }
-    /// `.../owners/{shard_id}/lease-` (the sequential-create prefix).
+    /// `.../owners/{shard_id}/lease-` (every lease of the shard starts with it).
     pub fn lease_prefix(&self, shard_id: &str) -> String {
         format!("{}/{shard_id}/{LEASE_PREFIX}", self.owners)
     }
+    /// `.../owners/{shard_id}/lease-{holder}-` (the sequential-create prefix of `holder`'s lease):
+    /// the holder's name is part of the node name, so owners are known from one listing.
+    pub fn lease_prefix_for(&self, shard_id: &str, holder: &str) -> String {
+        format!("{}/{shard_id}/{LEASE_PREFIX}{holder}-", self.owners)
+    }
 
     /// The persistent directories [`super::ZkStore::connect`] creates.
-    pub fn persistent_dirs(&self) -> [&str; 4] {
-        [&self.tasks, &self.workers, &self.checkpoints, &self.owners]
+    pub fn persistent_dirs(&self) -> [&str; 5] {
+        [&self.tasks, &self.workers, &self.checkpoints, &self.owners, &self.finished]
     }
 
     /// `{topology}/drain`: the drain notification.
@@ -176,6 +199,13 @@ fn validate_segment(s: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// The holder named in a lease node `lease-{holder}-NNNNNNNNNN` (`None` for a bare `lease-NNNN`).
+pub(crate) fn lease_holder(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix(LEASE_PREFIX)?;
+    let (holder, digits) = rest.rsplit_once('-')?;
+    (!holder.is_empty() && !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then_some(holder)
+}
+
 /// The numeric sequence suffix of a sequential znode name (`task-0000000012` -> 12).
 pub(crate) fn sequence_of(name: &str) -> Option<u64> {
     let digits = name.rsplit_once('-').map(|(_, d)| d)?;
@@ -198,6 +228,21 @@ mod tests {
         assert_eq!(p.shards(), "/squall/topologies/wc/streams/events/shards");
         assert_eq!(p.checkpoint("shardId-000"), "/squall/topologies/wc/streams/events/checkpoints/shardId-000");
         assert_eq!(p.lease_prefix("s1"), "/squall/topologies/wc/streams/events/owners/s1/lease-");
+        assert_eq!(
+            p.lease_prefix_for("s1", "task-0000000003"),
+            "/squall/topologies/wc/streams/events/owners/s1/lease-task-0000000003-"
+        );
+        assert_eq!(p.assignment(), "/squall/topologies/wc/streams/events/assignment");
+        assert_eq!(p.finished("s1"), "/squall/topologies/wc/streams/events/finished/s1");
+    }
+
+    #[test]
+    fn lease_holders() {
+        assert_eq!(lease_holder("lease-task-0000000003-0000000012"), Some("task-0000000003"));
+        assert_eq!(sequence_of("lease-task-0000000003-0000000012"), Some(12));
+        assert_eq!(lease_holder("lease-0000000012"), None);
+        assert_eq!(lease_holder("lease-x-12a"), None);
+        assert_eq!(lease_holder("other"), None);
     }
 
     #[test]

@@ -1,31 +1,38 @@
-//! [`ZkStore`]: the ZooKeeper side of the spout's state manager.
+//! [`ZkStore`]: the ZooKeeper side of the spout's state manager, for one topology reading one
+//! stream, over a (possibly shared) [`ZkSession`].
+//!
+//! Cost per operation (ZooKeeper requests), the numbers ARCHITECTURE.md's cost model is built on:
+//! a checkpoint write is 1 (one transaction), finishing a shard 1, taking a free lease 3 (list,
+//! create, list), waiting for a held one 2 (list, one `exists` watch) and no write, releasing 1.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 use zookeeper_client as zk;
 
 use super::config::ZkConfig;
 use super::error::{CoordError, is_transient};
 use super::logic::task_cmp;
 use super::model::{
-    Checkpoint, CheckpointPosition, DrainRequest, LeaseInfo, ShardList, TaskInfo, TopologyState, Versioned,
+    Assignment, Checkpoint, CheckpointPosition, DrainRequest, LeaseInfo, ShardList, TaskInfo, TopologyState, Versioned,
     WorkerStatus, decode, encode, now_ms,
 };
-use super::paths::{LEASE_PREFIX, TASK_PREFIX, TopologyPaths, sequence_of, validate_name};
-use super::watch::{ChangeEvent, SessionWatch, classify};
+use super::paths::{LEASE_PREFIX, TASK_PREFIX, TopologyPaths, lease_holder, sequence_of, validate_name};
+use super::session::{InjectedFault, ZkOp, ZkSession, short_backoff};
+use super::watch::{ChangeEvent, SessionWatch};
 
 /// Largest shard list the store writes. ZooKeeper refuses znodes over `jute.maxbuffer`
 /// (1 MB by default); at ~200 bytes per shard this is a few thousand shards.
 pub const MAX_SHARD_LIST_BYTES: usize = 900 * 1024;
 
 /// Capacity of the channel [`ZkStore::watch`] returns.
-const WATCH_CHANNEL: usize = 1024;
+const WATCH_CHANNEL: usize = 256;
 
-/// A lease on one shard: the lease znode this task created and found lowest.
+/// A lease on one shard: the lease znode this holder created and found lowest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
     pub shard_id: String,
@@ -36,53 +43,96 @@ pub struct Lease {
 /// Result of [`ZkStore::try_acquire`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Acquire {
-    /// This task owns the shard now.
+    /// The holder owns the shard now.
     Acquired(Lease),
-    /// Another session holds the shard; wait for [`ChangeEvent::Owners`] and try again.
+    /// Another holder has the shard; [`ZkStore::watch_lease`] on `holder_path` says when it goes.
     HeldBy { shard_id: String, holder_path: String },
 }
 
-/// Connection to ZooKeeper for one topology reading one stream.
-///
-/// Dropping the store closes the session: its task registration and leases disappear at once.
-#[derive(Debug)]
+/// The current owner of a shard, as [`ZkStore::shard_owners`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseOwner {
+    /// The lowest lease znode.
+    pub path: String,
+    /// Its holder: a task node name (`task-N`), `cli-{session}` for operator tools, or a session
+    /// id for leases written by older versions.
+    pub holder: String,
+}
+
+/// What a [`ZkStore::watch`] should follow: one znode each, its data or its list of children,
+/// never anything deeper, so hot checkpoint writes reach no watcher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchOn {
+    /// `tasks/`: a task registered or went away.
+    Tasks,
+    /// `streams/{stream}/assignment`.
+    Assignment,
+    /// `streams/{stream}/finished/`: a shard finished (the leader's cheap signal).
+    Finished,
+    /// `state`.
+    State,
+    /// `drain`.
+    Drain,
+}
+
+/// Connection to ZooKeeper for one topology reading one stream. Cheap to clone; clones share the
+/// session. Dropping the last reference to the session closes it: its ephemeral nodes (task
+/// registrations, leases) disappear at once.
+#[derive(Clone, Debug)]
 pub struct ZkStore {
-    client: zk::Client,
+    session: Arc<ZkSession>,
     paths: TopologyPaths,
-    acls: zk::Acls<'static>,
-    writer: String,
 }
 
 impl ZkStore {
-    /// Connects (bounded retry with back-off), then creates the persistent layout (idempotent).
+    /// Connects a session of its own (bounded retry with back-off), then creates the persistent
+    /// layout (idempotent).
     ///
     /// With `cfg.auth`, the session authenticates with digest auth and every znode the store
     /// creates gets creator-only ACLs.
     pub async fn connect(cfg: &ZkConfig, topology: &str, stream: &str) -> Result<Self, CoordError> {
         cfg.validate()?;
         let paths = TopologyPaths::new(&cfg.root, topology, stream)?;
-        let client = connect_client(cfg).await?;
-        let acls = if cfg.auth.is_some() { zk::Acls::creator_all() } else { zk::Acls::anyone_all() };
-        let writer = format!("{:#x}", client.session_id().0);
-        let store = Self { client, paths, acls, writer };
+        let session = ZkSession::connect(cfg).await?;
+        Self::open_paths(session, paths).await
+    }
+
+    /// A store over an existing (shared) session; creates the persistent layout (idempotent).
+    pub async fn open(session: Arc<ZkSession>, root: &str, topology: &str, stream: &str) -> Result<Self, CoordError> {
+        let paths = TopologyPaths::new(root, topology, stream)?;
+        Self::open_paths(session, paths).await
+    }
+
+    async fn open_paths(session: Arc<ZkSession>, paths: TopologyPaths) -> Result<Self, CoordError> {
+        let store = Self { session, paths };
         store.create_layout().await?;
-        info!(
-            connect = %cfg.connect,
-            topology = store.paths.topology(),
-            session = %store.writer,
-            timeout_ms = store.client.session_timeout().as_millis() as u64,
-            "connected to ZooKeeper"
-        );
         Ok(store)
     }
 
     async fn create_layout(&self) -> Result<(), CoordError> {
-        let options = zk::CreateMode::Persistent.with_acls(self.acls);
+        let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
         for dir in self.paths.persistent_dirs() {
-            let op = || async { self.client.mkdir(dir, &options).await };
+            // Usually there already: one cheap check instead of a mkdir per path segment.
+            if let Ok(Some(_)) = self.client().check_stat(dir).await {
+                continue;
+            }
+            let op = || async { self.client().mkdir(dir, &options).await };
             op.retry(short_backoff()).when(is_transient).await.map_err(|e| CoordError::zk(dir, "mkdir", e))?;
         }
+        // `exists` needs no permission: check now that this session may read the layout, so
+        // missing or wrong credentials fail here, naming the path, rather than later.
+        let tasks = self.paths.tasks();
+        self.client().list_children(tasks).await.map_err(|e| CoordError::zk(tasks, "list", e))?;
         Ok(())
+    }
+
+    pub(crate) fn client(&self) -> &zk::Client {
+        &self.session.client
+    }
+
+    /// The session this store uses.
+    pub fn session(&self) -> &Arc<ZkSession> {
+        &self.session
     }
 
     /// The znode layout of this topology and stream.
@@ -92,40 +142,45 @@ impl ZkStore {
 
     /// The session id, as written into leases and (by convention) checkpoints' `writer`.
     pub fn session_name(&self) -> &str {
-        &self.writer
+        self.session.name()
     }
 
     /// The session timeout the server granted (it clamps the requested one).
     pub fn session_timeout(&self) -> Duration {
-        self.client.session_timeout()
+        self.session.timeout()
     }
 
     /// Observes Connected / Disconnected / Expired. After [`super::SessionStatus::Expired`] the
     /// store is unusable: build a new one.
     pub fn session_state(&self) -> SessionWatch {
-        SessionWatch::new(self.client.state_watcher(), self.client.session_timeout())
+        self.session.state()
     }
 
-    /// Closes the session now (same as dropping the store): leases and registration vanish.
+    /// Drops this reference (the session closes when it was the last one).
     pub fn close(self) {
         drop(self);
     }
 
-    /// Closes the session and waits (up to 3 s) until the server confirmed it, so ephemeral nodes
-    /// are gone for everyone before this returns. Use it before a process exits: a session that is
-    /// merely dropped at exit lingers on the server until its timeout.
+    /// Closes the session (when this is its last reference) and waits until the server confirmed
+    /// it, so ephemeral nodes are gone for everyone before this returns.
     pub async fn close_gracefully(self) {
-        let mut watcher = self.client.state_watcher();
-        drop(self);
-        let wait = async {
-            loop {
-                let st = watcher.changed().await;
-                if st.is_terminated() {
-                    break;
-                }
+        self.session.close_gracefully().await;
+    }
+
+    /// Runs `op` unless an injected fault says otherwise (see [`super::FaultHook`]).
+    async fn guarded<T, E, F>(&self, op: ZkOp, path: &str, f: impl FnOnce() -> F) -> Result<T, E>
+    where
+        F: std::future::Future<Output = Result<T, E>>,
+        E: From<InjectedError>,
+    {
+        match self.session.fault(op, path) {
+            Some(InjectedFault::Before(e)) => Err(InjectedError(e).into()),
+            Some(InjectedFault::After(e)) => {
+                let _ = f().await;
+                Err(InjectedError(e).into())
             }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(3), wait).await;
+            None => f().await,
+        }
     }
 
     // ----- tasks -----
@@ -133,29 +188,42 @@ impl ZkStore {
     /// Registers a live task: an EPHEMERAL_SEQUENTIAL `tasks/task-N` znode. Returns its node name.
     pub async fn register_task(&self, info: &TaskInfo) -> Result<String, CoordError> {
         let prefix = self.paths.task_prefix();
-        let info = TaskInfo { session: self.writer.clone(), ..info.clone() };
+        let info = TaskInfo { session: self.session.name().to_string(), ..info.clone() };
         let data = encode(&prefix, &info)?;
-        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls);
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.session.acls);
         let (_, seq) =
-            self.client.create(&prefix, &data, &options).await.map_err(|e| CoordError::zk(&prefix, "create", e))?;
+            self.client().create(&prefix, &data, &options).await.map_err(|e| CoordError::zk(&prefix, "create", e))?;
         let name = format!("{TASK_PREFIX}{seq}");
         debug!(task = %name, "registered task");
         Ok(name)
     }
 
-    /// Live tasks (node name, info), sorted by sequence (the first is the leader).
-    pub async fn live_tasks(&self) -> Result<Vec<(String, TaskInfo)>, CoordError> {
+    /// Removes a task registration (a task of a shared session stops while the session goes on).
+    /// Removing one that is gone is fine.
+    pub async fn unregister_task(&self, name: &str) -> Result<(), CoordError> {
+        validate_name("task name", name)?;
+        self.delete_quietly(&self.paths.task(name)).await
+    }
+
+    /// The live task node names, sorted by sequence (the first is the leader). One request.
+    pub async fn task_names(&self) -> Result<Vec<String>, CoordError> {
         let dir = self.paths.tasks();
         let mut names: Vec<String> =
-            self.client.list_children(dir).await.map_err(|e| CoordError::zk(dir, "list", e))?;
+            self.client().list_children(dir).await.map_err(|e| CoordError::zk(dir, "list", e))?;
         names.retain(|n| n.starts_with(TASK_PREFIX));
         names.sort_by(|a, b| task_cmp(a, b));
+        Ok(names)
+    }
+
+    /// Live tasks (node name, info), sorted by sequence (the first is the leader).
+    pub async fn live_tasks(&self) -> Result<Vec<(String, TaskInfo)>, CoordError> {
+        let names = self.task_names().await?;
         // Requests are sent when the futures are created, so these reads are pipelined.
         let reads: Vec<_> = names
             .iter()
             .map(|n| (n, self.paths.task(n)))
             .map(|(n, p)| {
-                let fut = self.client.get_data(&p);
+                let fut = self.client().get_data(&p);
                 (n, p, fut)
             })
             .collect();
@@ -176,14 +244,14 @@ impl ZkStore {
     pub async fn write_drain(&self, req: &DrainRequest) -> Result<(), CoordError> {
         let path = self.paths.drain();
         let data = encode(&path, req)?;
-        match self.client.set_data(&path, &data, None).await {
+        match self.client().set_data(&path, &data, None).await {
             Ok(_) => Ok(()),
             Err(zk::Error::NoNode) => {
-                let options = zk::CreateMode::Persistent.with_acls(self.acls);
-                match self.client.create(&path, &data, &options).await {
+                let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+                match self.client().create(&path, &data, &options).await {
                     Ok(_) => Ok(()),
                     Err(zk::Error::NodeExists) => self
-                        .client
+                        .client()
                         .set_data(&path, &data, None)
                         .await
                         .map(|_| ())
@@ -214,11 +282,11 @@ impl ZkStore {
         validate_name("worker id", &status.worker_id)?;
         let path = self.paths.worker(&status.worker_id);
         let data = encode(&path, status)?;
-        match self.client.set_data(&path, &data, None).await {
+        match self.client().set_data(&path, &data, None).await {
             Ok(_) => Ok(()),
             Err(zk::Error::NoNode) => {
-                let options = zk::CreateMode::Ephemeral.with_acls(self.acls);
-                match self.client.create(&path, &data, &options).await {
+                let options = zk::CreateMode::Ephemeral.with_acls(self.session.acls);
+                match self.client().create(&path, &data, &options).await {
                     Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
                     Err(e) => Err(CoordError::zk(&path, "create", e)),
                 }
@@ -230,7 +298,7 @@ impl ZkStore {
     /// Every live worker's status, sorted by worker id.
     pub async fn workers(&self) -> Result<Vec<WorkerStatus>, CoordError> {
         let dir = self.paths.workers();
-        let mut names = match self.client.list_children(dir).await {
+        let mut names = match self.client().list_children(dir).await {
             Ok(n) => n,
             Err(zk::Error::NoNode) => return Ok(Vec::new()),
             Err(e) => return Err(CoordError::zk(dir, "list", e)),
@@ -246,18 +314,31 @@ impl ZkStore {
         Ok(out)
     }
 
-    /// The current owner of every leased shard: shard id -> (lease path, holder session).
-    pub async fn shard_owners(&self) -> Result<BTreeMap<String, (String, String)>, CoordError> {
+    /// The current owner of every leased shard: shard id -> the lowest lease (path and holder:
+    /// the task named in the lease node, or the lease's writer session for old-style leases).
+    pub async fn shard_owners(&self) -> Result<BTreeMap<String, LeaseOwner>, CoordError> {
         let dir = self.paths.owners();
-        let shards = match self.client.list_children(dir).await {
+        let shards = match self.client().list_children(dir).await {
             Ok(n) => n,
             Err(zk::Error::NoNode) => return Ok(BTreeMap::new()),
             Err(e) => return Err(CoordError::zk(dir, "list", e)),
         };
+        // Pipelined: every listing is sent before the first answer is awaited.
+        let lists: Vec<_> = shards
+            .into_iter()
+            .map(|shard| {
+                let sdir = self.paths.owner_dir(&shard);
+                let fut = self.client().list_children(&sdir);
+                (shard, sdir, fut)
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|(shard, sdir, fut)| async move { (shard, sdir.clone(), fut.await) })
+            .collect();
         let mut out = BTreeMap::new();
-        for shard in shards {
-            let sdir = self.paths.owner_dir(&shard);
-            let mut leases = match self.client.list_children(&sdir).await {
+        for fut in lists {
+            let (shard, sdir, res) = fut.await;
+            let mut leases = match res {
                 Ok(n) => n,
                 Err(zk::Error::NoNode) => continue,
                 Err(e) => return Err(CoordError::zk(&sdir, "list", e)),
@@ -266,8 +347,17 @@ impl ZkStore {
             leases.sort_by_key(|n| sequence_of(n));
             for lease in leases {
                 let path = format!("{sdir}/{lease}");
-                if let Some(v) = self.read_json::<LeaseInfo>(&path, "lease").await? {
-                    out.insert(shard.clone(), (path, v.value.writer));
+                let holder = match lease_holder(&lease) {
+                    Some(h) => Some(h.to_string()),
+                    None => match self.read_json::<LeaseInfo>(&path, "lease").await {
+                        Ok(Some(v)) => Some(v.value.task.unwrap_or(v.value.writer)),
+                        Ok(None) => None,
+                        Err(e @ CoordError::Malformed { .. }) => Some(format!("unknown ({e})")),
+                        Err(e) => return Err(e),
+                    },
+                };
+                if let Some(holder) = holder {
+                    out.insert(shard.clone(), LeaseOwner { path, holder });
                     break;
                 }
             }
@@ -310,17 +400,140 @@ impl ZkStore {
         self.cas_write(&path, &data, expected_version).await
     }
 
+    // ----- assignment -----
+
+    /// Reads the assignment, if a leader wrote one.
+    pub async fn read_assignment(&self) -> Result<Option<Versioned<Assignment>>, CoordError> {
+        self.read_json(self.paths.assignment(), "assignment").await
+    }
+
+    /// Writes the assignment as leader `leader_task`: ONE transaction that checks the leader's
+    /// task node still exists and compare-and-sets the assignment (`expected_version: None`: it
+    /// must not exist). A leader whose session expired or that unregistered writes nothing
+    /// ([`CoordError::Fenced`]); a lost race is [`CoordError::VersionConflict`].
+    pub async fn write_assignment(
+        &self,
+        leader_task: &str,
+        assignment: &Assignment,
+        expected_version: Option<i32>,
+    ) -> Result<i32, CoordError> {
+        validate_name("task name", leader_task)?;
+        let path = self.paths.assignment().to_string();
+        let task_path = self.paths.task(leader_task);
+        let data = encode(&path, assignment)?;
+        if data.len() > MAX_SHARD_LIST_BYTES {
+            return Err(CoordError::TooLarge { path, bytes: data.len(), limit: MAX_SHARD_LIST_BYTES });
+        }
+        let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        let mut txn = self.client().new_multi_writer();
+        txn.add_check_version(&task_path, 0).map_err(|e| CoordError::zk(&task_path, "check", e))?;
+        match expected_version {
+            None => txn.add_create(&path, &data, &options),
+            Some(v) => txn.add_set_data(&path, &data, Some(v)),
+        }
+        .map_err(|e| CoordError::zk(&path, "assign", e))?;
+        match txn.commit().await {
+            Ok(results) => match results.into_iter().nth(1) {
+                Some(zk::MultiWriteResult::SetData { stat }) => Ok(stat.version),
+                Some(zk::MultiWriteResult::Create { stat, .. }) => Ok(stat.version),
+                other => Err(CoordError::Zk {
+                    path,
+                    op: "multi",
+                    source: zk::Error::UnexpectedError(format!("unexpected transaction result {other:?}")),
+                }),
+            },
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 0,
+                source: zk::Error::NoNode | zk::Error::BadVersion,
+            }) => Err(CoordError::Fenced { shard_id: "(assignment)".into(), lease_path: task_path }),
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 1,
+                source: zk::Error::BadVersion | zk::Error::NoNode | zk::Error::NodeExists,
+            }) => Err(CoordError::VersionConflict { path, expected: expected_version }),
+            Err(
+                zk::MultiWriteError::OperationFailed { source, .. } | zk::MultiWriteError::RequestFailed { source },
+            ) => Err(CoordError::zk(&path, "multi", source)),
+        }
+    }
+
+    /// Deletes the assignment, so that the leader computes the next one from scratch
+    /// (round-robin): what `squall rebalance` does once no shard is leased.
+    pub async fn delete_assignment(&self) -> Result<(), CoordError> {
+        self.delete_quietly(self.paths.assignment()).await
+    }
+
+    // ----- finished markers -----
+
+    /// The shards with a `finished/{shard}` marker. One request.
+    pub async fn list_finished(&self) -> Result<BTreeSet<String>, CoordError> {
+        let dir = self.paths.finished_dir();
+        match self.client().list_children(dir).await {
+            Ok(v) => Ok(v.into_iter().collect()),
+            Err(zk::Error::NoNode) => Ok(BTreeSet::new()),
+            Err(e) => Err(CoordError::zk(dir, "list", e)),
+        }
+    }
+
+    /// Creates a `finished/{shard}` marker (idempotent). Only needed to repair data written by
+    /// older versions; [`ZkStore::write_checkpoint`] creates it with the finished checkpoint.
+    pub async fn mark_finished(&self, shard_id: &str) -> Result<(), CoordError> {
+        validate_name("shard id", shard_id)?;
+        let path = self.paths.finished(shard_id);
+        let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        match self.client().create(&path, &[], &options).await {
+            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(e) => Err(CoordError::zk(&path, "create", e)),
+        }
+    }
+
+    /// Garbage collection of a shard that finished and left the stream: deletes its checkpoint,
+    /// its `owners/{shard}` directory and its finished marker, in that order, so that a partial
+    /// run leaves a state the next run completes. A lease still under `owners/{shard}` (it should
+    /// not be there) stops the collection of that shard.
+    pub async fn forget_shard(&self, shard_id: &str) -> Result<(), CoordError> {
+        validate_name("shard id", shard_id)?;
+        self.delete_quietly(&self.paths.checkpoint(shard_id)).await?;
+        let dir = self.paths.owner_dir(shard_id);
+        match self.client().delete(&dir, None).await {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(zk::Error::NotEmpty) => {
+                return Err(CoordError::LeasesHeld { shards: vec![shard_id.to_string()] });
+            }
+            Err(e) => return Err(CoordError::zk(&dir, "delete", e)),
+        }
+        self.delete_quietly(&self.paths.finished(shard_id)).await
+    }
+
     // ----- checkpoints -----
 
-    /// Every checkpoint of the stream, by shard id.
-    pub async fn read_checkpoints(&self) -> Result<BTreeMap<String, Versioned<Checkpoint>>, CoordError> {
+    /// The shard ids with a checkpoint znode. One request.
+    pub async fn checkpoint_ids(&self) -> Result<BTreeSet<String>, CoordError> {
         let dir = self.paths.checkpoints();
-        let names = self.client.list_children(dir).await.map_err(|e| CoordError::zk(dir, "list", e))?;
+        let names = self.client().list_children(dir).await.map_err(|e| CoordError::zk(dir, "list", e))?;
+        Ok(names.into_iter().collect())
+    }
+
+    /// Every checkpoint of the stream, by shard id; fails as a whole on the first malformed one.
+    /// Coordination never calls it (see [`ZkStore::scan_checkpoints`]); tools and tests do.
+    pub async fn read_checkpoints(&self) -> Result<BTreeMap<String, Versioned<Checkpoint>>, CoordError> {
+        let mut out = BTreeMap::new();
+        for (shard, r) in self.scan_checkpoints().await? {
+            out.insert(shard, r?);
+        }
+        Ok(out)
+    }
+
+    /// Every checkpoint of the stream, each with its own result: a malformed checkpoint is an
+    /// error for its shard only. Pipelined reads (N + 1 requests).
+    pub async fn scan_checkpoints(
+        &self,
+    ) -> Result<BTreeMap<String, Result<Versioned<Checkpoint>, CoordError>>, CoordError> {
+        let names = self.checkpoint_ids().await?;
         let reads: Vec<_> = names
             .into_iter()
             .map(|n| {
                 let path = self.paths.checkpoint(&n);
-                let fut = self.client.get_data(&path);
+                let fut = self.client().get_data(&path);
                 (n, path, fut)
             })
             .collect();
@@ -328,8 +541,9 @@ impl ZkStore {
         for (shard, path, fut) in reads {
             match fut.await {
                 Ok((data, stat)) => {
-                    let value = decode::<Checkpoint>(&path, "checkpoint", &data)?;
-                    out.insert(shard, Versioned { value, version: stat.version });
+                    let value = decode::<Checkpoint>(&path, "checkpoint", &data)
+                        .map(|value| Versioned { value, version: stat.version });
+                    out.insert(shard, value);
                 }
                 Err(zk::Error::NoNode) => {}
                 Err(e) => return Err(CoordError::zk(&path, "get", e)),
@@ -341,18 +555,41 @@ impl ZkStore {
     /// One shard's checkpoint, if any.
     pub async fn read_checkpoint(&self, shard_id: &str) -> Result<Option<Versioned<Checkpoint>>, CoordError> {
         validate_name("shard id", shard_id)?;
-        self.read_json(&self.paths.checkpoint(shard_id), "checkpoint").await
+        let path = self.paths.checkpoint(shard_id);
+        match self.guarded(ZkOp::GetData, &path, || self.client().get_data(&path)).await {
+            Ok((data, stat)) => {
+                Ok(Some(Versioned { value: decode(&path, "checkpoint", &data)?, version: stat.version }))
+            }
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(CoordError::zk(&path, "get", e)),
+        }
+    }
+
+    /// A one-shot watch that fires when the shard's checkpoint znode changes or goes (e.g. an
+    /// operator repaired a malformed one). One request.
+    pub async fn watch_checkpoint(&self, shard_id: &str) -> Result<zk::OneshotWatcher, CoordError> {
+        validate_name("shard id", shard_id)?;
+        let path = self.paths.checkpoint(shard_id);
+        let (_, watcher) =
+            self.client().check_and_watch_stat(&path).await.map_err(|e| CoordError::zk(&path, "watch", e))?;
+        Ok(watcher)
     }
 
     /// Persists the starting decision for a shard once: creates the checkpoint if absent, and
-    /// otherwise returns the one already stored (the first decision wins).
+    /// otherwise returns the one already stored (the first decision wins). Also creates the
+    /// shard's `owners/` directory, so taking a lease needs no extra request.
     pub async fn init_checkpoint(&self, shard_id: &str, cp: &Checkpoint) -> Result<Versioned<Checkpoint>, CoordError> {
         validate_name("shard id", shard_id)?;
         cp.validate(shard_id)?;
         let path = self.paths.checkpoint(shard_id);
         let data = encode(&path, cp)?;
-        let options = zk::CreateMode::Persistent.with_acls(self.acls);
-        match self.client.create(&path, &data, &options).await {
+        let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        let dir = self.paths.owner_dir(shard_id);
+        match self.client().create(&dir, &[], &options).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {}
+            Err(e) => return Err(CoordError::zk(&dir, "create", e)),
+        }
+        match self.client().create(&path, &data, &options).await {
             Ok((stat, _)) => Ok(Versioned { value: cp.clone(), version: stat.version }),
             Err(zk::Error::NodeExists) => match self.read_json(&path, "checkpoint").await? {
                 Some(existing) => Ok(existing),
@@ -364,17 +601,20 @@ impl ZkStore {
     }
 
     /// Fenced checkpoint write: ONE transaction of `check_version(lease.path, 0)` and
-    /// `set_data(checkpoint, expected_version)`.
+    /// `set_data(checkpoint, current.version)`; a finished checkpoint also creates the shard's
+    /// `finished/` marker in the same transaction. No read first: `current` is what the writer
+    /// last read or wrote, and the version check proves it is still what is stored.
     ///
     /// * [`CoordError::Fenced`] when the lease znode is gone (session expired, lease released):
     ///   a zombie never overwrites the new owner's checkpoint.
-    /// * [`CoordError::VersionConflict`] when the checkpoint is not at `expected_version`.
-    /// * [`CoordError::CheckpointBackwards`] (nothing written) when it would move back.
+    /// * [`CoordError::VersionConflict`] when the checkpoint is not at `current.version`.
+    /// * [`CoordError::CheckpointBackwards`] (nothing written) when it would move back from
+    ///   `current`.
     pub async fn write_checkpoint(
         &self,
         lease: &Lease,
         cp: &Checkpoint,
-        expected_version: i32,
+        current: &Versioned<Checkpoint>,
     ) -> Result<i32, CoordError> {
         let shard_id = lease.shard_id.as_str();
         validate_name("shard id", shard_id)?;
@@ -382,18 +622,6 @@ impl ZkStore {
         let path = self.paths.checkpoint(shard_id);
         if !lease.path.starts_with(&self.paths.lease_prefix(shard_id)) {
             return Err(CoordError::Fenced { shard_id: shard_id.to_string(), lease_path: lease.path.clone() });
-        }
-        // Compare with the stored value; the version check in the transaction guarantees the
-        // value we compared with is the one we overwrite.
-        let current = match self.client.get_data(&path).await {
-            Ok((data, stat)) => {
-                Versioned { value: decode::<Checkpoint>(&path, "checkpoint", &data)?, version: stat.version }
-            }
-            Err(zk::Error::NoNode) => return Err(CoordError::NoCheckpoint { shard_id: shard_id.to_string(), path }),
-            Err(e) => return Err(CoordError::zk(&path, "get", e)),
-        };
-        if current.version != expected_version {
-            return Err(CoordError::VersionConflict { path, expected: Some(expected_version) });
         }
         if cp.moves_back_from(&current.value) {
             return Err(CoordError::CheckpointBackwards {
@@ -403,15 +631,39 @@ impl ZkStore {
                 proposed: describe(cp),
             });
         }
-        let data = encode(&path, cp)?;
-        let mut txn = self.client.new_multi_writer();
+        let mark = cp.finished && !current.value.finished;
+        match self.commit_checkpoint(lease, &path, cp, current.version, mark).await {
+            // The marker is there already (a repair, or data from an older version): fine.
+            Err(CoordError::Zk { source: zk::Error::NodeExists, .. }) if mark => {
+                self.commit_checkpoint(lease, &path, cp, current.version, false).await
+            }
+            other => other,
+        }
+    }
+
+    async fn commit_checkpoint(
+        &self,
+        lease: &Lease,
+        path: &str,
+        cp: &Checkpoint,
+        expected_version: i32,
+        mark: bool,
+    ) -> Result<i32, CoordError> {
+        let shard_id = lease.shard_id.as_str();
+        let data = encode(path, cp)?;
+        let marker = self.paths.finished(shard_id);
+        let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        let mut txn = self.client().new_multi_writer();
         txn.add_check_version(&lease.path, 0).map_err(|e| CoordError::zk(&lease.path, "check", e))?;
-        txn.add_set_data(&path, &data, Some(expected_version)).map_err(|e| CoordError::zk(&path, "set", e))?;
-        match txn.commit().await {
+        txn.add_set_data(path, &data, Some(expected_version)).map_err(|e| CoordError::zk(path, "set", e))?;
+        if mark {
+            txn.add_create(&marker, &[], &options).map_err(|e| CoordError::zk(&marker, "create", e))?;
+        }
+        match self.guarded(ZkOp::Multi, path, || txn.commit()).await {
             Ok(results) => match results.into_iter().nth(1) {
                 Some(zk::MultiWriteResult::SetData { stat }) => Ok(stat.version),
                 other => Err(CoordError::Zk {
-                    path,
+                    path: path.to_string(),
                     op: "multi",
                     source: zk::Error::UnexpectedError(format!("unexpected transaction result {other:?}")),
                 }),
@@ -424,33 +676,41 @@ impl ZkStore {
                 Err(CoordError::Fenced { shard_id: shard_id.to_string(), lease_path: lease.path.clone() })
             }
             Err(zk::MultiWriteError::OperationFailed { index: 1, source: zk::Error::BadVersion }) => {
-                Err(CoordError::VersionConflict { path, expected: Some(expected_version) })
+                Err(CoordError::VersionConflict { path: path.to_string(), expected: Some(expected_version) })
             }
             Err(zk::MultiWriteError::OperationFailed { index: 1, source: zk::Error::NoNode }) => {
-                Err(CoordError::NoCheckpoint { shard_id: shard_id.to_string(), path })
+                Err(CoordError::NoCheckpoint { shard_id: shard_id.to_string(), path: path.to_string() })
             }
             Err(zk::MultiWriteError::OperationFailed { index, source }) => {
-                let failed = if index == 0 { lease.path.clone() } else { path };
+                let failed = match index {
+                    0 => lease.path.clone(),
+                    1 => path.to_string(),
+                    _ => marker,
+                };
                 Err(CoordError::zk(&failed, "multi", source))
             }
-            Err(zk::MultiWriteError::RequestFailed { source }) => Err(CoordError::zk(&path, "multi", source)),
+            Err(zk::MultiWriteError::RequestFailed { source }) => Err(CoordError::zk(path, "multi", source)),
         }
     }
 
     /// Rewinds every checkpoint of the stream (every checkpoint znode and every shard in the
-    /// shard list) to `position`, unfinished, in one transaction. Refused with
-    /// [`CoordError::LeasesHeld`] while any task holds a lease: the store takes a lease on every
-    /// shard itself first, so no task can start reading mid-reset. Returns the number written.
+    /// shard list) to `position`, unfinished, in one transaction that also removes their finished
+    /// markers and forgets the stream's recorded creation time (so a stream re-created under the
+    /// same name is accepted). Refused with [`CoordError::LeasesHeld`] while any task holds a
+    /// lease: the store takes a lease on every shard itself first, so no task can start reading
+    /// mid-reset. Returns the number written.
     pub async fn reset_checkpoints(&self, position: &CheckpointPosition) -> Result<usize, CoordError> {
+        let holder = format!("cli-{}", self.session.name());
         let cp = Checkpoint {
             position: position.clone(),
             finished: false,
             updated_at_ms: now_ms(),
-            writer: Some(format!("reset by {}", self.writer)),
+            writer: Some(format!("reset by {}", self.session.name())),
         };
-        let mut shards: BTreeSet<String> = self.read_checkpoints().await?.into_keys().collect();
-        if let Some(list) = self.read_shard_list().await? {
-            shards.extend(list.value.shards.into_iter().map(|s| s.shard_id));
+        let mut shards: BTreeSet<String> = self.checkpoint_ids().await?;
+        let list = self.read_shard_list().await?;
+        if let Some(list) = &list {
+            shards.extend(list.value.shards.iter().map(|s| s.shard_id.clone()));
         }
         for s in &shards {
             cp.validate(s)?;
@@ -458,11 +718,12 @@ impl ZkStore {
         let mut leases = Vec::new();
         let mut held = Vec::new();
         for shard in &shards {
-            match self.try_acquire(shard).await {
+            match self.try_acquire(shard, &holder).await {
                 Ok(Acquire::Acquired(lease)) => leases.push(lease),
                 Ok(Acquire::HeldBy { shard_id, .. }) => held.push(shard_id),
                 Err(e) => {
                     self.release_all(leases).await;
+                    let _ = self.cleanup_leases(shard, &holder).await;
                     return Err(e);
                 }
             }
@@ -471,7 +732,7 @@ impl ZkStore {
             self.release_all(leases).await;
             return Err(CoordError::LeasesHeld { shards: held });
         }
-        let result = self.write_reset(&shards, &leases, &cp).await;
+        let result = self.write_reset(&shards, &leases, &cp, list).await;
         self.release_all(leases).await;
         result.map(|()| shards.len())
     }
@@ -481,13 +742,14 @@ impl ZkStore {
         shards: &BTreeSet<String>,
         leases: &[Lease],
         cp: &Checkpoint,
+        list: Option<Versioned<ShardList>>,
     ) -> Result<(), CoordError> {
         let dir = self.paths.checkpoints().to_string();
-        let existing: BTreeSet<String> =
-            self.client.list_children(&dir).await.map_err(|e| CoordError::zk(&dir, "list", e))?.into_iter().collect();
+        let existing = self.checkpoint_ids().await?;
+        let finished = self.list_finished().await?;
         let data = encode(&dir, cp)?;
-        let options = zk::CreateMode::Persistent.with_acls(self.acls);
-        let mut txn = self.client.new_multi_writer();
+        let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        let mut txn = self.client().new_multi_writer();
         for lease in leases {
             txn.add_check_version(&lease.path, 0).map_err(|e| CoordError::zk(&lease.path, "check", e))?;
         }
@@ -499,11 +761,22 @@ impl ZkStore {
                 txn.add_create(&path, &data, &options)
             }
             .map_err(|e| CoordError::zk(&path, "reset", e))?;
+            if finished.contains(shard) {
+                let marker = self.paths.finished(shard);
+                txn.add_delete(&marker, None).map_err(|e| CoordError::zk(&marker, "reset", e))?;
+            }
+        }
+        if let Some(list) = list.filter(|l| l.value.stream_created_ms.is_some()) {
+            let path = self.paths.shards().to_string();
+            let value = ShardList { stream_created_ms: None, ..list.value };
+            let bytes = encode(&path, &value)?;
+            txn.add_set_data(&path, &bytes, Some(list.version)).map_err(|e| CoordError::zk(&path, "reset", e))?;
         }
         txn.commit().await.map(|_| ()).map_err(|e| match e {
-            zk::MultiWriteError::OperationFailed { source: zk::Error::NodeExists | zk::Error::NoNode, .. } => {
-                CoordError::VersionConflict { path: dir.clone(), expected: None }
-            }
+            zk::MultiWriteError::OperationFailed {
+                source: zk::Error::NodeExists | zk::Error::NoNode | zk::Error::BadVersion,
+                ..
+            } => CoordError::VersionConflict { path: dir.clone(), expected: None },
             zk::MultiWriteError::OperationFailed { source, .. } | zk::MultiWriteError::RequestFailed { source } => {
                 CoordError::zk(&dir, "reset", source)
             }
@@ -520,62 +793,138 @@ impl ZkStore {
 
     // ----- leases -----
 
-    /// Tries to take the shard: creates `owners/{shard}/lease-N` (EPHEMERAL_SEQUENTIAL). When a
-    /// lease with a lower sequence exists, deletes its own and reports the holder. If this very
-    /// session already holds the shard (e.g. a retry after connection loss), returns that lease.
-    pub async fn try_acquire(&self, shard_id: &str) -> Result<Acquire, CoordError> {
+    /// Tries to take the shard for `holder` (a task node name, or `cli-...`).
+    ///
+    /// Looks first (one listing): a shard someone holds is answered with
+    /// [`Acquire::HeldBy`] without any write, so a waiting task costs one watch
+    /// ([`ZkStore::watch_lease`]) and nothing else. When the holder already holds it (a retry), its
+    /// lease is returned. Otherwise creates `owners/{shard}/lease-{holder}-N`
+    /// (EPHEMERAL_SEQUENTIAL) and lists again: the lowest sequence owns the shard; a loser of a race
+    /// deletes its own node before answering [`Acquire::HeldBy`].
+    ///
+    /// On an error the holder may have left a lease behind (a create whose answer was lost):
+    /// [`ZkStore::cleanup_leases`] removes it, and callers must call it until it succeeds.
+    pub async fn try_acquire(&self, shard_id: &str, holder: &str) -> Result<Acquire, CoordError> {
         validate_name("shard id", shard_id)?;
+        validate_name("lease holder", holder)?;
         let dir = self.paths.owner_dir(shard_id);
-        let dir_options = zk::CreateMode::Persistent.with_acls(self.acls);
-        match self.client.create(&dir, &[], &dir_options).await {
-            Ok(_) | Err(zk::Error::NodeExists) => {}
-            Err(e) => return Err(CoordError::zk(&dir, "create", e)),
-        }
-        let prefix = self.paths.lease_prefix(shard_id);
-        let info = LeaseInfo { writer: self.writer.clone(), session_id: self.writer.clone(), since_ms: now_ms() };
-        let data = encode(&prefix, &info)?;
-        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls);
-        let (_, seq) =
-            self.client.create(&prefix, &data, &options).await.map_err(|e| CoordError::zk(&prefix, "create", e))?;
-        let own_name = format!("{LEASE_PREFIX}{seq}");
-        let own_path = format!("{dir}/{own_name}");
-        let session = self.client.session_id().0;
-        // A lower lease can vanish while we look at it; each pass either decides or sees one fewer.
-        for _ in 0..16 {
-            let mut leases = self.client.list_children(&dir).await.map_err(|e| CoordError::zk(&dir, "list", e))?;
-            leases.retain(|n| n.starts_with(LEASE_PREFIX) && sequence_of(n).is_some());
-            leases.sort_by_key(|n| sequence_of(n));
-            let Some(lowest) = leases.first() else {
-                return Err(CoordError::Fenced { shard_id: shard_id.to_string(), lease_path: own_path });
-            };
-            if *lowest == own_name {
-                debug!(shard = shard_id, lease = %own_path, "lease acquired");
-                return Ok(Acquire::Acquired(Lease { shard_id: shard_id.to_string(), path: own_path }));
-            }
-            let holder_path = format!("{dir}/{lowest}");
-            match self.client.check_stat(&holder_path).await.map_err(|e| CoordError::zk(&holder_path, "stat", e))? {
-                None => continue,
-                Some(stat) => {
-                    self.delete_quietly(&own_path).await?;
-                    if stat.ephemeral_owner == session {
-                        return Ok(Acquire::Acquired(Lease { shard_id: shard_id.to_string(), path: holder_path }));
-                    }
-                    return Ok(Acquire::HeldBy { shard_id: shard_id.to_string(), holder_path });
+        let leases = match self.leases(&dir).await {
+            Ok(l) => l,
+            Err(CoordError::Zk { source: zk::Error::NoNode, .. }) => {
+                let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+                match self.client().create(&dir, &[], &options).await {
+                    Ok(_) | Err(zk::Error::NodeExists) => Vec::new(),
+                    Err(e) => return Err(CoordError::zk(&dir, "create", e)),
                 }
             }
+            Err(e) => return Err(e),
+        };
+        if let Some(decided) = self.decide(shard_id, &dir, &leases, holder) {
+            return Ok(decided);
         }
-        self.delete_quietly(&own_path).await?;
-        Err(CoordError::VersionConflict { path: dir, expected: None })
+        let prefix = self.paths.lease_prefix_for(shard_id, holder);
+        let info = LeaseInfo {
+            writer: self.session.name().to_string(),
+            session_id: self.session.name().to_string(),
+            since_ms: now_ms(),
+            task: Some(holder.to_string()),
+        };
+        let data = encode(&prefix, &info)?;
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.session.acls);
+        self.guarded(ZkOp::Create, &prefix, || self.client().create(&prefix, &data, &options))
+            .await
+            .map_err(|e| CoordError::zk(&prefix, "create", e))?;
+        // Ours is there now, so the listing decides: lowest sequence wins.
+        let leases = self.leases(&dir).await?;
+        match self.decide(shard_id, &dir, &leases, holder) {
+            Some(Acquire::Acquired(lease)) => {
+                debug!(shard = shard_id, lease = %lease.path, "lease acquired");
+                Ok(Acquire::Acquired(lease))
+            }
+            Some(held) => {
+                // Lost a race: take our own node back so it never blocks anyone.
+                self.cleanup_leases(shard_id, holder).await?;
+                Ok(held)
+            }
+            // Our node is gone already: the session must have ended.
+            None => Err(CoordError::Fenced { shard_id: shard_id.to_string(), lease_path: format!("{prefix}(gone)") }),
+        }
+    }
+
+    /// The lease node names under `dir`, sorted by sequence.
+    async fn leases(&self, dir: &str) -> Result<Vec<String>, CoordError> {
+        let mut leases = self
+            .guarded(ZkOp::List, dir, || self.client().list_children(dir))
+            .await
+            .map_err(|e| CoordError::zk(dir, "list", e))?;
+        leases.retain(|n| n.starts_with(LEASE_PREFIX) && sequence_of(n).is_some());
+        leases.sort_by_key(|n| sequence_of(n));
+        Ok(leases)
+    }
+
+    /// Who owns the shard given its sorted leases; `None` when there is no lease.
+    fn decide(&self, shard_id: &str, dir: &str, leases: &[String], holder: &str) -> Option<Acquire> {
+        let lowest = leases.first()?;
+        let path = format!("{dir}/{lowest}");
+        Some(if lease_holder(lowest) == Some(holder) {
+            Acquire::Acquired(Lease { shard_id: shard_id.to_string(), path })
+        } else {
+            Acquire::HeldBy { shard_id: shard_id.to_string(), holder_path: path }
+        })
+    }
+
+    /// Deletes every lease node of `holder` on the shard (after a failed or lost acquisition).
+    /// Returns how many it deleted.
+    pub async fn cleanup_leases(&self, shard_id: &str, holder: &str) -> Result<usize, CoordError> {
+        validate_name("shard id", shard_id)?;
+        let dir = self.paths.owner_dir(shard_id);
+        let leases = match self.leases(&dir).await {
+            Ok(l) => l,
+            Err(CoordError::Zk { source: zk::Error::NoNode, .. }) => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let mut n = 0;
+        for name in leases.iter().filter(|n| lease_holder(n) == Some(holder)) {
+            self.delete_lease(&format!("{dir}/{name}")).await?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// A one-shot watch on a lease znode held by someone else: it fires when the lease goes
+    /// (released, or its session expired). `None` when it is already gone. One request.
+    pub async fn watch_lease(&self, holder_path: &str) -> Result<Option<zk::OneshotWatcher>, CoordError> {
+        if !holder_path.starts_with(self.paths.owners()) {
+            return Err(CoordError::InvalidName {
+                what: "lease path",
+                name: holder_path.to_string(),
+                reason: "is not under this stream's owners/",
+            });
+        }
+        let (stat, watcher) = self
+            .guarded(ZkOp::Exists, holder_path, || self.client().check_and_watch_stat(holder_path))
+            .await
+            .map_err(|e| CoordError::zk(holder_path, "watch", e))?;
+        Ok(stat.map(|_| watcher))
     }
 
     async fn delete_quietly(&self, path: &str) -> Result<(), CoordError> {
-        match self.client.delete(path, None).await {
+        match self.client().delete(path, None).await {
             Ok(()) | Err(zk::Error::NoNode) => Ok(()),
             Err(e) => Err(CoordError::zk(path, "delete", e)),
         }
     }
 
-    /// Releases a lease (deletes its znode). Releasing a lease that is already gone is fine.
+    async fn delete_lease(&self, path: &str) -> Result<(), CoordError> {
+        match self.guarded(ZkOp::Delete, path, || self.client().delete(path, None)).await {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Err(e) => Err(CoordError::zk(path, "delete", e)),
+        }
+    }
+
+    /// Releases a lease (deletes its znode). Releasing a lease that is already gone is fine. On
+    /// an error the lease may still be there: callers retry until it succeeds (or the session
+    /// ends, which removes it too).
     pub async fn release(&self, lease: Lease) -> Result<(), CoordError> {
         if !lease.path.starts_with(self.paths.owners()) {
             return Err(CoordError::InvalidName {
@@ -584,52 +933,96 @@ impl ZkStore {
                 reason: "is not under this stream's owners/",
             });
         }
-        self.delete_quietly(&lease.path).await?;
+        self.delete_lease(&lease.path).await?;
         debug!(shard = %lease.shard_id, lease = %lease.path, "lease released");
         Ok(())
     }
 
     // ----- watch -----
 
-    /// Starts a persistent recursive watch on the topology path. The returned channel carries
-    /// [`ChangeEvent`]s; [`ChangeEvent::SessionLost`] is the last one. The watch task ends when
-    /// the receiver is dropped or the session ends.
-    pub async fn watch(&self) -> Result<mpsc::Receiver<ChangeEvent>, CoordError> {
-        let topo = self.paths.topology().to_string();
-        let stream = self.paths.stream_name().to_string();
-        let mut watcher = self
-            .client
-            .watch(&topo, zk::AddWatchMode::PersistentRecursive)
-            .await
-            .map_err(|e| CoordError::zk(&topo, "watch", e))?;
+    /// Follows `targets` and merges their changes into one channel of [`ChangeEvent`]s, plus the
+    /// session's Disconnected / Reconnected / SessionLost ([`ChangeEvent::SessionLost`] is the
+    /// last event). Each target is a one-shot watch re-armed after it fires (one request) and
+    /// before the event is passed on, so a consumer that reads after an event never misses a later
+    /// change. Only the watched znode itself is followed (its data, or its list of children),
+    /// never anything deeper, so hot checkpoint writes reach no watcher.
+    ///
+    /// One-shot rather than persistent watches: the client restores one-shot watches after
+    /// reconnecting to another server (and the server then reports what changed meanwhile), while
+    /// zookeeper-client 0.11 does not re-register persistent watches on reconnection (its
+    /// `resend_watches` never sends the persistent ones), so a persistent watch would fall silent
+    /// after the first ZooKeeper server failover.
+    pub async fn watch(&self, targets: &[WatchOn]) -> Result<mpsc::Receiver<ChangeEvent>, CoordError> {
         let (tx, rx) = mpsc::channel(WATCH_CHANNEL);
-        // The task holds no Client clone, so dropping the store still closes the session.
-        tokio::spawn(async move {
-            loop {
-                let event = tokio::select! {
-                    _ = tx.closed() => return,
-                    event = watcher.changed() => event,
-                };
-                let change = if event.event_type == zk::EventType::Session {
-                    match event.session_state {
-                        zk::SessionState::Disconnected => Some(ChangeEvent::Disconnected),
-                        zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
-                            Some(ChangeEvent::Reconnected)
-                        }
-                        _ => None, // terminal, below
-                    }
-                } else {
-                    classify(&topo, &stream, &event.path)
-                };
-                let terminal = event.event_type == zk::EventType::Session && event.session_state.is_terminated();
-                let change = if terminal { Some(ChangeEvent::SessionLost) } else { change };
-                if let Some(change) = change {
-                    if tx.send(change).await.is_err() {
+        for target in targets {
+            let (path, event, children) = match target {
+                WatchOn::Tasks => (self.paths.tasks().to_string(), ChangeEvent::Tasks, true),
+                WatchOn::Assignment => (self.paths.assignment().to_string(), ChangeEvent::Assignment, false),
+                WatchOn::Finished => (self.paths.finished_dir().to_string(), ChangeEvent::Finished, true),
+                WatchOn::State => (self.paths.state().to_string(), ChangeEvent::State, false),
+                WatchOn::Drain => (self.paths.drain(), ChangeEvent::Drain, false),
+            };
+            let first = arm(self.client(), &path, children).await.map_err(|e| CoordError::zk(&path, "watch", e))?;
+            // The task holds the session only while it re-arms (so dropping the store still
+            // closes it); it ends with the receiver or the session.
+            let weak = Arc::downgrade(&self.session);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut watcher = first;
+                loop {
+                    let ev = tokio::select! {
+                        _ = tx.closed() => return,
+                        ev = watcher.changed() => ev,
+                    };
+                    if ev.event_type == zk::EventType::Session {
+                        // Terminal: the session forwarder reports it.
                         return;
                     }
+                    // Re-arm first, then report: whoever reads after the event also sees later
+                    // changes, or gets another event.
+                    let Some(session) = weak.upgrade() else { return };
+                    let rearmed = loop {
+                        match arm(&session.client, &path, children).await {
+                            Ok(w) => break Some(w),
+                            Err(e) if is_transient(&e) => {
+                                tokio::select! {
+                                    _ = tx.closed() => return,
+                                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                                }
+                            }
+                            Err(e) => {
+                                debug!(path = %path, error = %e, "watch ended");
+                                break None;
+                            }
+                        }
+                    };
+                    drop(session);
+                    if tx.send(event.clone()).await.is_err() {
+                        return;
+                    }
+                    match rearmed {
+                        Some(w) => watcher = w,
+                        None => return,
+                    }
                 }
-                if terminal {
-                    // PersistentWatcher::changed panics after a terminal event: stop here.
+            });
+        }
+        // Session events, once for the whole channel.
+        let mut state = self.client().state_watcher();
+        tokio::spawn(async move {
+            loop {
+                let st = tokio::select! {
+                    _ = tx.closed() => return,
+                    st = state.changed() => st,
+                };
+                let change = match st {
+                    s if s.is_terminated() => ChangeEvent::SessionLost,
+                    zk::SessionState::Disconnected => ChangeEvent::Disconnected,
+                    zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => ChangeEvent::Reconnected,
+                    _ => continue,
+                };
+                let terminal = change == ChangeEvent::SessionLost;
+                if tx.send(change).await.is_err() || terminal {
                     return;
                 }
             }
@@ -644,7 +1037,7 @@ impl ZkStore {
         path: &str,
         what: &str,
     ) -> Result<Option<Versioned<T>>, CoordError> {
-        match self.client.get_data(path).await {
+        match self.client().get_data(path).await {
             Ok((data, stat)) => Ok(Some(Versioned { value: decode(path, what, &data)?, version: stat.version })),
             Err(zk::Error::NoNode) => Ok(None),
             Err(e) => Err(CoordError::zk(path, "get", e)),
@@ -654,8 +1047,8 @@ impl ZkStore {
     async fn cas_write(&self, path: &str, data: &[u8], expected_version: Option<i32>) -> Result<i32, CoordError> {
         match expected_version {
             None => {
-                let options = zk::CreateMode::Persistent.with_acls(self.acls);
-                match self.client.create(path, data, &options).await {
+                let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+                match self.client().create(path, data, &options).await {
                     Ok((stat, _)) => Ok(stat.version),
                     Err(zk::Error::NodeExists) => {
                         Err(CoordError::VersionConflict { path: path.to_string(), expected: None })
@@ -663,7 +1056,7 @@ impl ZkStore {
                     Err(e) => Err(CoordError::zk(path, "create", e)),
                 }
             }
-            Some(v) => match self.client.set_data(path, data, Some(v)).await {
+            Some(v) => match self.client().set_data(path, data, Some(v)).await {
                 Ok(stat) => Ok(stat.version),
                 Err(zk::Error::BadVersion | zk::Error::NoNode) => {
                     Err(CoordError::VersionConflict { path: path.to_string(), expected: Some(v) })
@@ -674,38 +1067,36 @@ impl ZkStore {
     }
 }
 
+/// An injected client error, converted into the error type of the guarded call.
+struct InjectedError(zk::Error);
+
+impl From<InjectedError> for zk::Error {
+    fn from(e: InjectedError) -> Self {
+        e.0
+    }
+}
+
+impl From<InjectedError> for zk::MultiWriteError {
+    fn from(e: InjectedError) -> Self {
+        zk::MultiWriteError::RequestFailed { source: e.0 }
+    }
+}
+
+/// Sets a one-shot watch on `path`: on its list of children (`children`), or on the node itself
+/// (created, changed or deleted; the node may not exist yet). One request.
+async fn arm(client: &zk::Client, path: &str, children: bool) -> Result<zk::OneshotWatcher, zk::Error> {
+    if children {
+        match client.list_and_watch_children(path).await {
+            Ok((_, watcher)) => return Ok(watcher),
+            // Not there yet: watch for its creation instead.
+            Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let (_, watcher) = client.check_and_watch_stat(path).await?;
+    Ok(watcher)
+}
+
 fn describe(cp: &Checkpoint) -> String {
     if cp.finished { format!("{} (finished)", cp.position) } else { cp.position.to_string() }
-}
-
-fn short_backoff() -> ExponentialBuilder {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_secs(2))
-        .with_max_times(5)
-        .with_jitter()
-}
-
-pub(crate) async fn connect_client(cfg: &ZkConfig) -> Result<zk::Client, CoordError> {
-    let attempt = || async {
-        let mut connector = zk::Client::connector()
-            .with_session_timeout(cfg.session_timeout)
-            .with_connection_timeout(cfg.session_timeout.min(Duration::from_secs(5)))
-            .with_fail_eagerly();
-        if let Some(auth) = &cfg.auth {
-            connector = connector.with_auth("digest", &auth.digest_bytes());
-        }
-        // Bound each attempt: without a reachable server the client would keep cycling.
-        match tokio::time::timeout(cfg.session_timeout + Duration::from_secs(2), connector.connect(&cfg.connect)).await
-        {
-            Ok(result) => result,
-            Err(_) => Err(zk::Error::Timeout),
-        }
-    };
-    attempt
-        .retry(short_backoff().with_max_times(4))
-        .when(|e| !matches!(e, zk::Error::AuthFailed | zk::Error::BadArguments(_)))
-        .notify(|e, after| warn!(connect = %cfg.connect, error = %e, retry_in = ?after, "ZooKeeper connect failed"))
-        .await
-        .map_err(|source| CoordError::Connect { connect: cfg.connect.clone(), source })
 }

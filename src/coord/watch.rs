@@ -4,18 +4,16 @@ use std::time::Duration;
 
 use zookeeper_client as zk;
 
-/// What changed under the topology path (from one persistent recursive watch).
+/// What changed, from the persistent watches of [`super::ZkStore::watch`].
 #[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ChangeEvent {
-    /// A task registered or went away: recompute leader and assignment.
+    /// A task registered or went away: the leader recomputes the assignment.
     Tasks,
-    /// The shard list changed.
-    Shards,
-    /// The checkpoint of this shard was created, changed or deleted.
-    Checkpoint(String),
-    /// A lease of this shard was created or deleted (e.g. the old owner released it).
-    Owners(String),
+    /// The assignment changed (or was deleted).
+    Assignment,
+    /// A finished marker was created or deleted: a shard finished (or was reset).
+    Finished,
     /// The topology lifecycle state changed.
     State,
     /// A drain notification was written (`squall drain`).
@@ -23,29 +21,11 @@ pub enum ChangeEvent {
     /// The connection dropped; events may be missed until [`ChangeEvent::Reconnected`].
     Disconnected,
     /// The connection is back (same session). Events during the outage may have been lost
-    /// (ZOOKEEPER-4698): re-read tasks, shards and checkpoints.
+    /// (ZOOKEEPER-4698): re-read what is watched.
     Reconnected,
     /// The session expired (or the store was closed): leases and the task registration are gone.
     /// Stop reading, build a new store, register and re-acquire. No more events follow.
     SessionLost,
-}
-
-/// Maps a node path to an event for this topology and stream; `None` for paths nobody needs.
-pub(crate) fn classify(topology: &str, stream: &str, path: &str) -> Option<ChangeEvent> {
-    let rest = path.strip_prefix(topology)?.strip_prefix('/')?;
-    let mut parts = rest.split('/');
-    match (parts.next()?, parts.next(), parts.next(), parts.next()) {
-        ("state", None, _, _) => Some(ChangeEvent::State),
-        ("drain", None, _, _) => Some(ChangeEvent::Drain),
-        ("tasks", _, _, _) => Some(ChangeEvent::Tasks),
-        ("streams", Some(s), Some(kind), id) if s == stream => match (kind, id) {
-            ("shards", None) => Some(ChangeEvent::Shards),
-            ("checkpoints", Some(id)) => Some(ChangeEvent::Checkpoint(id.to_string())),
-            ("owners", Some(id)) => Some(ChangeEvent::Owners(id.to_string())),
-            _ => None,
-        },
-        _ => None,
-    }
 }
 
 /// Session state as the runtime needs it.
@@ -140,31 +120,5 @@ impl SessionWatch {
                 state = self.changed().await;
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn classify_paths() {
-        let t = "/r/topologies/wc";
-        assert_eq!(classify(t, "s", "/r/topologies/wc/tasks/task-0000000001"), Some(ChangeEvent::Tasks));
-        assert_eq!(classify(t, "s", "/r/topologies/wc/tasks"), Some(ChangeEvent::Tasks));
-        assert_eq!(classify(t, "s", "/r/topologies/wc/state"), Some(ChangeEvent::State));
-        assert_eq!(classify(t, "s", "/r/topologies/wc/streams/s/shards"), Some(ChangeEvent::Shards));
-        assert_eq!(
-            classify(t, "s", "/r/topologies/wc/streams/s/checkpoints/sh-1"),
-            Some(ChangeEvent::Checkpoint("sh-1".into()))
-        );
-        assert_eq!(
-            classify(t, "s", "/r/topologies/wc/streams/s/owners/sh-1/lease-0000000003"),
-            Some(ChangeEvent::Owners("sh-1".into()))
-        );
-        assert_eq!(classify(t, "s", "/r/topologies/wc/streams/other/shards"), None);
-        assert_eq!(classify(t, "s", "/r/topologies/wc/streams/s/checkpoints"), None);
-        assert_eq!(classify(t, "s", "/r/topologies/wc"), None);
-        assert_eq!(classify(t, "s", "/r/topologies/wcx/state"), None);
     }
 }

@@ -71,6 +71,18 @@ pub async fn list_shards(client: &Client, endpoint: &str, stream: &str) -> Resul
     Ok(shards)
 }
 
+/// The stream's creation time (DescribeStreamSummary), ms since the epoch. A stream deleted and
+/// re-created under the same name keeps its shard ids but gets a new creation time.
+pub async fn stream_created_ms(client: &Client, endpoint: &str, stream: &str) -> Result<Option<i64>, KinesisError> {
+    let out = client
+        .describe_stream_summary()
+        .stream_name(stream)
+        .send()
+        .await
+        .map_err(|e| KinesisError::from_sdk("DescribeStreamSummary", stream, endpoint, e))?;
+    Ok(out.stream_description_summary().and_then(|d| d.stream_creation_timestamp().to_millis().ok()))
+}
+
 /// Same as [`list_shards`]: the stream's shards with parents, hash ranges and open/closed.
 pub async fn describe_stream(
     client: &Client,

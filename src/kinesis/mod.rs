@@ -7,7 +7,7 @@ pub mod payload;
 
 pub use admin::{
     PutOptions, PutReport, create_stream, delete_stream, describe_stream, list_shards, merge_shards, put_records,
-    scale_stream, split_shard, wait_active,
+    scale_stream, split_shard, stream_created_ms, wait_active,
 };
 pub use error::{KinesisError, error_chain, sdk_message};
 
@@ -104,7 +104,14 @@ impl KinesisEndpoint {
                 loader = loader.credentials_provider(Credentials::new("test", "test", None, None, "squall-static"));
             }
         }
-        let shared = loader.load().await;
+        // Bounded calls: a request that hangs must not stall a shard's reader for good. GetRecords
+        // answers within a few seconds even with 10 MB; each attempt gets 10 s, the call 30 s.
+        let timeouts = aws_config::timeout::TimeoutConfig::builder()
+            .connect_timeout(std::time::Duration::from_secs(3))
+            .operation_attempt_timeout(std::time::Duration::from_secs(10))
+            .operation_timeout(std::time::Duration::from_secs(30))
+            .build();
+        let shared = loader.timeout_config(timeouts).load().await;
         let conf = aws_sdk_kinesis::config::Builder::from(&shared).build();
         Ok(aws_sdk_kinesis::Client::from_conf(conf))
     }

@@ -1,43 +1,36 @@
-//! The state manager of one spout task: registration, leader duties (shard discovery), assignment,
-//! leases, reader lifecycle, fenced checkpoints, shard end, handoff and ZooKeeper session loss.
+//! The per-task side of coordination: registration, leases, reader lifecycle, fenced
+//! checkpoints, shard end, handoff and session loss, for one spout task.
 //!
-//! It runs as one background task per spout task, a `select!` loop over ZooKeeper change events,
-//! reader events, session health, control from the spout, and a short tick. All ZooKeeper I/O
-//! happens here; the spout's hot path only touches the shared [`Tracker`] briefly.
+//! It runs as one background task per spout task: a `select!` loop over the worker's
+//! [`StreamView`] (session generation, health, assignment), lease and checkpoint watches, reader
+//! events, control from the spout, and a short tick. The worker-level [`super::stream`]
+//! coordinator decides who reads what; this loop only takes, reads and hands back its own shards.
+//!
+//! ZooKeeper requests it makes: a checkpoint write is one transaction; taking a free shard three
+//! requests plus one checkpoint read; waiting for a shard another task still holds one `exists`
+//! watch and no write; releasing one delete. Nothing per tick unless a checkpoint moved.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::config::{InitialPosition, KinesisSpoutConfig};
+use super::config::KinesisSpoutConfig;
 use super::reader::{ReaderCtx, ReaderEvent};
+use super::stream::{StreamCommand, StreamHandle, StreamView};
 use super::tracker::Tracker;
 use crate::coord::{
-    Acquire, ChangeEvent, Checkpoint, CheckpointPosition, CoordError, Lease, SessionAlarm, SessionStatus, ShardList,
-    ShardRecord, TaskInfo, ZkConfig, ZkStore, assign, leader, now_ms, readable_shards,
+    Acquire, Checkpoint, CheckpointPosition, CoordError, Health, Lease, TaskInfo, Versioned, ZkStore, now_ms,
 };
-use crate::kinesis;
-
-/// Session health as the coordinator sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Health {
-    Ok,
-    /// Disconnected for more than half the session timeout: stop fetching, leases may be gone.
-    Unsafe,
-    /// Expired or closed: rebuild everything.
-    Lost,
-}
 
 /// A shard this task holds a lease on.
 struct Owned {
     lease: Lease,
     epoch: u64,
-    cp_version: i32,
-    /// Last sequence written as checkpoint (or read at acquisition).
-    written: Option<String>,
+    /// The checkpoint as stored (last read or written), with its version.
+    cp: Versioned<Checkpoint>,
     last_write: Instant,
     reader: CancellationToken,
     reader_task: Option<tokio::task::JoinHandle<()>>,
@@ -45,98 +38,137 @@ struct Owned {
     releasing: Option<Instant>,
 }
 
+/// A shard assigned to this task that it cannot read now.
+struct Blocked {
+    /// Retry no earlier than this (a watch may wake it sooner).
+    retry_at: Instant,
+    /// The cancel of its watch (lease holder or checkpoint), if any.
+    watch: Option<CancellationToken>,
+    /// Finished here: wait for the leader's next assignment (it drops the shard) instead of
+    /// taking it again. The assignment generation it was blocked in.
+    until_new_assignment: Option<u64>,
+}
+
+/// Why a blocked shard wakes up.
+#[derive(Debug)]
+enum Wake {
+    /// The lease it waited for is gone, or its checkpoint changed.
+    Shard(Arc<str>),
+}
+
 pub(crate) struct Coordinator {
     pub cfg: Arc<KinesisSpoutConfig>,
-    pub zk: ZkConfig,
     pub info: TaskInfo,
     pub tracker: Arc<Mutex<Tracker>>,
     pub reader: Arc<ReaderCtx>,
     pub reader_events: mpsc::UnboundedReceiver<ReaderEvent>,
     /// Desired activation (from the spout's activate/deactivate).
     pub active: watch::Receiver<bool>,
-    /// What the readers obey: active and session healthy. Shared with the session monitor, which
-    /// closes it at once when the session becomes unsafe, even while this loop waits on ZooKeeper.
+    /// What the readers obey: active, registered and session healthy.
     pub fetch_allowed: Arc<watch::Sender<bool>>,
     /// The task's ZooKeeper node name, published for the spout (status, logs).
     pub task_name: Arc<Mutex<String>>,
-    /// Readers and the session monitor: owned, awaited before `run` returns.
+    /// Readers and helpers: owned, awaited before `run` returns.
     pub tasks: tokio_util::task::TaskTracker,
+    /// The worker's stream coordinator (shared by its tasks).
+    pub stream: Arc<StreamHandle>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Per-session state.
+/// This task's registration in one session generation, and everything it holds there.
 struct Session {
-    store: Arc<ZkStore>,
+    generation: u64,
+    store: ZkStore,
     task: String,
-    events: mpsc::Receiver<ChangeEvent>,
-    health: watch::Receiver<Health>,
-    monitor: CancellationToken,
     owned: HashMap<Arc<str>, Owned>,
-    is_leader: bool,
-    last_discovery: Option<Instant>,
-    discovery_wanted: bool,
-    dirty: bool,
-    last_sync: Instant,
-    finished_seen: usize,
+    blocked: HashMap<Arc<str>, Blocked>,
+    /// Leases whose delete failed (or whose create's outcome is unknown): removed at the next
+    /// ticks until ZooKeeper confirms, so no lease ever outlives its use.
+    cleanup: BTreeSet<Arc<str>>,
+    pending_release: Vec<Lease>,
+    /// The generation of the assignment last reconciled with.
+    assignment_generation: Option<u64>,
     last_warn: Option<(String, Instant)>,
 }
 
+/// How a session of this task ended.
+enum End {
+    Shutdown,
+    Lost,
+}
+
 impl Coordinator {
-    /// Runs until `cancel`; then hands every shard back (final checkpoint, release) and closes
-    /// the session. `first` is the already-connected store from `open` (so a bad connect string
-    /// fails the spout's open with a clear error).
-    pub async fn run(mut self, first: ZkStore, cancel: CancellationToken) {
-        let mut next_store = Some(first);
+    /// Runs until `cancel`; then hands every shard back (final checkpoint, release) and removes
+    /// its registration.
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let mut view_rx = self.stream.view.clone();
+        let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<Wake>();
+        // Close the readers' gate at once when the session turns unsafe, even while this loop
+        // waits on ZooKeeper.
+        self.tasks.spawn(guard_fetch(self.stream.view.clone(), self.fetch_allowed.clone(), cancel.clone()));
         loop {
-            let store = match next_store.take() {
-                Some(s) => s,
-                None => match self.reconnect(&cancel).await {
-                    Some(s) => s,
-                    None => {
+            // A registration in the current generation.
+            let mut s = loop {
+                let view = view_rx.borrow_and_update().clone();
+                self.set_fetch(false);
+                if let (Some(store), Health::Ok) = (&view.store, &view.health) {
+                    match self.register(store.clone(), view.generation).await {
+                        Ok(s) => break s,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "registering the spout task in ZooKeeper failed; retrying")
+                        }
+                    }
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => {
                         self.tasks.close();
                         self.tasks.wait().await;
                         return;
                     }
-                },
+                    r = view_rx.changed() => if r.is_err() { return },
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
             };
-            let outcome = self.run_session(store, &cancel).await;
-            match outcome {
-                SessionEnd::Shutdown => {
+            match self.run_session(&mut s, &mut view_rx, &wake_tx, &mut wake_rx, &cancel).await {
+                End::Shutdown => {
+                    self.shutdown(&mut s).await;
+                    self.set_fetch(false);
                     self.tasks.close();
                     self.tasks.wait().await;
                     return;
                 }
-                SessionEnd::Lost => {
-                    tracing::warn!(topology = %self.cfg.topology, stream = %self.cfg.stream,
-                        "ZooKeeper session lost: stopped reading every shard; reconnecting, re-registering and re-acquiring");
+                End::Lost => {
+                    tracing::warn!(task = %s.task, "ZooKeeper session lost: stopped reading every shard; re-registering and re-acquiring");
+                    self.last_attempt(&mut s).await;
+                    self.drop_everything(&mut s).await;
                 }
             }
         }
     }
 
-    async fn reconnect(&self, cancel: &CancellationToken) -> Option<ZkStore> {
-        let mut delay = Duration::from_millis(200);
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return None,
-                r = ZkStore::connect(&self.zk, &self.cfg.topology, &self.cfg.stream) => match r {
-                    Ok(s) => return Some(s),
-                    Err(e) => tracing::warn!(error = %e, "reconnecting to ZooKeeper failed; retrying"),
-                }
-            }
-            tokio::select! {
-                _ = cancel.cancelled() => return None,
-                _ = tokio::time::sleep(delay) => {}
-            }
-            delay = (delay * 2).min(Duration::from_secs(5));
-        }
+    async fn register(&self, store: ZkStore, generation: u64) -> Result<Session, CoordError> {
+        let info = TaskInfo { since_ms: now_ms(), ..self.info.clone() };
+        let task = store.register_task(&info).await?;
+        *lock(&self.task_name) = task.clone();
+        let _ = self.stream.commands.send(StreamCommand::Registered { generation, task: task.clone() });
+        tracing::info!(topology = %self.cfg.topology, stream = %self.cfg.stream, task = %task, "spout task registered");
+        Ok(Session {
+            generation,
+            store,
+            task,
+            owned: HashMap::new(),
+            blocked: HashMap::new(),
+            cleanup: BTreeSet::new(),
+            pending_release: Vec::new(),
+            assignment_generation: None,
+            last_warn: None,
+        })
     }
 
-    fn set_fetch(&self, health: Health) {
-        let allowed = *self.active.borrow() && health == Health::Ok;
+    fn set_fetch(&self, allowed: bool) {
         self.fetch_allowed.send_if_modified(|v| {
             let changed = *v != allowed;
             *v = allowed;
@@ -144,144 +176,311 @@ impl Coordinator {
         });
     }
 
-    async fn run_session(&mut self, store: ZkStore, cancel: &CancellationToken) -> SessionEnd {
-        let store = Arc::new(store);
-        let mut info = self.info.clone();
-        info.since_ms = now_ms();
-        let setup = async {
-            let events = store.watch().await?;
-            let task = store.register_task(&info).await?;
-            Ok::<_, CoordError>((events, task))
-        };
-        let (events, task) = match setup.await {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!(error = %e, "registering the spout task in ZooKeeper failed");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                return if cancel.is_cancelled() { SessionEnd::Shutdown } else { SessionEnd::Lost };
-            }
-        };
-        *lock(&self.task_name) = task.clone();
-        tracing::info!(topology = %self.cfg.topology, stream = %self.cfg.stream, task = %task, "spout task registered");
-        let (health_tx, health) = watch::channel(Health::Ok);
-        let monitor = cancel.child_token();
-        self.tasks.spawn(monitor_session(
-            store.session_state(),
-            health_tx,
-            self.fetch_allowed.clone(),
-            monitor.clone(),
-        ));
-        let mut s = Session {
-            store,
-            task,
-            events,
-            health,
-            monitor,
-            owned: HashMap::new(),
-            is_leader: false,
-            last_discovery: None,
-            discovery_wanted: false,
-            dirty: true,
-            last_sync: Instant::now(),
-            finished_seen: 0,
-            last_warn: None,
-        };
-        self.set_fetch(Health::Ok);
+    async fn run_session(
+        &mut self,
+        s: &mut Session,
+        view_rx: &mut watch::Receiver<Arc<StreamView>>,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+        wake_rx: &mut mpsc::UnboundedReceiver<Wake>,
+        cancel: &CancellationToken,
+    ) -> End {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let resync = KinesisSpoutConfig::ms(self.cfg.resync_interval_ms);
-        // Losing a channel because we are shutting down is a shutdown, not a lost session.
-        let lost =
-            |cancel: &CancellationToken| if cancel.is_cancelled() { SessionEnd::Shutdown } else { SessionEnd::Lost };
-        let end = loop {
+        let mut last_reconcile = Instant::now();
+        let mut reconcile = true;
+        loop {
+            let view = view_rx.borrow_and_update().clone();
+            if view.generation != s.generation || view.store.is_none() {
+                return if cancel.is_cancelled() { End::Shutdown } else { End::Lost };
+            }
+            let healthy = view.health == Health::Ok;
+            self.set_fetch(healthy && *self.active.borrow());
+            if healthy {
+                let mut first_err: Option<CoordError> = None;
+                if reconcile || last_reconcile.elapsed() >= resync {
+                    reconcile = false;
+                    last_reconcile = Instant::now();
+                    if let Err(e) = self.reconcile(s, &view, wake_tx).await {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                if let Err(e) = self.maintain(s, false).await {
+                    first_err.get_or_insert(e);
+                }
+                self.clean_up(s).await;
+                if let Some(e) = first_err {
+                    if e.is_session_lost() {
+                        return if cancel.is_cancelled() { End::Shutdown } else { End::Lost };
+                    }
+                    warn_once(s, &format!("coordination step failed; retrying: {e}"));
+                    reconcile = true;
+                }
+            }
             tokio::select! {
                 biased;
-                _ = cancel.cancelled() => break SessionEnd::Shutdown,
-                ev = s.events.recv() => match ev {
-                    None | Some(ChangeEvent::SessionLost) => break lost(cancel),
-                    Some(ChangeEvent::Disconnected) => {}
-                    Some(_) => s.dirty = true,
-                },
+                _ = cancel.cancelled() => return End::Shutdown,
+                r = view_rx.changed() => {
+                    if r.is_err() { return End::Shutdown; }
+                    reconcile = true;
+                }
+                Some(Wake::Shard(shard)) = wake_rx.recv() => {
+                    if let Some(b) = s.blocked.get_mut(&shard) {
+                        b.retry_at = Instant::now();
+                        b.watch = None;
+                    }
+                    reconcile = true;
+                }
                 ev = self.reader_events.recv() => {
                     if let Some(ReaderEvent::Ended { shard, epoch, children }) = ev {
                         if s.owned.get(&shard).is_some_and(|o| o.epoch == epoch) {
                             tracing::debug!(shard = %shard, ?children, "shard end reported");
-                            s.discovery_wanted = true;
+                            let _ = self.stream.commands.send(StreamCommand::ShardEnded);
                         }
                     }
                 }
-                r = s.health.changed() => {
-                    if r.is_err() { break lost(cancel); }
-                    let h = *s.health.borrow();
-                    self.set_fetch(h);
-                    match h {
-                        Health::Lost => break lost(cancel),
-                        Health::Unsafe => {}
-                        Health::Ok => { tracing::info!("ZooKeeper connection back: fetching again"); s.dirty = true; }
-                    }
-                }
                 r = self.active.changed() => {
-                    if r.is_ok() {
-                        let h = *s.health.borrow();
-                        self.set_fetch(h);
-                        s.dirty = true;
+                    if r.is_ok() { reconcile = true; }
+                }
+                _ = tick.tick() => {
+                    if s.blocked.values().any(|b| b.watch.is_none() && Instant::now() >= b.retry_at) {
+                        reconcile = true;
                     }
                 }
-                _ = tick.tick() => {}
             }
-            if *s.health.borrow() != Health::Ok {
+        }
+    }
+
+    /// Takes what the assignment gives this task and hands back the rest.
+    async fn reconcile(
+        &self,
+        s: &mut Session,
+        view: &StreamView,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+    ) -> Result<(), CoordError> {
+        let active = *self.active.borrow();
+        // A deactivated task holds no shard: it hands everything back (after its in-flight tuples
+        // are acked) so an operator can rewind checkpoints; it re-acquires on activation.
+        let mine: BTreeSet<Arc<str>> = match &view.assignment {
+            Some(a) if active && a.error.is_none() => {
+                a.shards_of(&s.task).iter().map(|x| Arc::from(x.as_str())).collect()
+            }
+            _ => BTreeSet::new(),
+        };
+        let handoff = KinesisSpoutConfig::ms(self.cfg.handoff_timeout_ms);
+        let to_release: Vec<Arc<str>> = s
+            .owned
+            .iter()
+            .filter(|(id, o)| o.releasing.is_none() && !mine.contains(*id))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for shard in to_release {
+            tracing::info!(task = %s.task, shard = %shard, "shard assigned elsewhere: handing it off");
+            self.begin_release(s, &shard, handoff);
+        }
+        // Forget waits on shards that are no longer ours.
+        s.blocked.retain(|id, b| {
+            let keep = mine.contains(id);
+            if !keep {
+                if let Some(w) = &b.watch {
+                    w.cancel();
+                }
+                lock(&self.reader.status).remove(id);
+            }
+            keep
+        });
+        let now = Instant::now();
+        let generation = view.assignment.as_ref().map(|a| a.generation);
+        s.assignment_generation = generation;
+        for shard in mine {
+            if s.owned.contains_key(&shard) || s.cleanup.contains(&shard) {
                 continue;
             }
-            // Each part runs even when another failed: a broken checkpoint must not stop the
-            // leader's discovery, which is what repairs it.
-            let mut first_err: Option<CoordError> = None;
-            if s.dirty || s.last_sync.elapsed() >= resync {
-                if let Err(e) = self.sync(&mut s).await {
-                    first_err.get_or_insert(e);
+            let waiting = s.blocked.get(&shard).is_some_and(|b| {
+                b.watch.is_some()
+                    || match b.until_new_assignment {
+                        Some(g) => Some(g) == generation && now < b.retry_at,
+                        None => now < b.retry_at,
+                    }
+            });
+            if waiting {
+                continue;
+            }
+            if let Err(e) = self.acquire(s, &shard, wake_tx).await {
+                if e.is_session_lost() {
+                    return Err(e);
                 }
+                // The create may have happened: remove our lease before trying again.
+                s.cleanup.insert(shard.clone());
+                block(s, &shard, Duration::from_secs(1), None);
+                warn_once(s, &format!("taking shard {shard} failed; retrying: {e}"));
             }
-            if let Err(e) = self.maintain(&mut s, false).await {
-                first_err.get_or_insert(e);
-            }
-            if s.is_leader {
-                let due = s
-                    .last_discovery
-                    .is_none_or(|t| t.elapsed() >= KinesisSpoutConfig::ms(self.cfg.shard_discovery_interval_ms));
-                if due || s.discovery_wanted {
-                    s.discovery_wanted = false;
-                    s.last_discovery = Some(Instant::now());
-                    if let Err(e) = self.discover(&s).await {
-                        first_err.get_or_insert(e);
+        }
+        Ok(())
+    }
+
+    async fn acquire(
+        &self,
+        s: &mut Session,
+        shard: &Arc<str>,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+    ) -> Result<(), CoordError> {
+        // A holder that vanished while we looked gets one more try at once.
+        for _ in 0..3 {
+            let lease = match s.store.try_acquire(shard, &s.task).await? {
+                Acquire::Acquired(lease) => lease,
+                Acquire::HeldBy { holder_path, .. } => {
+                    // Wait with one watch on the holder's lease: no writes until it goes.
+                    match s.store.watch_lease(&holder_path).await? {
+                        None => continue,
+                        Some(watcher) => {
+                            tracing::debug!(shard = %shard, holder = %holder_path, "shard still held by its previous owner; waiting for its release");
+                            let token = CancellationToken::new();
+                            let (t, tx, id) = (token.clone(), wake_tx.clone(), shard.clone());
+                            self.tasks.spawn(async move {
+                                tokio::select! {
+                                    _ = t.cancelled() => {}
+                                    _ = watcher.changed() => { let _ = tx.send(Wake::Shard(id)); }
+                                }
+                            });
+                            block(s, shard, Duration::from_secs(3600), Some(token));
+                            return Ok(());
+                        }
                     }
                 }
-            }
-            if let Some(e) = first_err {
-                if e.is_session_lost() {
-                    break lost(cancel);
+            };
+            // Read the checkpoint only now: the previous owner wrote its last one before releasing.
+            let cp = match s.store.read_checkpoint(shard).await {
+                Ok(Some(cp)) => cp,
+                Ok(None) => {
+                    // The leader persists starting positions before it assigns; a reset may be
+                    // under way. Hand it back and look again shortly.
+                    self.release_lease(s, lease).await;
+                    block(s, shard, Duration::from_secs(1), None);
+                    return Ok(());
                 }
-                // The same failure repeats every tick: say it once per 10 s.
-                let msg = e.to_string();
-                if s.last_warn.as_ref().is_none_or(|(m, t)| *m != msg || t.elapsed() >= Duration::from_secs(10)) {
-                    tracing::warn!(error = %msg, "coordination step failed; retrying");
-                    s.last_warn = Some((msg, Instant::now()));
+                Err(e @ CoordError::Malformed { .. }) => {
+                    // Only this shard stops: its error shows in `squall status`, every other shard
+                    // flows, and a fix of the znode wakes it up.
+                    self.release_lease(s, lease).await;
+                    tracing::error!(task = %s.task, shard = %shard, error = %e, "cannot read this shard until its checkpoint is repaired");
+                    {
+                        let mut st = lock(&self.reader.status);
+                        let entry = st.entry(shard.clone()).or_default();
+                        if entry.last_error.as_deref() != Some(e.to_string().as_str()) {
+                            entry.errors += 1;
+                        }
+                        entry.last_error = Some(e.to_string());
+                        entry.retryable = false;
+                        entry.error_since_ms.get_or_insert(now_ms());
+                    }
+                    let watch = match s.store.watch_checkpoint(shard).await {
+                        Ok(watcher) => {
+                            let token = CancellationToken::new();
+                            let (t, tx, id) = (token.clone(), wake_tx.clone(), shard.clone());
+                            self.tasks.spawn(async move {
+                                tokio::select! {
+                                    _ = t.cancelled() => {}
+                                    _ = watcher.changed() => { let _ = tx.send(Wake::Shard(id)); }
+                                }
+                            });
+                            Some(token)
+                        }
+                        Err(_) => None,
+                    };
+                    // Look again every 30 s even without a change (the watch is one-shot).
+                    block(s, shard, Duration::from_secs(30), watch);
+                    return Ok(());
                 }
-                s.dirty = true;
+                Err(e) => {
+                    self.release_lease(s, lease).await;
+                    return Err(e);
+                }
+            };
+            if cp.value.finished {
+                self.release_lease(s, lease).await;
+                block_until_reassigned(s, shard);
+                return Ok(());
             }
-        };
-        match end {
-            SessionEnd::Shutdown => self.shutdown(&mut s).await,
-            SessionEnd::Lost => self.drop_everything(&mut s).await,
+            s.blocked.remove(shard);
+            lock(&self.reader.status).remove(shard);
+            let epoch = lock(&self.tracker).start(shard);
+            let token = CancellationToken::new();
+            tracing::info!(task = %s.task, shard = %shard, from = %cp.value.position, "reading shard");
+            self.reader.read_log.acquire(&s.task, shard, &cp.value.position.to_string());
+            let reader_task = self.tasks.spawn(self.reader.clone().run(
+                shard.clone(),
+                epoch,
+                cp.value.position.clone(),
+                token.clone(),
+            ));
+            s.owned.insert(
+                shard.clone(),
+                Owned {
+                    lease,
+                    epoch,
+                    cp,
+                    last_write: Instant::now(),
+                    reader: token,
+                    reader_task: Some(reader_task),
+                    releasing: None,
+                },
+            );
+            return Ok(());
         }
-        s.monitor.cancel();
-        self.set_fetch(Health::Lost);
-        if matches!(end, SessionEnd::Shutdown) {
-            // Close the session for real before the process may exit: the task node and any lease
-            // vanish at once instead of after the session timeout.
-            if let Ok(store) = Arc::try_unwrap(s.store) {
-                store.close_gracefully().await;
+        block(s, shard, Duration::from_millis(200), None);
+        Ok(())
+    }
+
+    /// Deletes a lease; on failure it is retried by [`Coordinator::clean_up`] until it is gone.
+    async fn release_lease(&self, s: &mut Session, lease: Lease) {
+        if let Err(e) = s.store.release(lease.clone()).await {
+            tracing::warn!(shard = %lease.shard_id, lease = %lease.path, error = %e, "releasing the lease failed; retrying");
+            s.pending_release.push(lease);
+        }
+    }
+
+    /// Retries failed lease deletes and removes leases left by failed acquisitions.
+    async fn clean_up(&self, s: &mut Session) {
+        let pending = std::mem::take(&mut s.pending_release);
+        for lease in pending {
+            if s.store.release(lease.clone()).await.is_err() {
+                s.pending_release.push(lease);
             }
         }
-        end
+        let shards: Vec<Arc<str>> = s.cleanup.iter().filter(|id| !s.owned.contains_key(*id)).cloned().collect();
+        for shard in shards {
+            if let Ok(n) = s.store.cleanup_leases(&shard, &s.task).await {
+                if n > 0 {
+                    tracing::info!(shard = %shard, leases = n, "removed a lease left by a failed acquisition");
+                }
+                s.cleanup.remove(&shard);
+            }
+        }
+    }
+
+    /// Session lost: one last fenced attempt to save what was acked. With the session gone it is
+    /// refused (that is the fencing: a worker that lost its session never writes again), and the
+    /// log says, per shard, from where the next owner will deliver again.
+    async fn last_attempt(&self, s: &mut Session) {
+        let ids: Vec<Arc<str>> = s.owned.keys().cloned().collect();
+        for shard in ids {
+            let Some(o) = s.owned.get(&shard) else { continue };
+            let safe = lock(&self.tracker).peek_checkpoint(&shard);
+            let position = match safe {
+                Some(seq) => CheckpointPosition::AfterSequence { sequence: seq.to_string(), sub_sequence: 0 },
+                None => o.cp.value.position.clone(),
+            };
+            let cp = Checkpoint { position, finished: false, updated_at_ms: now_ms(), writer: Some(s.task.clone()) };
+            match s.store.write_checkpoint(&o.lease, &cp, &o.cp).await {
+                Ok(_) => tracing::info!(shard = %shard, "checkpoint written after the session loss"),
+                Err(e) => tracing::warn!(
+                    task = %s.task, shard = %shard, error = %e,
+                    "checkpoint refused after the session loss: the next owner delivers again after {}",
+                    o.cp.value.position
+                ),
+            }
+        }
     }
 
     /// Session lost: stop reading everything and forget it. The leases are gone with the session;
@@ -299,9 +498,15 @@ impl Coordinator {
             lock(&self.reader.status).remove(&shard);
             self.reader.read_log.release(&s.task, &shard);
         }
+        for (_, b) in s.blocked.drain() {
+            if let Some(w) = b.watch {
+                w.cancel();
+            }
+        }
+        lock(&self.reader.status).clear();
     }
 
-    /// Graceful stop: final checkpoints of what was acked, then release every lease.
+    /// Graceful stop: final checkpoints of what was acked, release every lease, unregister.
     async fn shutdown(&self, s: &mut Session) {
         let shards: Vec<Arc<str>> = s.owned.keys().cloned().collect();
         for shard in &shards {
@@ -311,112 +516,17 @@ impl Coordinator {
             tracing::warn!(error = %e, "final checkpoints at shutdown failed; the next owner resumes from the last written ones");
         }
         self.drop_everything(s).await;
-        // Dropping the last reference to the store closes the session: the task node goes.
-    }
-
-    /// Reads tasks, shards and checkpoints; computes this task's shards; acquires and releases.
-    async fn sync(&self, s: &mut Session) -> Result<(), CoordError> {
-        s.dirty = false;
-        s.last_sync = Instant::now();
-        let tasks: Vec<String> = s.store.live_tasks().await?.into_iter().map(|(n, _)| n).collect();
-        let was_leader = s.is_leader;
-        s.is_leader = leader(&tasks) == Some(s.task.as_str());
-        if s.is_leader && !was_leader {
-            tracing::info!(task = %s.task, "this spout task is the leader: it lists the stream's shards");
-            s.discovery_wanted = true;
-        }
-        if !tasks.contains(&s.task) {
-            // Our registration is gone: the session must have expired; the watch will say so.
-            return Ok(());
-        }
-        let Some(list) = s.store.read_shard_list().await? else {
-            s.discovery_wanted |= s.is_leader;
-            return Ok(());
-        };
-        let versioned = s.store.read_checkpoints().await?;
-        let finished = versioned.values().filter(|c| c.value.finished).count();
-        if finished != s.finished_seen {
-            s.finished_seen = finished;
-            // A shard finished somewhere: its children may need listing.
-            s.discovery_wanted |= s.is_leader;
-        }
-        let cps: BTreeMap<String, Checkpoint> = versioned.iter().map(|(k, v)| (k.clone(), v.value.clone())).collect();
-        let readable: Vec<String> =
-            readable_shards(&list.value, &cps).into_iter().filter(|id| cps.contains_key(id)).collect();
-        let assignment = assign(&tasks, &readable);
-        // A deactivated task holds no shard: it hands everything back (after its in-flight tuples
-        // are acked) so that an operator can rewind checkpoints, and re-acquires on activation.
-        let active = *self.active.borrow();
-        let mine: HashSet<&str> = if active {
-            assignment.get(&s.task).map(|v| v.iter().map(String::as_str).collect()).unwrap_or_default()
-        } else {
-            HashSet::new()
-        };
-        // Hand off what is no longer ours.
-        let to_release: Vec<Arc<str>> = s
-            .owned
-            .iter()
-            .filter(|(id, o)| o.releasing.is_none() && !mine.contains(id.as_ref()))
-            .map(|(id, _)| id.clone())
-            .collect();
-        let handoff = KinesisSpoutConfig::ms(self.cfg.handoff_timeout_ms);
-        for shard in to_release {
-            tracing::info!(task = %s.task, shard = %shard, "shard assigned elsewhere: handing it off");
-            self.begin_release(s, &shard, handoff);
-        }
-        // Take what is ours and free.
-        for shard in mine {
-            if s.owned.contains_key(shard) {
-                continue;
+        for _ in 0..3 {
+            self.clean_up(s).await;
+            if s.pending_release.is_empty() && s.cleanup.is_empty() {
+                break;
             }
-            self.acquire(s, shard).await?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Ok(())
-    }
-
-    async fn acquire(&self, s: &mut Session, shard: &str) -> Result<(), CoordError> {
-        let lease = match s.store.try_acquire(shard).await? {
-            Acquire::Acquired(lease) => lease,
-            Acquire::HeldBy { holder_path, .. } => {
-                tracing::debug!(shard, holder = %holder_path, "shard still held by its previous owner; waiting for the release");
-                return Ok(());
-            }
-        };
-        // Read the checkpoint only now: the previous owner wrote its last one before releasing.
-        let Some(cp) = s.store.read_checkpoint(shard).await? else {
-            s.store.release(lease).await?;
-            return Ok(());
-        };
-        if cp.value.finished {
-            s.store.release(lease).await?;
-            s.dirty = true;
-            return Ok(());
+        if let Err(e) = s.store.unregister_task(&s.task).await {
+            tracing::warn!(task = %s.task, error = %e, "removing the task registration failed; it goes with the session");
         }
-        let id: Arc<str> = shard.into();
-        let epoch = lock(&self.tracker).start(&id);
-        let token = CancellationToken::new();
-        let written = match &cp.value.position {
-            CheckpointPosition::AfterSequence { sequence, .. } => Some(sequence.clone()),
-            _ => None,
-        };
-        tracing::info!(task = %s.task, shard, from = %cp.value.position, "reading shard");
-        self.reader.read_log.acquire(&s.task, shard, &cp.value.position.to_string());
-        let reader_task =
-            self.tasks.spawn(self.reader.clone().run(id.clone(), epoch, cp.value.position.clone(), token.clone()));
-        s.owned.insert(
-            id,
-            Owned {
-                lease,
-                epoch,
-                cp_version: cp.version,
-                written,
-                last_write: Instant::now(),
-                reader: token,
-                reader_task: Some(reader_task),
-                releasing: None,
-            },
-        );
-        Ok(())
+        let _ = self.stream.commands.send(StreamCommand::Unregistered { task: s.task.clone() });
     }
 
     fn begin_release(&self, s: &mut Session, shard: &Arc<str>, wait: Duration) {
@@ -455,7 +565,11 @@ impl Coordinator {
                 self.finish(s, &shard, last_emitted).await?;
                 continue;
             }
-            let moved = safe.as_deref().is_some_and(|seq| o.written.as_deref() != Some(seq));
+            let written = match &o.cp.value.position {
+                CheckpointPosition::AfterSequence { sequence, .. } => Some(sequence.as_str()),
+                _ => None,
+            };
+            let moved = safe.as_deref().is_some_and(|seq| written != Some(seq));
             let release_now = releasing.is_some_and(|d| unsettled == 0 || Instant::now() >= d);
             if moved && (force || release_now || o.last_write.elapsed() >= interval) {
                 if let Some(seq) = &safe {
@@ -465,7 +579,7 @@ impl Coordinator {
                 }
             }
             if release_now {
-                self.release(s, &shard).await?;
+                self.release(s, &shard).await;
             }
         }
         Ok(())
@@ -480,17 +594,17 @@ impl Coordinator {
             updated_at_ms: now_ms(),
             writer: Some(s.task.clone()),
         };
-        match s.store.write_checkpoint(&o.lease, &cp, o.cp_version).await {
+        match s.store.write_checkpoint(&o.lease, &cp, &o.cp).await {
             Ok(v) => {
-                o.cp_version = v;
-                o.written = Some(seq.to_string());
+                o.cp = Versioned { value: cp, version: v };
                 o.last_write = Instant::now();
                 Ok(true)
             }
             Err(
                 e @ (CoordError::Fenced { .. }
                 | CoordError::VersionConflict { .. }
-                | CoordError::CheckpointBackwards { .. }),
+                | CoordError::CheckpointBackwards { .. }
+                | CoordError::NoCheckpoint { .. }),
             ) => {
                 tracing::warn!(shard = %shard, error = %e, "checkpoint refused: this task no longer owns the shard; stopped reading it");
                 if let Some(mut o) = s.owned.remove(shard) {
@@ -498,27 +612,32 @@ impl Coordinator {
                     if let Some(h) = o.reader_task.take() {
                         let _ = tokio::time::timeout(Duration::from_secs(10), h).await;
                     }
-                    let _ = s.store.release(o.lease).await;
+                    self.release_lease(s, o.lease).await;
                 }
                 lock(&self.tracker).remove(shard);
+                lock(&self.reader.status).remove(shard);
                 self.reader.read_log.release(&s.task, shard);
-                s.dirty = true;
+                block(s, shard, Duration::from_secs(1), None);
                 Ok(false)
             }
             Err(e) => Err(e),
         }
     }
 
-    /// The shard was read to its end and everything of it acked: checkpoint it as finished (fenced),
-    /// release it, and let the leader list the children.
+    /// The shard was read to its end and everything of it acked: checkpoint it as finished (fenced;
+    /// the same transaction creates its `finished/` marker, which the leader watches), release it.
     async fn finish(&self, s: &mut Session, shard: &Arc<str>, last: Option<Arc<str>>) -> Result<(), CoordError> {
         let Some(o) = s.owned.get(shard) else { return Ok(()) };
-        let position = match last.map(|l| l.to_string()).or_else(|| o.written.clone()) {
+        let written = match &o.cp.value.position {
+            CheckpointPosition::AfterSequence { sequence, .. } => Some(sequence.clone()),
+            _ => None,
+        };
+        let position = match last.map(|l| l.to_string()).or(written) {
             Some(sequence) => CheckpointPosition::AfterSequence { sequence, sub_sequence: 0 },
-            None => CheckpointPosition::TrimHorizon,
+            None => o.cp.value.position.clone(),
         };
         let cp = Checkpoint { position, finished: true, updated_at_ms: now_ms(), writer: Some(s.task.clone()) };
-        match s.store.write_checkpoint(&o.lease, &cp, o.cp_version).await {
+        match s.store.write_checkpoint(&o.lease, &cp, &o.cp).await {
             Ok(_) => {
                 tracing::info!(task = %s.task, shard = %shard, "shard finished: read to its end and every record acked");
                 self.reader.read_log.finish(&s.task, shard);
@@ -533,13 +652,13 @@ impl Coordinator {
             }
             Err(e) => return Err(e),
         }
-        self.release(s, shard).await?;
-        s.discovery_wanted = true;
-        s.dirty = true;
+        self.release(s, shard).await;
+        // The leader drops it from the assignment; do not take it back meanwhile.
+        block_until_reassigned(s, shard);
         Ok(())
     }
 
-    async fn release(&self, s: &mut Session, shard: &Arc<str>) -> Result<(), CoordError> {
+    async fn release(&self, s: &mut Session, shard: &Arc<str>) {
         if let Some(mut o) = s.owned.remove(shard) {
             o.reader.cancel();
             // The reader must have stopped before another task may take the shard.
@@ -549,126 +668,57 @@ impl Coordinator {
             lock(&self.tracker).remove(shard);
             lock(&self.reader.status).remove(shard);
             self.reader.read_log.release(&s.task, shard);
-            s.store.release(o.lease).await?;
+            self.release_lease(s, o.lease).await;
             tracing::info!(task = %s.task, shard = %shard, "shard released");
-            s.dirty = true;
         }
-        Ok(())
-    }
-
-    /// Leader only: ListShards, persist first-start positions and children's TRIM_HORIZON, and
-    /// keep the shard list znode equal to the stream's shards.
-    async fn discover(&self, s: &Session) -> Result<(), CoordError> {
-        let label = self.reader.endpoint.clone();
-        let shards = match kinesis::list_shards(&self.reader.client, &label, &self.cfg.stream).await {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!(stream = %self.cfg.stream, error = %e, "listing the stream's shards failed; retrying at the next discovery");
-                return Ok(());
-            }
-        };
-        let records: Vec<ShardRecord> = shards
-            .iter()
-            .map(|d| ShardRecord {
-                shard_id: d.shard_id.clone(),
-                parent_shard_id: d.parent_shard_id.clone(),
-                adjacent_parent_shard_id: d.adjacent_parent_shard_id.clone(),
-                starting_hash_key: d.starting_hash_key.clone(),
-                ending_hash_key: d.ending_hash_key.clone(),
-                closed: d.closed,
-            })
-            .collect();
-        let list = ShardList::new(records, now_ms());
-        let existing = s.store.read_shard_list().await?;
-        let first_start = existing.is_none();
-        let cps = s.store.read_checkpoints().await?;
-        // Persist every starting position before the list names the shard.
-        for sh in &list.shards {
-            if cps.contains_key(&sh.shard_id) {
-                continue;
-            }
-            let cp = if first_start {
-                initial_checkpoint(self.cfg.initial_position, sh.closed)
-            } else {
-                Checkpoint::at(CheckpointPosition::TrimHorizon, now_ms())
-            };
-            let stored = s.store.init_checkpoint(&sh.shard_id, &cp).await?;
-            tracing::info!(shard = %sh.shard_id, position = %stored.value.position, finished = stored.value.finished, "new shard: starting position persisted");
-        }
-        let unchanged = existing.as_ref().is_some_and(|e| e.value.shards == list.shards);
-        if !unchanged {
-            match s.store.write_shard_list(&list, existing.as_ref().map(|e| e.version)).await {
-                Ok(_) => {
-                    tracing::info!(stream = %self.cfg.stream, shards = list.shards.len(), "shard list updated in ZooKeeper")
-                }
-                Err(CoordError::VersionConflict { .. }) => {
-                    tracing::debug!("shard list changed concurrently; will list again");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
     }
 }
 
-/// The checkpoint a shard gets at the topology's first start on the stream.
-pub(crate) fn initial_checkpoint(pos: InitialPosition, closed: bool) -> Checkpoint {
-    let now = now_ms();
-    match pos {
-        InitialPosition::TrimHorizon => Checkpoint::at(CheckpointPosition::TrimHorizon, now),
-        InitialPosition::AtTimestamp { millis } => Checkpoint::at(CheckpointPosition::AtTimestamp { millis }, now),
-        InitialPosition::Latest if closed => {
-            // Nothing new will ever arrive in a closed shard: it is done.
-            Checkpoint { finished: true, ..Checkpoint::at(CheckpointPosition::TrimHorizon, now) }
+fn block(s: &mut Session, shard: &Arc<str>, wait: Duration, watch: Option<CancellationToken>) {
+    let b = Blocked { retry_at: Instant::now() + wait, watch, until_new_assignment: None };
+    if let Some(old) = s.blocked.insert(shard.clone(), b) {
+        if let Some(w) = old.watch {
+            w.cancel();
         }
-        InitialPosition::Latest => Checkpoint::at(CheckpointPosition::AtTimestamp { millis: now }, now),
     }
 }
 
-enum SessionEnd {
-    Shutdown,
-    Lost,
+/// A shard finished here: not taken again until the leader wrote a new assignment (which no
+/// longer names it), and at the latest looked at again after 30 s.
+fn block_until_reassigned(s: &mut Session, shard: &Arc<str>) {
+    let b = Blocked {
+        retry_at: Instant::now() + Duration::from_secs(30),
+        watch: None,
+        until_new_assignment: s.assignment_generation,
+    };
+    if let Some(old) = s.blocked.insert(shard.clone(), b) {
+        if let Some(w) = old.watch {
+            w.cancel();
+        }
+    }
 }
 
-async fn monitor_session(
-    mut sw: crate::coord::SessionWatch,
-    tx: watch::Sender<Health>,
+fn warn_once(s: &mut Session, msg: &str) {
+    // The same failure repeats every tick: say it once per 10 s.
+    if s.last_warn.as_ref().is_none_or(|(m, t)| m != msg || t.elapsed() >= Duration::from_secs(10)) {
+        tracing::warn!(task = %s.task, "{msg}");
+        s.last_warn = Some((msg.to_string(), Instant::now()));
+    }
+}
+
+/// Closes the readers' gate as soon as the session is not healthy (the coordinator re-opens it).
+async fn guard_fetch(
+    mut view: watch::Receiver<Arc<StreamView>>,
     fetch: Arc<watch::Sender<bool>>,
     cancel: CancellationToken,
 ) {
     loop {
-        let alarm = tokio::select! {
+        if view.borrow_and_update().health != Health::Ok {
+            fetch.send_if_modified(|v| std::mem::replace(v, false));
+        }
+        tokio::select! {
             _ = cancel.cancelled() => return,
-            a = sw.wait_unsafe() => a,
-        };
-        match alarm {
-            SessionAlarm::Terminal(_) => {
-                fetch.send_replace(false);
-                tracing::warn!("ZooKeeper session ended: stopped fetching");
-                let _ = tx.send(Health::Lost);
-                return;
-            }
-            SessionAlarm::DisconnectedTooLong => {
-                // Stop the readers now: the coordinator's loop may be blocked in a ZooKeeper call.
-                fetch.send_replace(false);
-                tracing::warn!("ZooKeeper disconnected for more than half the session timeout: stopped fetching");
-                let _ = tx.send(Health::Unsafe);
-                loop {
-                    let st = tokio::select! {
-                        _ = cancel.cancelled() => return,
-                        st = sw.changed() => st,
-                    };
-                    if st.is_terminal() {
-                        fetch.send_replace(false);
-                        let _ = tx.send(Health::Lost);
-                        return;
-                    }
-                    if st == SessionStatus::Connected || st == SessionStatus::ConnectedReadOnly {
-                        let _ = tx.send(Health::Ok);
-                        break;
-                    }
-                }
-            }
+            r = view.changed() => if r.is_err() { return },
         }
     }
 }

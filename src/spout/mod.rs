@@ -2,8 +2,13 @@
 //! tuple per record, with at-least-once delivery, fenced checkpoints and correct resharding.
 //!
 //! - [`config`]: [`KinesisSpoutConfig`] (serde, validated).
-//! - `coordinator`: the per-task state manager (registration, discovery, assignment, leases,
-//!   checkpoints, handoff, session loss).
+//! - `stream`: the worker-level coordinator, one per worker and stream: watches the live tasks
+//!   and the assignment, and when the worker hosts the leader, lists shards, persists starting
+//!   positions, computes the sticky assignment and collects finished shards.
+//! - `coordinator`: the per-task state manager (registration, leases, checkpoints, handoff,
+//!   session loss).
+//! - [`shared`](SpoutShared): the session and stream coordinator the tasks of one worker share.
+//! - `source`: where shards come from (the Kinesis API).
 //! - `reader`: one GetRecords loop per owned shard.
 //! - `tracker`: in-flight records per shard, checkpoint computation, replay bookkeeping.
 //! - [`readlog`]: an optional JSON-lines read log for audits.
@@ -15,10 +20,14 @@ pub mod config;
 mod coordinator;
 mod reader;
 pub mod readlog;
+mod shared;
+mod source;
+mod stream;
 mod tracker;
 
 pub use config::{InitialPosition, KinesisSpoutConfig, RetryPolicy, SpoutConfigError, ZkSettings};
 pub use readlog::ReadLogEntry;
+pub use shared::{DEFAULT_GIVE_UP_AFTER, SpoutShared};
 pub use tracker::Record;
 
 use std::cmp::Reverse;
@@ -32,7 +41,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::coord::{TaskInfo, ZkStore, now_ms};
+use crate::coord::{TaskInfo, now_ms};
 use tracker::{FailOutcome, Tracker};
 
 /// Output fields of the spout's default stream.
@@ -55,7 +64,7 @@ pub struct KinesisMsgId {
 }
 
 /// Per-shard reading status (lag and errors), for `squall status`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ShardStatus {
     /// The last MillisBehindLatest Kinesis reported.
     pub millis_behind_latest: Option<i64>,
@@ -65,6 +74,23 @@ pub struct ShardStatus {
     pub errors: u64,
     /// Records read so far.
     pub records_read: u64,
+    /// False when the last error is one retrying cannot fix (an operator must act).
+    pub retryable: bool,
+    /// Since when the shard has been failing (ms since the epoch), if it is.
+    pub error_since_ms: Option<i64>,
+}
+
+impl Default for ShardStatus {
+    fn default() -> Self {
+        Self {
+            millis_behind_latest: None,
+            last_error: None,
+            errors: 0,
+            records_read: 0,
+            retryable: true,
+            error_since_ms: None,
+        }
+    }
 }
 
 /// Counters of one spout task.
@@ -159,6 +185,8 @@ pub struct KinesisSpout {
     status: Arc<Mutex<HashMap<Arc<str>, ShardStatus>>>,
     task_name: Arc<Mutex<String>>,
     coordinator: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
+    shared: SpoutShared,
+    attached: bool,
     next_watermark: Instant,
     draining: bool,
 }
@@ -168,8 +196,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl KinesisSpout {
-    /// A spout for one task; nothing connects until the engine opens it.
+    /// A spout for one task, with a ZooKeeper session of its own; nothing connects until the
+    /// engine opens it. [`KinesisSpout::declare`] makes the tasks of a worker share one.
     pub fn new(cfg: Arc<KinesisSpoutConfig>, worker: WorkerIdentity) -> Self {
+        Self::with_shared(cfg, worker, SpoutShared::default())
+    }
+
+    /// A spout task sharing `shared` (session and stream coordinator) with its siblings.
+    pub fn with_shared(cfg: Arc<KinesisSpoutConfig>, worker: WorkerIdentity, shared: SpoutShared) -> Self {
         Self {
             cfg,
             worker,
@@ -184,6 +218,8 @@ impl KinesisSpout {
             status: Arc::default(),
             task_name: Arc::default(),
             coordinator: None,
+            shared,
+            attached: false,
             next_watermark: Instant::now(),
             draining: false,
         }
@@ -211,10 +247,25 @@ impl KinesisSpout {
         worker: WorkerIdentity,
         registry: SpoutRegistry,
     ) {
+        Self::declare_shared(builder, id, parallelism, cfg, worker, registry, SpoutShared::default());
+    }
+
+    /// [`KinesisSpout::declare_with_registry`] whose tasks share `shared`, e.g. the worker's own
+    /// ZooKeeper session ([`SpoutShared::with_session`]). The tasks of one declaration always
+    /// share one session and one stream coordinator.
+    pub fn declare_shared(
+        builder: &mut TopologyBuilder,
+        id: &str,
+        parallelism: usize,
+        cfg: KinesisSpoutConfig,
+        worker: WorkerIdentity,
+        registry: SpoutRegistry,
+        shared: SpoutShared,
+    ) {
         let cfg = Arc::new(cfg);
         builder
             .set_spout(id, parallelism, move |_ctx: &TaskContext| {
-                let spout = KinesisSpout::new(cfg.clone(), worker.clone());
+                let spout = KinesisSpout::with_shared(cfg.clone(), worker.clone(), shared.clone());
                 lock(&registry.0).push(SpoutTaskHandle {
                     task_name: spout.task_name.clone(),
                     status: spout.status.clone(),
@@ -278,11 +329,18 @@ impl Spout for KinesisSpout {
     async fn open(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
         self.cfg.validate().map_err(|e| ComponentError::fatal(e.to_string()))?;
         self.active.send_replace(ctx.config().start_active);
-        let zk = self.cfg.zookeeper.to_zk_config();
-        let store = ZkStore::connect(&zk, &self.cfg.topology, &self.cfg.stream)
+        let client = self.cfg.kinesis.client().await.map_err(|e| ComponentError::fatal(e.to_string()))?;
+        let source = source::ShardSource::Kinesis {
+            client: client.clone(),
+            endpoint: self.cfg.kinesis.label(),
+            stream: self.cfg.stream.clone(),
+        };
+        let (session, stream) = self
+            .shared
+            .attach(&self.cfg, source)
             .await
             .map_err(|e| ComponentError::fatal(format!("Kinesis spout of topology {}: {e}", self.cfg.topology)))?;
-        let client = self.cfg.kinesis.client().await.map_err(|e| ComponentError::fatal(e.to_string()))?;
+        self.attached = true;
         let read_log = readlog::ReadLog::open(self.cfg.read_log.as_deref())
             .map_err(|e| ComponentError::fatal(format!("cannot open the read log {:?}: {e}", self.cfg.read_log)))?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
@@ -303,12 +361,12 @@ impl Spout for KinesisSpout {
             wakeup: ctx.wakeup(),
             events: events_tx,
             fetch_allowed: fetch_rx,
+            liveness: session.liveness(),
             status: self.status.clone(),
             read_log,
         });
         let coordinator = coordinator::Coordinator {
             cfg: self.cfg.clone(),
-            zk,
             info: TaskInfo {
                 worker_id: self.worker.worker_id.clone(),
                 host: self.worker.host.clone(),
@@ -324,9 +382,10 @@ impl Spout for KinesisSpout {
             fetch_allowed: fetch_tx,
             task_name: self.task_name.clone(),
             tasks: tokio_util::task::TaskTracker::new(),
+            stream,
         };
         let cancel = ctx.cancellation().child_token();
-        let handle = ctx.spawn(coordinator.run(store, cancel.clone()));
+        let handle = ctx.spawn(coordinator.run(cancel.clone()));
         self.coordinator = Some((cancel, handle));
         Ok(())
     }
@@ -416,6 +475,9 @@ impl Spout for KinesisSpout {
             if tokio::time::timeout(Duration::from_secs(30), handle).await.is_err() {
                 tracing::warn!(topology = %self.cfg.topology, "the Kinesis spout's coordinator did not stop within 30 s");
             }
+        }
+        if std::mem::take(&mut self.attached) {
+            self.shared.detach().await;
         }
     }
 }

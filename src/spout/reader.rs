@@ -54,6 +54,8 @@ pub(crate) struct ReaderCtx {
     pub wakeup: squall_topology::Wakeup,
     pub events: mpsc::UnboundedSender<ReaderEvent>,
     pub fetch_allowed: watch::Receiver<bool>,
+    /// Whether the worker's leases can be trusted right now (no unconfirmed pause).
+    pub liveness: Arc<crate::coord::Liveness>,
     pub status: Arc<Mutex<std::collections::HashMap<Arc<str>, ShardStatus>>>,
     pub read_log: ReadLog,
 }
@@ -188,6 +190,13 @@ impl ReaderCtx {
                 }
             };
             delays = backoff();
+            // Hand nothing on unless the leases can be trusted right now: a worker that was paused
+            // (and may have lost its session meanwhile) drops a batch that arrived after the pause
+            // and reads it again once its session is confirmed.
+            if !self.liveness.trusted() || !*self.fetch_allowed.borrow() {
+                iterator = Some(it);
+                continue;
+            }
             let records: Vec<Record> = out
                 .records()
                 .iter()

@@ -111,7 +111,7 @@ impl Cluster {
             .args(extra)
             .env("SQUALL_ZK", super::zk_connect())
             .env("SQUALL_KINESIS_ENDPOINT", super::kinesis_endpoint().endpoint)
-            .env("RUST_LOG", "info,squall=debug")
+            .env("RUST_LOG", "info,squall=debug,squall::spout::stream=trace")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
@@ -273,8 +273,10 @@ impl Drop for Worker {
     }
 }
 
-/// Current owner task of each shard, from ZooKeeper: the lowest lease's session matched with the
-/// registered tasks' sessions. Shards without a lease are absent.
+/// Current owner task of each shard, from ZooKeeper: the lowest lease (by sequence). Its holder is
+/// the task named in the lease node (`lease-{task}-N`); for a bare `lease-N` it is the task whose
+/// session created it, or `session-{id}` when no task has that session. Shards without a lease are
+/// absent.
 pub async fn owners(zk: &zookeeper_client::Client, cluster: &Cluster) -> BTreeMap<String, String> {
     let stream = cluster.stream_path();
     let tasks_dir = format!("{}/topologies/{}/tasks", cluster.zk_root, cluster.topology);
@@ -284,20 +286,23 @@ pub async fn owners(zk: &zookeeper_client::Client, cluster: &Cluster) -> BTreeMa
             session_to_task.insert(st.ephemeral_owner, t);
         }
     }
+    let seq = |n: &str| n.rsplit_once('-').and_then(|(_, d)| d.parse::<u64>().ok()).unwrap_or(u64::MAX);
     let mut out = BTreeMap::new();
     let owners_dir = format!("{stream}/owners");
     for shard in zk.list_children(&owners_dir).await.unwrap_or_default() {
         let dir = format!("{owners_dir}/{shard}");
         let mut leases = zk.list_children(&dir).await.unwrap_or_default();
-        leases.sort();
-        if let Some(first) = leases.first() {
-            if let Ok(Some(st)) = zk.check_stat(&format!("{dir}/{first}")).await {
-                let task = session_to_task
-                    .get(&st.ephemeral_owner)
-                    .cloned()
-                    .unwrap_or_else(|| format!("session-{:x}", st.ephemeral_owner));
-                out.insert(shard, task);
-            }
+        leases.sort_by_key(|n| seq(n));
+        let Some(first) = leases.first() else { continue };
+        let named = first.strip_prefix("lease-").and_then(|r| r.rsplit_once('-')).map(|(h, _)| h.to_string());
+        if let Some(holder) = named.filter(|h| !h.is_empty()) {
+            out.insert(shard, holder);
+        } else if let Ok(Some(st)) = zk.check_stat(&format!("{dir}/{first}")).await {
+            let task = session_to_task
+                .get(&st.ephemeral_owner)
+                .cloned()
+                .unwrap_or_else(|| format!("session-{:x}", st.ephemeral_owner));
+            out.insert(shard, task);
         }
     }
     out

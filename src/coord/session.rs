@@ -1,0 +1,464 @@
+//! ZooKeeper sessions: [`ZkSession`] (one connected client) and [`SharedSession`] (the one
+//! session of a worker process, shared by its spout tasks and its lifecycle loop, rebuilt after
+//! expiry).
+//!
+//! One session per worker, not one per spout task: fewer connections (ZooKeeper's default
+//! `maxClientCnxns` is 60 per address), one ping stream, and one place that knows whether the
+//! session is still safe. Fencing does not depend on it: every lease is its own znode, so two tasks
+//! of one worker never pass for each other.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use backon::{ExponentialBuilder, Retryable};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use zookeeper_client as zk;
+
+use super::config::ZkConfig;
+use super::error::CoordError;
+use super::watch::{SessionAlarm, SessionStatus, SessionWatch};
+
+/// A ZooKeeper operation, as seen by an injected-fault hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ZkOp {
+    Create,
+    Delete,
+    List,
+    Exists,
+    GetData,
+    Multi,
+}
+
+/// What an injected fault does to one operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InjectedFault {
+    /// Fail without sending the request.
+    Before(zk::Error),
+    /// Send the request (it takes effect on the server), then report this error: the caller
+    /// cannot know whether it happened, as after a real connection loss.
+    After(zk::Error),
+}
+
+/// A fault-injection hook: called before each lease and checkpoint operation with the operation
+/// and the znode path. For tests only; a session has none unless one is installed.
+pub type FaultHook = Arc<dyn Fn(ZkOp, &str) -> Option<InjectedFault> + Send + Sync>;
+
+/// One connected ZooKeeper session. Dropping the last reference closes it.
+pub struct ZkSession {
+    pub(crate) client: zk::Client,
+    pub(crate) acls: zk::Acls<'static>,
+    name: String,
+    faults: Mutex<Option<FaultHook>>,
+}
+
+impl fmt::Debug for ZkSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkSession").field("session", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl ZkSession {
+    /// Connects (bounded retry with back-off; the error names the connect string).
+    pub async fn connect(cfg: &ZkConfig) -> Result<Arc<Self>, CoordError> {
+        cfg.validate()?;
+        let client = connect_client(cfg).await?;
+        let acls = if cfg.auth.is_some() { zk::Acls::creator_all() } else { zk::Acls::anyone_all() };
+        let name = format!("{:#x}", client.session_id().0);
+        info!(
+            connect = %cfg.connect,
+            session = %name,
+            timeout_ms = client.session_timeout().as_millis() as u64,
+            "connected to ZooKeeper"
+        );
+        Ok(Arc::new(Self { client, acls, name, faults: Mutex::new(None) }))
+    }
+
+    /// The session id in hex, as written into leases and task registrations.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The session id.
+    pub fn id(&self) -> i64 {
+        self.client.session_id().0
+    }
+
+    /// The session timeout the server granted (it clamps the requested one).
+    pub fn timeout(&self) -> Duration {
+        self.client.session_timeout()
+    }
+
+    /// Observes Connected / Disconnected / Expired.
+    pub fn state(&self) -> SessionWatch {
+        SessionWatch::new(self.client.state_watcher(), self.client.session_timeout())
+    }
+
+    /// Installs a fault-injection hook (tests only). See [`FaultHook`].
+    pub fn inject_faults(&self, hook: Option<FaultHook>) {
+        *self.faults.lock().unwrap_or_else(|p| p.into_inner()) = hook;
+    }
+
+    /// The fault to inject into `op` on `path`, if a hook is installed and wants one.
+    pub(crate) fn fault(&self, op: ZkOp, path: &str) -> Option<InjectedFault> {
+        let hook = self.faults.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        hook.and_then(|h| h(op, path))
+    }
+
+    /// Closes the session once the last other reference is gone and waits (up to 3 s) until the
+    /// server confirmed it, so ephemeral nodes are gone for everyone. Other references keep the
+    /// session open; then this returns at once.
+    pub async fn close_gracefully(self: Arc<Self>) {
+        let mut watcher = self.client.state_watcher();
+        if Arc::strong_count(&self) > 1 {
+            return;
+        }
+        drop(self);
+        let wait = async {
+            loop {
+                if watcher.changed().await.is_terminated() {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(3), wait).await;
+    }
+}
+
+pub(crate) fn short_backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(2))
+        .with_max_times(5)
+        .with_jitter()
+}
+
+pub(crate) async fn connect_client(cfg: &ZkConfig) -> Result<zk::Client, CoordError> {
+    let attempt = || async {
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(cfg.session_timeout)
+            .with_connection_timeout(cfg.session_timeout.min(Duration::from_secs(5)))
+            .with_fail_eagerly();
+        if let Some(auth) = &cfg.auth {
+            connector = connector.with_auth("digest", &auth.digest_bytes());
+        }
+        // Bound each attempt: without a reachable server the client would keep cycling.
+        match tokio::time::timeout(cfg.session_timeout + Duration::from_secs(2), connector.connect(&cfg.connect)).await
+        {
+            Ok(result) => result,
+            Err(_) => Err(zk::Error::Timeout),
+        }
+    };
+    attempt
+        .retry(short_backoff().with_max_times(4))
+        .when(|e| !matches!(e, zk::Error::AuthFailed | zk::Error::BadArguments(_)))
+        .notify(|e, after| warn!(connect = %cfg.connect, error = %e, retry_in = ?after, "ZooKeeper connect failed"))
+        .await
+        .map_err(|source| CoordError::Connect { connect: cfg.connect.clone(), source })
+}
+
+/// Whether the shared session may be relied on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// Connected: leases are safe.
+    Ok,
+    /// Disconnected for more than half the session timeout: stop fetching, leases may be gone.
+    Unsafe,
+    /// The session expired; a new one is being built. Every lease and registration is gone.
+    Lost,
+    /// No session could be built for longer than the give-up time (or the credentials are
+    /// refused): the worker must exit with an error so its supervisor restarts it.
+    Failed(String),
+}
+
+/// The state of a [`SharedSession`] at one moment.
+#[derive(Clone, Debug)]
+pub struct SessionView {
+    /// Bumped each time a new session replaces an expired one.
+    pub generation: u64,
+    /// The session of this generation; `None` while a new one is being built.
+    pub session: Option<Arc<ZkSession>>,
+    pub health: Health,
+}
+
+/// Whether this process may trust its leases right now, checked by readers just before they hand
+/// records on.
+///
+/// A process that was paused (SIGSTOP, a long GC-like stall, a starved VM) may have lost its
+/// session on the server without knowing yet: after it resumes, a reader whose GetRecords was in
+/// flight must not pass those records on before the session is confirmed. A ticker records a
+/// heartbeat every 100 ms; when it sees a gap of more than a third of the session timeout it marks
+/// the process suspect *before* refreshing the heartbeat, and clears it only after a round trip to
+/// ZooKeeper confirmed the session. A reader that finds the heartbeat stale (the ticker has not run
+/// since the pause) or the process suspect drops the batch and fetches it again later.
+#[derive(Debug)]
+pub struct Liveness {
+    last_tick_ms: AtomicU64,
+    suspect: AtomicBool,
+    stale_after_ms: u64,
+    pauses: AtomicU64,
+}
+
+fn mono_ms() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+impl Liveness {
+    fn new(session_timeout: Duration) -> Self {
+        Self {
+            last_tick_ms: AtomicU64::new(mono_ms()),
+            suspect: AtomicBool::new(false),
+            stale_after_ms: (session_timeout.as_millis() as u64 / 3).max(300),
+            pauses: AtomicU64::new(0),
+        }
+    }
+
+    /// True when leases can be trusted now (no pause noticed, heartbeat fresh).
+    pub fn trusted(&self) -> bool {
+        !self.suspect.load(Ordering::Acquire)
+            && mono_ms().saturating_sub(self.last_tick_ms.load(Ordering::Acquire)) < self.stale_after_ms
+    }
+
+    /// Pauses noticed so far.
+    pub fn pauses(&self) -> u64 {
+        self.pauses.load(Ordering::Relaxed)
+    }
+
+    /// A liveness for a session nobody watches (always trusted while ticked).
+    pub fn always() -> Arc<Self> {
+        Arc::new(Self {
+            last_tick_ms: AtomicU64::new(u64::MAX / 2),
+            suspect: AtomicBool::new(false),
+            stale_after_ms: u64::MAX,
+            pauses: AtomicU64::new(0),
+        })
+    }
+}
+
+async fn tick_liveness(live: Arc<Liveness>, view: watch::Sender<SessionView>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = mono_ms();
+        let gap = now.saturating_sub(live.last_tick_ms.load(Ordering::Acquire));
+        if gap >= live.stale_after_ms {
+            // Suspect first, then the fresh heartbeat: a reader never sees one without the other.
+            live.suspect.store(true, Ordering::Release);
+            live.last_tick_ms.store(now, Ordering::Release);
+            live.pauses.fetch_add(1, Ordering::Relaxed);
+            warn!(paused_ms = gap, "this process was paused: verifying the ZooKeeper session before reading on");
+        } else {
+            live.last_tick_ms.store(now, Ordering::Release);
+        }
+        // Otherwise the session monitor sees the expiry (or the disconnection) and the round trip
+        // succeeds only on the next generation's session.
+        if live.suspect.load(Ordering::Acquire) {
+            if confirm(&view).await {
+                info!("ZooKeeper session confirmed: reading on");
+                live.suspect.store(false, Ordering::Release);
+            }
+            // The round trip is not a pause.
+            live.last_tick_ms.store(mono_ms(), Ordering::Release);
+        }
+    }
+}
+
+/// One round trip on a connected, healthy session.
+async fn confirm(view: &watch::Sender<SessionView>) -> bool {
+    let v = view.borrow().clone();
+    let Some(s) = v.session.filter(|_| v.health == Health::Ok) else { return false };
+    if s.client.state() != zk::SessionState::SyncConnected {
+        return false;
+    }
+    matches!(tokio::time::timeout(Duration::from_secs(5), s.client.check_stat("/")).await, Ok(Ok(_)))
+}
+
+/// The one ZooKeeper session of a worker process, shared by its spout tasks and its lifecycle
+/// loop. It watches the session and publishes [`SessionView`]s: `Unsafe` after half the session
+/// timeout disconnected, `Lost` when it expired, then a new generation once a new session is up,
+/// or `Failed` when none could be built within `give_up_after`.
+#[derive(Debug)]
+pub struct SharedSession {
+    cfg: ZkConfig,
+    view: watch::Sender<SessionView>,
+    cancel: CancellationToken,
+    liveness: Arc<Liveness>,
+}
+
+impl SharedSession {
+    /// Connects the first session (its failure is returned, naming the connect string) and
+    /// starts watching it.
+    pub async fn connect(cfg: &ZkConfig, give_up_after: Duration) -> Result<Arc<Self>, CoordError> {
+        let first = ZkSession::connect(cfg).await?;
+        let (view, _) = watch::channel(SessionView { generation: 1, session: Some(first.clone()), health: Health::Ok });
+        let liveness = Arc::new(Liveness::new(first.timeout()));
+        let shared = Arc::new(Self { cfg: cfg.clone(), view, cancel: CancellationToken::new(), liveness });
+        tokio::spawn(tick_liveness(shared.liveness.clone(), shared.view.clone(), shared.cancel.clone()));
+        tokio::spawn(monitor(shared.cfg.clone(), shared.view.clone(), first, give_up_after, shared.cancel.clone()));
+        Ok(shared)
+    }
+
+    /// Whether leases can be trusted right now (see [`Liveness`]).
+    pub fn liveness(&self) -> Arc<Liveness> {
+        self.liveness.clone()
+    }
+
+    /// The configuration the sessions are built from.
+    pub fn config(&self) -> &ZkConfig {
+        &self.cfg
+    }
+
+    /// The current view.
+    pub fn current(&self) -> SessionView {
+        self.view.borrow().clone()
+    }
+
+    /// Follows the views.
+    pub fn subscribe(&self) -> watch::Receiver<SessionView> {
+        self.view.subscribe()
+    }
+
+    /// Stops watching and closes the current session (ephemeral nodes vanish at once) once every
+    /// other holder dropped it.
+    pub async fn close(&self) {
+        self.cancel.cancel();
+        let session = self.view.send_replace(SessionView {
+            generation: u64::MAX,
+            session: None,
+            health: Health::Failed("closed".into()),
+        });
+        if let Some(s) = session.session {
+            s.close_gracefully().await;
+        }
+    }
+}
+
+impl Drop for SharedSession {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+fn publish(view: &watch::Sender<SessionView>, f: impl FnOnce(&mut SessionView)) {
+    view.send_modify(f);
+}
+
+async fn monitor(
+    cfg: ZkConfig,
+    view: watch::Sender<SessionView>,
+    first: Arc<ZkSession>,
+    give_up_after: Duration,
+    cancel: CancellationToken,
+) {
+    let mut state = first.state();
+    drop(first);
+    loop {
+        let alarm = tokio::select! {
+            _ = cancel.cancelled() => return,
+            a = state.wait_unsafe() => a,
+        };
+        match alarm {
+            SessionAlarm::DisconnectedTooLong => {
+                warn!("ZooKeeper disconnected for more than half the session timeout: reads stop until it is back");
+                publish(&view, |v| v.health = Health::Unsafe);
+                let terminal = loop {
+                    let st = tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        st = state.changed() => st,
+                    };
+                    if st.is_terminal() {
+                        break st;
+                    }
+                    if matches!(st, SessionStatus::Connected | SessionStatus::ConnectedReadOnly) {
+                        info!("ZooKeeper connection back (same session)");
+                        publish(&view, |v| v.health = Health::Ok);
+                        break SessionStatus::Connected;
+                    }
+                };
+                if !terminal.is_terminal() {
+                    continue;
+                }
+                if !rebuild(&cfg, &view, terminal, give_up_after, &cancel, &mut state).await {
+                    return;
+                }
+            }
+            SessionAlarm::Terminal(st) => {
+                if !rebuild(&cfg, &view, st, give_up_after, &cancel, &mut state).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The session ended: publish `Lost`, then build a new one (new generation) or give up.
+/// Returns false when the monitor must stop.
+async fn rebuild(
+    cfg: &ZkConfig,
+    view: &watch::Sender<SessionView>,
+    ended: SessionStatus,
+    give_up_after: Duration,
+    cancel: &CancellationToken,
+    state: &mut SessionWatch,
+) -> bool {
+    if cancel.is_cancelled() {
+        return false;
+    }
+    if ended == SessionStatus::AuthFailed {
+        let msg = format!(
+            "ZooKeeper at {} refused the credentials: check the digest user and password (SQUALL_ZK_USER, SQUALL_ZK_PASSWORD)",
+            cfg.connect
+        );
+        tracing::error!("{msg}");
+        publish(view, |v| {
+            v.session = None;
+            v.health = Health::Failed(msg);
+        });
+        return false;
+    }
+    warn!(state = ?ended, "ZooKeeper session ended: every lease and registration of this worker is gone; building a new session");
+    publish(view, |v| {
+        v.session = None;
+        v.health = Health::Lost;
+    });
+    let started = Instant::now();
+    let mut delay = Duration::from_millis(200);
+    loop {
+        let attempt = tokio::select! {
+            _ = cancel.cancelled() => return false,
+            r = ZkSession::connect(cfg) => r,
+        };
+        match attempt {
+            Ok(session) => {
+                *state = session.state();
+                info!(session = %session.name(), "new ZooKeeper session: re-registering and re-acquiring");
+                publish(view, |v| {
+                    v.generation += 1;
+                    v.session = Some(session);
+                    v.health = Health::Ok;
+                });
+                return true;
+            }
+            Err(e) if started.elapsed() >= give_up_after || matches!(e, CoordError::NotAuthorized { .. }) => {
+                let msg = format!("gave up on ZooKeeper after {:?} without a session: {e}", started.elapsed());
+                tracing::error!("{msg}");
+                publish(view, |v| v.health = Health::Failed(msg));
+                return false;
+            }
+            Err(e) => warn!(error = %e, retry_in = ?delay, "building a new ZooKeeper session failed; retrying"),
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return false,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,703 @@
+//! The worker-level side of coordination: one [`StreamCoordinator`] per worker process and
+//! stream, shared by the worker's spout tasks.
+//!
+//! It keeps the worker's view of the cold coordination state — the live tasks and the
+//! `assignment` — from two persistent, non-recursive watches, and publishes it to the worker's
+//! tasks. When the lowest live task is one of this worker's, it also does the leader's duties:
+//! listing shards, persisting starting positions, computing the sticky assignment, collecting
+//! finished shards that left the stream, and refusing a stream re-created under the same name.
+//!
+//! Costs (ZooKeeper requests), which ARCHITECTURE.md turns into the cost model:
+//! - a task joining or leaving: one listing per worker, plus the leader's assignment write and one
+//!   read of it per worker;
+//! - a shard finishing: one listing by the leader, then as for a join;
+//! - a checkpoint write: nothing here (checkpoints are not watched);
+//! - idle: one `exists` per `resync_interval_ms` (a safety net), nothing else.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::config::{InitialPosition, KinesisSpoutConfig};
+use super::source::ShardSource;
+use crate::coord::{
+    Assignment, ChangeEvent, Checkpoint, CheckpointPosition, CoordError, Health, SessionView, ShardList, ShardRecord,
+    SharedSession, Versioned, WatchOn, ZkStore, now_ms, readable, sticky_assign,
+};
+
+/// What the worker's tasks see.
+#[derive(Clone, Debug)]
+pub(crate) struct StreamView {
+    /// The session generation this view belongs to.
+    pub generation: u64,
+    /// The store of that generation; `None` while no session is up.
+    pub store: Option<ZkStore>,
+    pub health: Health,
+    /// The latest assignment read (or written) by this worker.
+    pub assignment: Option<Arc<Assignment>>,
+}
+
+/// Messages from the worker's tasks.
+#[derive(Debug)]
+pub(crate) enum StreamCommand {
+    /// A task registered in session `generation` under this node name.
+    Registered { generation: u64, task: String },
+    /// A task unregistered (it stopped).
+    Unregistered { task: String },
+    /// A reader of this worker reached a shard's end: list the children now if this worker leads
+    /// (other workers' leaders learn it from the finished marker).
+    ShardEnded,
+}
+
+/// A running [`StreamCoordinator`]: the view, a command channel, and its stop.
+pub(crate) struct StreamHandle {
+    pub view: watch::Receiver<Arc<StreamView>>,
+    pub commands: mpsc::UnboundedSender<StreamCommand>,
+    cancel: CancellationToken,
+    join: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl StreamHandle {
+    /// Starts the coordinator of `cfg.stream` over `session`.
+    pub fn start(cfg: Arc<KinesisSpoutConfig>, session: Arc<SharedSession>, source: ShardSource) -> Arc<Self> {
+        let initial = StreamView { generation: 0, store: None, health: Health::Lost, assignment: None };
+        let (view_tx, view) = watch::channel(Arc::new(initial));
+        let (commands, commands_rx) = mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let coordinator = StreamCoordinator {
+            cfg,
+            session,
+            source,
+            view: view_tx,
+            commands: commands_rx,
+            local: BTreeSet::new(),
+            tasks: Vec::new(),
+            assignment: None,
+            leader: None,
+            finished_events: None,
+            listing: None,
+            listed: None,
+            warned: None,
+        };
+        let join = tokio::spawn(coordinator.run(cancel.clone()));
+        Arc::new(Self { view, commands, cancel, join: Mutex::new(Some(join)) })
+    }
+
+    /// Stops the coordinator and waits for it.
+    pub async fn stop(&self) {
+        self.cancel.cancel();
+        let join = self.join.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(j) = join {
+            let _ = j.await;
+        }
+    }
+}
+
+impl Drop for StreamHandle {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// The leader's state: rebuilt whenever this worker becomes leader.
+struct Leader {
+    /// The local task that leads (its node fences assignment writes).
+    task: String,
+    list: Option<Versioned<ShardList>>,
+    /// Shards with a checkpoint znode.
+    checkpointed: BTreeSet<String>,
+    finished: BTreeSet<String>,
+    last_discovery: Option<Instant>,
+    discovery_wanted: bool,
+    /// The stream was re-created under the same name: nothing is assigned.
+    refused: Option<String>,
+    recompute: bool,
+}
+
+struct StreamCoordinator {
+    cfg: Arc<KinesisSpoutConfig>,
+    session: Arc<SharedSession>,
+    source: ShardSource,
+    view: watch::Sender<Arc<StreamView>>,
+    commands: mpsc::UnboundedReceiver<StreamCommand>,
+    /// This worker's registered tasks (of the current generation).
+    local: BTreeSet<String>,
+    /// Live tasks, sorted by sequence.
+    tasks: Vec<String>,
+    assignment: Option<Versioned<Assignment>>,
+    leader: Option<Leader>,
+    /// The leader's watch on `finished/` (only while this worker leads).
+    finished_events: Option<mpsc::Receiver<ChangeEvent>>,
+    /// The leader's ListShards in flight: Kinesis calls never block this loop, so joins, leaves
+    /// and finished shards are handled while a slow listing runs.
+    listing: Option<tokio::task::JoinHandle<Listing>>,
+    /// A listing that came back, to apply at the next step.
+    listed: Option<Listing>,
+    warned: Option<(String, Instant)>,
+}
+
+/// What one discovery learned from Kinesis: the shards, and (on periodic discoveries) the
+/// stream's creation time.
+type Listing = Result<(Vec<crate::kinesis::ShardDescription>, Option<Option<i64>>), crate::kinesis::KinesisError>;
+
+async fn join_opt(h: &mut Option<tokio::task::JoinHandle<Listing>>) -> Option<Listing> {
+    match h {
+        Some(j) => {
+            let r = j.await;
+            *h = None;
+            r.ok()
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn recv_opt(rx: &mut Option<mpsc::Receiver<ChangeEvent>>) -> Option<ChangeEvent> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Flags of what must be re-read or recomputed after a batch of events.
+#[derive(Default)]
+struct Dirty {
+    tasks: bool,
+    assignment: bool,
+    finished: bool,
+}
+
+impl StreamCoordinator {
+    async fn run(mut self, cancel: CancellationToken) {
+        let mut sessions = self.session.subscribe();
+        let resync = KinesisSpoutConfig::ms(self.cfg.resync_interval_ms);
+        let discovery_every = KinesisSpoutConfig::ms(self.cfg.shard_discovery_interval_ms);
+        'generations: loop {
+            // Wait for a live session.
+            let (generation, session) = loop {
+                let v: SessionView = sessions.borrow_and_update().clone();
+                self.publish_health(&v);
+                if let (Some(s), Health::Ok | Health::Unsafe) = (v.session.clone(), &v.health) {
+                    break (v.generation, s);
+                }
+                if matches!(v.health, Health::Failed(_)) {
+                    // The worker exits; nothing more to do here.
+                    cancel.cancelled().await;
+                    return;
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = sessions.changed() => if r.is_err() { return },
+                }
+            };
+            self.local.clear();
+            self.leader = None;
+            self.finished_events = None;
+            self.stop_listing();
+            self.assignment = None;
+            let setup = async {
+                let store =
+                    ZkStore::open(session, &self.cfg.zookeeper.root, &self.cfg.topology, &self.cfg.stream).await?;
+                let events = store.watch(&[WatchOn::Tasks, WatchOn::Assignment]).await?;
+                Ok::<_, CoordError>((store, events))
+            };
+            let (store, mut events) = match setup.await {
+                Ok(x) => x,
+                Err(e) => {
+                    self.warn(&format!("watching the stream's coordination state failed: {e}"));
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    }
+                    continue 'generations;
+                }
+            };
+            self.view.send_modify(|v| {
+                let v = Arc::make_mut(v);
+                v.generation = generation;
+                v.store = Some(store.clone());
+                v.assignment = None;
+            });
+            let mut dirty = Dirty { tasks: true, assignment: true, finished: false };
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut last_resync = Instant::now();
+            loop {
+                if let Err(e) = self.step(&store, &mut dirty, discovery_every).await {
+                    if e.is_session_lost() {
+                        continue 'generations;
+                    }
+                    self.warn(&format!("coordination step failed; retrying: {e}"));
+                    // Re-read everything at the next step.
+                    dirty = Dirty { tasks: true, assignment: true, finished: true };
+                }
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return,
+                    r = sessions.changed() => {
+                        if r.is_err() { return; }
+                        let v = sessions.borrow().clone();
+                        self.publish_health(&v);
+                        if v.generation != generation || v.session.is_none() {
+                            continue 'generations;
+                        }
+                        if v.health == Health::Ok {
+                            // Back from a disconnection: events may have been lost.
+                            dirty = Dirty { tasks: true, assignment: true, finished: true };
+                        }
+                    }
+                    ev = events.recv() => match ev {
+                        None | Some(ChangeEvent::SessionLost) => {
+                            // The session monitor publishes the new generation.
+                            let _ = sessions.changed().await;
+                            continue 'generations;
+                        }
+                        Some(ev) => apply(&mut dirty, ev),
+                    },
+                    listed = join_opt(&mut self.listing) => {
+                        if let Some(listed) = listed {
+                            self.listed = Some(listed);
+                        }
+                    }
+                    ev = recv_opt(&mut self.finished_events) => match ev {
+                        Some(ChangeEvent::SessionLost) | None => {}
+                        Some(ev) => apply(&mut dirty, ev),
+                    },
+                    cmd = self.commands.recv() => match cmd {
+                        None => return,
+                        Some(cmd) => self.command(cmd, generation, &mut dirty),
+                    },
+                    _ = tick.tick() => {
+                        if last_resync.elapsed() >= resync {
+                            last_resync = Instant::now();
+                            // Safety net against a lost event: one cheap version check.
+                            if let Ok(Some(stat)) = store.client().check_stat(store.paths().assignment()).await {
+                                if self.assignment.as_ref().map(|a| a.version) != Some(stat.version) {
+                                    dirty.assignment = true;
+                                }
+                            }
+                        }
+                    }
+                }
+                // Coalesce a burst: take whatever else is already queued, then act once.
+                while let Ok(ev) = events.try_recv() {
+                    if matches!(ev, ChangeEvent::SessionLost) {
+                        continue 'generations;
+                    }
+                    apply(&mut dirty, ev);
+                }
+                while let Ok(cmd) = self.commands.try_recv() {
+                    self.command(cmd, generation, &mut dirty);
+                }
+                if let Some(rx) = self.finished_events.as_mut() {
+                    while let Ok(ev) = rx.try_recv() {
+                        apply(&mut dirty, ev);
+                    }
+                }
+            }
+        }
+    }
+
+    fn stop_listing(&mut self) {
+        if let Some(h) = self.listing.take() {
+            h.abort();
+        }
+        self.listed = None;
+    }
+
+    fn command(&mut self, cmd: StreamCommand, generation: u64, dirty: &mut Dirty) {
+        match cmd {
+            StreamCommand::ShardEnded => {
+                if let Some(l) = self.leader.as_mut() {
+                    l.discovery_wanted = true;
+                }
+            }
+            StreamCommand::Registered { generation: g, task } if g == generation => {
+                self.local.insert(task);
+                dirty.tasks = true;
+            }
+            StreamCommand::Registered { .. } => {}
+            StreamCommand::Unregistered { task } => {
+                self.local.remove(&task);
+                dirty.tasks = true;
+            }
+        }
+    }
+
+    fn publish_health(&self, v: &SessionView) {
+        self.view.send_if_modified(|view| {
+            if view.health == v.health {
+                return false;
+            }
+            Arc::make_mut(view).health = v.health.clone();
+            true
+        });
+    }
+
+    fn publish_assignment(&self) {
+        let a = self.assignment.as_ref().map(|a| Arc::new(a.value.clone()));
+        self.view.send_modify(|v| Arc::make_mut(v).assignment = a);
+    }
+
+    fn warn(&mut self, msg: &str) {
+        if self.warned.as_ref().is_none_or(|(m, t)| m != msg || t.elapsed() >= Duration::from_secs(10)) {
+            tracing::warn!(stream = %self.cfg.stream, "{msg}");
+            self.warned = Some((msg.to_string(), Instant::now()));
+        }
+    }
+
+    /// Re-reads what changed, follows leadership, and does the leader's work.
+    async fn step(&mut self, store: &ZkStore, dirty: &mut Dirty, discovery_every: Duration) -> Result<(), CoordError> {
+        if std::mem::take(&mut dirty.tasks) {
+            self.tasks = store.task_names().await?;
+            if let Some(l) = self.leader.as_mut() {
+                l.recompute = true;
+            }
+        }
+        if std::mem::take(&mut dirty.assignment) {
+            self.assignment = match store.read_assignment().await {
+                Ok(a) => a,
+                Err(CoordError::Malformed { path, reason }) => {
+                    // The leader overwrites it; until then nothing is assigned.
+                    self.warn(&format!("malformed assignment at {path}: {reason}; the leader rewrites it"));
+                    None
+                }
+                Err(e) => return Err(e),
+            };
+            self.publish_assignment();
+            if let Some(l) = self.leader.as_mut() {
+                l.recompute = true;
+            }
+        }
+        // Leadership: the lowest live task; this worker leads when it is one of ours.
+        let lead = self.tasks.first().filter(|t| self.local.contains(*t)).cloned();
+        let current = self.leader.as_ref().map(|l| l.task.clone());
+        match (current, lead) {
+            (Some(c), Some(t)) if c == t => {}
+            (_, Some(t)) => {
+                tracing::info!(task = %t, stream = %self.cfg.stream, "this worker leads: it lists the stream's shards and assigns them");
+                self.leader = None;
+                self.finished_events = None;
+                self.stop_listing();
+                let leader = self.take_lead(store, t).await?;
+                self.leader = Some(leader);
+            }
+            (Some(c), None) => {
+                tracing::info!(task = %c, "no longer the leader");
+                self.leader = None;
+                self.finished_events = None;
+                self.stop_listing();
+            }
+            (None, None) => {}
+        }
+        let Some(mut leader) = self.leader.take() else { return Ok(()) };
+        let result = self.lead(store, &mut leader, dirty, discovery_every).await;
+        if matches!(result, Err(CoordError::Fenced { .. })) {
+            self.finished_events = None;
+            self.stop_listing();
+        } else {
+            self.leader = Some(leader);
+        }
+        match result {
+            Err(CoordError::Fenced { .. }) => {
+                // Our leader task is gone (unregistered or expired): someone else leads.
+                dirty.tasks = true;
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// Becoming leader: a handful of requests, whatever the number of tasks. Checkpoints are not
+    /// read, except those of closed shards without a finished marker (parents being read, or
+    /// finished by an earlier version), which are few.
+    async fn take_lead(&mut self, store: &ZkStore, task: String) -> Result<Leader, CoordError> {
+        self.finished_events = Some(store.watch(&[WatchOn::Finished]).await?);
+        let list = match store.read_shard_list().await {
+            Ok(l) => l,
+            Err(CoordError::Malformed { path, reason }) => {
+                self.warn(&format!("malformed shard list at {path}: {reason}; rewriting it from ListShards"));
+                store
+                    .client()
+                    .check_stat(&path)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|stat| Versioned { value: ShardList::new(Vec::new(), 0), version: stat.version })
+            }
+            Err(e) => return Err(e),
+        };
+        let checkpointed = store.checkpoint_ids().await?;
+        let mut finished = store.list_finished().await?;
+        if let Some(l) = &list {
+            let candidates: Vec<&str> = l
+                .value
+                .shards
+                .iter()
+                .filter(|s| s.closed && !finished.contains(&s.shard_id))
+                .map(|s| s.shard_id.as_str())
+                .collect();
+            for id in candidates {
+                if let Ok(Some(cp)) = store.read_checkpoint(id).await {
+                    if cp.value.finished {
+                        store.mark_finished(id).await?;
+                        finished.insert(id.to_string());
+                    }
+                }
+            }
+        }
+        Ok(Leader {
+            task,
+            list,
+            checkpointed,
+            finished,
+            last_discovery: None,
+            discovery_wanted: true,
+            refused: None,
+            recompute: true,
+        })
+    }
+
+    async fn lead(
+        &mut self,
+        store: &ZkStore,
+        l: &mut Leader,
+        dirty: &mut Dirty,
+        discovery_every: Duration,
+    ) -> Result<(), CoordError> {
+        if std::mem::take(&mut dirty.finished) {
+            let finished = store.list_finished().await?;
+            tracing::debug!(before = l.finished.len(), now = finished.len(), "finished markers listed");
+            if finished != l.finished {
+                // A shard finished (its children may need listing) or a reset removed markers.
+                l.discovery_wanted |= finished.difference(&l.finished).next().is_some();
+                l.finished = finished;
+                l.recompute = true;
+            }
+        }
+        if let Some(listed) = self.listed.take() {
+            self.discover(store, l, listed).await?;
+        }
+        let due = l.last_discovery.is_none_or(|t| t.elapsed() >= discovery_every);
+        if (due || l.discovery_wanted) && self.listing.is_none() {
+            l.discovery_wanted = false;
+            l.last_discovery = Some(Instant::now());
+            // The creation time only on periodic discoveries (and while refusing): event-driven
+            // ones after a shard end need the shards only.
+            let describe = due || l.refused.is_some();
+            let source = self.source.clone();
+            self.listing = Some(tokio::spawn(async move {
+                let (shards, created) = if describe {
+                    let (a, b) = tokio::join!(source.list_shards(), source.created_ms());
+                    (a, Some(b))
+                } else {
+                    (source.list_shards().await, None)
+                };
+                let created = match created {
+                    Some(c) => Some(c?),
+                    None => None,
+                };
+                Ok((shards?, created))
+            }));
+        }
+        if std::mem::take(&mut l.recompute) {
+            self.assign(store, l).await?;
+        }
+        Ok(())
+    }
+
+    /// ListShards; persist starting positions of new shards; collect finished shards that left
+    /// the stream; keep the `shards` znode equal to the stream; refuse a re-created stream.
+    async fn discover(&mut self, store: &ZkStore, l: &mut Leader, listing: Listing) -> Result<(), CoordError> {
+        let (listed, created) = match listing {
+            Ok(x) => x,
+            Err(e) => {
+                self.warn(&format!("listing the stream's shards failed; retrying at the next discovery: {e}"));
+                return Ok(());
+            }
+        };
+        // Unknown on event-driven discoveries: keep what is stored.
+        let created = created.unwrap_or(l.list.as_ref().and_then(|v| v.value.stream_created_ms));
+        if l.refused.is_some() {
+            // A reset may have accepted the new stream: look at the stored list again.
+            l.list = store.read_shard_list().await.unwrap_or(None);
+        }
+        let stored_created = l.list.as_ref().and_then(|v| v.value.stream_created_ms);
+        if let (Some(was), Some(now)) = (stored_created, created) {
+            if was != now {
+                let msg = format!(
+                    "stream {} was deleted and re-created (created at {now} ms, the stored shard list is of a stream created at {was} ms): \
+                     its checkpoints point into the old stream, so nothing is read. Rewind them with \
+                     `squall checkpoints reset {} {} --to trim-horizon` (after `squall deactivate {}`)",
+                    self.cfg.stream, self.cfg.topology, self.cfg.stream, self.cfg.topology
+                );
+                if l.refused.as_deref() != Some(msg.as_str()) {
+                    tracing::error!(stream = %self.cfg.stream, "{msg}");
+                    l.refused = Some(msg);
+                    l.recompute = true;
+                }
+                return Ok(());
+            }
+        }
+        if l.refused.take().is_some() {
+            tracing::info!(stream = %self.cfg.stream, "the stream's checkpoints were reset: reading again");
+            l.recompute = true;
+        }
+        let first_start = l.list.is_none();
+        let ids: BTreeSet<&str> = listed.iter().map(|s| s.shard_id.as_str()).collect();
+        // Persist every starting position before the list names the shard.
+        for sh in &listed {
+            if l.checkpointed.contains(&sh.shard_id) {
+                continue;
+            }
+            let cp = if first_start {
+                initial_checkpoint(self.cfg.initial_position, sh.closed)
+            } else {
+                Checkpoint::at(CheckpointPosition::TrimHorizon, now_ms())
+            };
+            let stored = store.init_checkpoint(&sh.shard_id, &cp).await?;
+            if stored.value.finished {
+                store.mark_finished(&sh.shard_id).await?;
+                l.finished.insert(sh.shard_id.clone());
+            }
+            tracing::info!(shard = %sh.shard_id, position = %stored.value.position, finished = stored.value.finished, "new shard: starting position persisted");
+            l.checkpointed.insert(sh.shard_id.clone());
+            l.recompute = true;
+        }
+        // Garbage: finished shards the stream no longer returns (trimmed past retention).
+        let gone: Vec<String> = l.finished.iter().filter(|s| !ids.contains(s.as_str())).cloned().collect();
+        for shard in gone {
+            match store.forget_shard(&shard).await {
+                Ok(()) => {
+                    tracing::info!(shard = %shard, "shard finished and left the stream: its checkpoint, owners and marker removed");
+                    l.finished.remove(&shard);
+                    l.checkpointed.remove(&shard);
+                }
+                Err(e) => self.warn(&format!("removing finished shard {shard} failed; retrying later: {e}")),
+            }
+        }
+        let records: Vec<ShardRecord> = listed
+            .iter()
+            .map(|d| ShardRecord {
+                shard_id: d.shard_id.clone(),
+                parent_shard_id: d.parent_shard_id.clone(),
+                adjacent_parent_shard_id: d.adjacent_parent_shard_id.clone(),
+                starting_hash_key: d.starting_hash_key.clone(),
+                ending_hash_key: d.ending_hash_key.clone(),
+                closed: d.closed,
+            })
+            .collect();
+        let mut list = ShardList::new(records, now_ms());
+        list.stream_created_ms = stored_created.or(created);
+        let unchanged = l
+            .list
+            .as_ref()
+            .is_some_and(|e| e.value.shards == list.shards && e.value.stream_created_ms == list.stream_created_ms);
+        if !unchanged {
+            match store.write_shard_list(&list, l.list.as_ref().map(|e| e.version)).await {
+                Ok(version) => {
+                    tracing::info!(stream = %self.cfg.stream, shards = list.shards.len(), "shard list updated in ZooKeeper");
+                    l.list = Some(Versioned { value: list, version });
+                    l.recompute = true;
+                }
+                Err(CoordError::VersionConflict { .. }) => {
+                    // Someone else wrote it (a reset, an old leader): read it and list again.
+                    l.list = store.read_shard_list().await.unwrap_or(None);
+                    l.discovery_wanted = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Computes the sticky assignment and writes it when it differs from the current one.
+    async fn assign(&mut self, store: &ZkStore, l: &mut Leader) -> Result<(), CoordError> {
+        let Some(list) = &l.list else { return Ok(()) };
+        let previous = self.assignment.as_ref().map(|a| &a.value);
+        let mut next = Assignment {
+            generation: previous.map_or(1, |p| p.generation + 1),
+            leader: l.task.clone(),
+            tasks: BTreeMap::new(),
+            updated_at_ms: now_ms(),
+            error: l.refused.clone(),
+        };
+        if l.refused.is_none() {
+            let ready: Vec<String> =
+                readable(&list.value, &l.finished).into_iter().filter(|s| l.checkpointed.contains(s)).collect();
+            let empty = BTreeMap::new();
+            let prev_tasks = previous.map_or(&empty, |p| &p.tasks);
+            // A child goes to its parent's reader when that one has room.
+            let owner_of = previous.map(|p| p.owner_of()).unwrap_or_default();
+            let mut hints = BTreeMap::new();
+            for s in &ready {
+                if let Some(rec) = list.value.get(s) {
+                    if let Some(owner) = rec.parents().find_map(|p| owner_of.get(p)) {
+                        hints.insert(s.clone(), owner.to_string());
+                    }
+                }
+            }
+            next.tasks = sticky_assign(prev_tasks, &self.tasks, &ready, &hints);
+        } else {
+            next.tasks = self.tasks.iter().map(|t| (t.clone(), Vec::new())).collect();
+        }
+        if previous.is_some_and(|p| p.tasks == next.tasks && p.error == next.error) {
+            tracing::debug!(finished = l.finished.len(), "assignment unchanged");
+            return Ok(());
+        }
+        match store.write_assignment(&l.task, &next, self.assignment.as_ref().map(|a| a.version)).await {
+            Ok(version) => {
+                let moved = previous.map_or(0, |p| crate::coord::moved(&p.tasks, &next.tasks));
+                tracing::info!(
+                    generation = next.generation,
+                    tasks = next.tasks.len(),
+                    shards = next.tasks.values().map(Vec::len).sum::<usize>(),
+                    moved,
+                    "assignment written"
+                );
+                self.assignment = Some(Versioned { value: next, version });
+                self.publish_assignment();
+                Ok(())
+            }
+            Err(CoordError::VersionConflict { .. }) => {
+                tracing::debug!("assignment changed under the leader: reading it and computing again");
+                // Changed under us (a rebalance deleted it, an old leader): read and recompute.
+                self.assignment = store.read_assignment().await.unwrap_or(None);
+                l.recompute = true;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn apply(dirty: &mut Dirty, ev: ChangeEvent) {
+    tracing::trace!(event = ?ev, "coordination event");
+    match ev {
+        ChangeEvent::Tasks => dirty.tasks = true,
+        ChangeEvent::Assignment => dirty.assignment = true,
+        ChangeEvent::Finished => dirty.finished = true,
+        ChangeEvent::Reconnected => {
+            dirty.tasks = true;
+            dirty.assignment = true;
+            dirty.finished = true;
+        }
+        _ => {}
+    }
+}
+
+/// The checkpoint a shard gets at the topology's first start on the stream.
+pub(crate) fn initial_checkpoint(pos: InitialPosition, closed: bool) -> Checkpoint {
+    let now = now_ms();
+    match pos {
+        InitialPosition::TrimHorizon => Checkpoint::at(CheckpointPosition::TrimHorizon, now),
+        InitialPosition::AtTimestamp { millis } => Checkpoint::at(CheckpointPosition::AtTimestamp { millis }, now),
+        InitialPosition::Latest if closed => {
+            // Nothing new will ever arrive in a closed shard: it is done.
+            Checkpoint { finished: true, ..Checkpoint::at(CheckpointPosition::TrimHorizon, now) }
+        }
+        InitialPosition::Latest => Checkpoint::at(CheckpointPosition::AtTimestamp { millis: now }, now),
+    }
+}
