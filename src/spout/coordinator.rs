@@ -353,11 +353,21 @@ impl Coordinator {
             let cp = match s.store.read_checkpoint(shard).await {
                 Ok(Some(cp)) => cp,
                 Ok(None) => {
-                    // The leader persists starting positions before it assigns; a reset may be
-                    // under way. Hand it back and look again shortly.
-                    self.release_lease(s, lease).await;
-                    block(s, shard, Duration::from_secs(1), None);
-                    return Ok(());
+                    // The leader persists starting positions before it assigns, so the checkpoint
+                    // was deleted since (an operator's repair of a broken one): the shard starts
+                    // over from TRIM_HORIZON, like any shard found later. Create-if-absent, so a
+                    // concurrent decision wins.
+                    let start = Checkpoint::at(CheckpointPosition::TrimHorizon, now_ms());
+                    match s.store.init_checkpoint(shard, &start).await {
+                        Ok(cp) => {
+                            tracing::warn!(shard = %shard, position = %cp.value.position, "the shard's checkpoint was missing: it starts over from there");
+                            cp
+                        }
+                        Err(e) => {
+                            self.release_lease(s, lease).await;
+                            return Err(e);
+                        }
+                    }
                 }
                 Err(e @ CoordError::Malformed { .. }) => {
                     // Only this shard stops: its error shows in `squall status`, every other shard
