@@ -645,3 +645,47 @@ async fn state_and_assignment_round_trip() {
     assert_eq!(plan[&names[0]].len(), 3);
     assert_eq!(plan[&names[2]].len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_task_costs_one_watch_and_no_write() {
+    let root = TestRoot::new();
+    let a = root.store().await;
+    let b = root.store().await;
+    let shard_id = "shardId-000000000011";
+    let lease = acquired(&a, shard_id).await;
+    // Count every lease operation b's session makes.
+    let ops: Arc<Mutex<Vec<squall::coord::ZkOp>>> = Arc::default();
+    let rec = ops.clone();
+    b.session().inject_faults(Some(Arc::new(move |op, _path: &str| {
+        rec.lock().unwrap().push(op);
+        None
+    })));
+    let raw = raw_client().await;
+    let dir = a.paths().owner_dir(shard_id);
+    let before = raw.get_children(&dir).await.unwrap().1;
+
+    let holder_path = match b.try_acquire(shard_id, &holder(&b)).await.unwrap() {
+        Acquire::HeldBy { holder_path, .. } => holder_path,
+        other => panic!("expected HeldBy, got {other:?}"),
+    };
+    assert_eq!(holder_path, lease.path);
+    let watcher = b.watch_lease(&holder_path).await.unwrap().expect("the holder's lease exists");
+    // Waiting: nothing happens on b's side for as long as a holds the shard.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen = ops.lock().unwrap().clone();
+    use squall::coord::ZkOp;
+    assert_eq!(seen, vec![ZkOp::List, ZkOp::Exists], "waiting costs one listing and one watch, nothing else");
+    let after = raw.get_children(&dir).await.unwrap().1;
+    assert_eq!((before.cversion, before.pzxid), (after.cversion, after.pzxid), "the waiter created or deleted nothing");
+
+    // The holder leaves: the watch fires, and the waiter takes the shard with one create.
+    a.release(lease).await.unwrap();
+    let fired = tokio::time::timeout(Duration::from_secs(5), watcher.changed()).await.expect("the watch fired");
+    assert_eq!(fired.event_type, zk::EventType::NodeDeleted);
+    ops.lock().unwrap().clear();
+    let got = acquired(&b, shard_id).await;
+    assert!(got.path.contains(&format!("lease-{}-", holder(&b))), "{got:?}");
+    let creates = ops.lock().unwrap().iter().filter(|o| **o == ZkOp::Create).count();
+    assert_eq!(creates, 1);
+    eprintln!("WAIT: ops while waiting {seen:?}; ops to take over {:?}", ops.lock().unwrap());
+}

@@ -27,12 +27,9 @@ async fn zookeeper_outage_of_10s_expires_sessions_then_workers_recover_losing_no
     outage(false).await;
 }
 
-/// Same scenario, checking that readers stop within half the session timeout of losing ZooKeeper.
-/// They do not: the coordinator applies session health (`set_fetch`) only from its own `select!`
-/// loop, and that loop is blocked inside a ZooKeeper call of its periodic step (requests on a
-/// disconnected client wait for the reconnect or the expiry), so the monitor's `Unsafe` is never
-/// acted on ("stopped fetching" is never logged) and readers keep fetching until the client expires
-/// the session at ~1.4 x the timeout (observed: reads until 5.5 s into the outage with a 4 s timeout).
+/// Same scenario, checking that readers stop within half the session timeout of losing ZooKeeper:
+/// the worker's session monitor closes every reader's gate directly, whatever its coordinator
+/// loops are waiting on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_outage_readers_stop_within_half_the_session_timeout() {
     outage(true).await;

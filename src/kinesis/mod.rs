@@ -104,12 +104,12 @@ impl KinesisEndpoint {
                 loader = loader.credentials_provider(Credentials::new("test", "test", None, None, "squall-static"));
             }
         }
-        // Bounded calls: a request that hangs must not stall a shard's reader for good. GetRecords
-        // answers within a few seconds even with 10 MB; each attempt gets 10 s, the call 30 s.
+        // Bounded calls: a request that hangs must not stall a shard's reader for good. Kinesis
+        // answers in a second or two even with 10 MB; an emulator under load can take far longer,
+        // so each attempt gets 30 s (the SDK retries a timed-out attempt, at most 3 in all).
         let timeouts = aws_config::timeout::TimeoutConfig::builder()
             .connect_timeout(std::time::Duration::from_secs(3))
-            .operation_attempt_timeout(std::time::Duration::from_secs(10))
-            .operation_timeout(std::time::Duration::from_secs(30))
+            .operation_attempt_timeout(std::time::Duration::from_secs(30))
             .build();
         let shared = loader.timeout_config(timeouts).load().await;
         let conf = aws_sdk_kinesis::config::Builder::from(&shared).build();

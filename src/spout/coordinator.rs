@@ -72,17 +72,24 @@ pub(crate) struct Coordinator {
     pub tasks: tokio_util::task::TaskTracker,
     /// The worker's stream coordinator (shared by its tasks).
     pub stream: Arc<StreamHandle>,
+    /// The worker's session, followed directly (not through the stream coordinator, which may
+    /// be waiting on ZooKeeper) to close the readers' gate the moment it turns unsafe.
+    pub session: watch::Receiver<crate::coord::SessionView>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// This task's registration in one session generation, and everything it holds there.
+/// This task in one session generation: its registration, and everything it holds there.
 struct Session {
     generation: u64,
     store: ZkStore,
+    /// The task node name (the last one, while it hands shards back after unregistering).
     task: String,
+    /// Registered now. A deactivated task unregisters, so the leader assigns nothing to it; it
+    /// registers again (a new name) once active and holding nothing.
+    registered: bool,
     owned: HashMap<Arc<str>, Owned>,
     blocked: HashMap<Arc<str>, Blocked>,
     /// Leases whose delete failed (or whose create's outcome is unknown): removed at the next
@@ -108,19 +115,25 @@ impl Coordinator {
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<Wake>();
         // Close the readers' gate at once when the session turns unsafe, even while this loop
         // waits on ZooKeeper.
-        self.tasks.spawn(guard_fetch(self.stream.view.clone(), self.fetch_allowed.clone(), cancel.clone()));
+        self.tasks.spawn(guard_fetch(self.session.clone(), self.fetch_allowed.clone(), cancel.clone()));
         loop {
-            // A registration in the current generation.
+            // A session of the current generation.
             let mut s = loop {
                 let view = view_rx.borrow_and_update().clone();
                 self.set_fetch(false);
                 if let (Some(store), Health::Ok) = (&view.store, &view.health) {
-                    match self.register(store.clone(), view.generation).await {
-                        Ok(s) => break s,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "registering the spout task in ZooKeeper failed; retrying")
-                        }
-                    }
+                    break Session {
+                        generation: view.generation,
+                        store: store.clone(),
+                        task: String::new(),
+                        registered: false,
+                        owned: HashMap::new(),
+                        blocked: HashMap::new(),
+                        cleanup: BTreeSet::new(),
+                        pending_release: Vec::new(),
+                        assignment_generation: None,
+                        last_warn: None,
+                    };
                 }
                 tokio::select! {
                     _ = cancel.cancelled() => {
@@ -149,23 +162,27 @@ impl Coordinator {
         }
     }
 
-    async fn register(&self, store: ZkStore, generation: u64) -> Result<Session, CoordError> {
-        let info = TaskInfo { since_ms: now_ms(), ..self.info.clone() };
-        let task = store.register_task(&info).await?;
-        *lock(&self.task_name) = task.clone();
-        let _ = self.stream.commands.send(StreamCommand::Registered { generation, task: task.clone() });
-        tracing::info!(topology = %self.cfg.topology, stream = %self.cfg.stream, task = %task, "spout task registered");
-        Ok(Session {
-            generation,
-            store,
-            task,
-            owned: HashMap::new(),
-            blocked: HashMap::new(),
-            cleanup: BTreeSet::new(),
-            pending_release: Vec::new(),
-            assignment_generation: None,
-            last_warn: None,
-        })
+    /// Registers (active, holding nothing) or unregisters (deactivated) as needed.
+    async fn registration(&self, s: &mut Session) -> Result<(), CoordError> {
+        let active = *self.active.borrow();
+        if active && !s.registered && s.owned.is_empty() && s.pending_release.is_empty() && s.cleanup.is_empty() {
+            let info = TaskInfo { since_ms: now_ms(), ..self.info.clone() };
+            let task = s.store.register_task(&info).await?;
+            *lock(&self.task_name) = task.clone();
+            let _ =
+                self.stream.commands.send(StreamCommand::Registered { generation: s.generation, task: task.clone() });
+            tracing::info!(topology = %self.cfg.topology, stream = %self.cfg.stream, task = %task, "spout task registered");
+            s.task = task;
+            s.registered = true;
+        } else if !active && s.registered {
+            // The leader moves its shards to active tasks (they wait on the leases, which are
+            // released once in-flight tuples are acked and checkpointed).
+            s.store.unregister_task(&s.task).await?;
+            s.registered = false;
+            let _ = self.stream.commands.send(StreamCommand::Unregistered { task: s.task.clone() });
+            tracing::info!(task = %s.task, "spout task deactivated: unregistered, handing its shards back");
+        }
+        Ok(())
     }
 
     fn set_fetch(&self, allowed: bool) {
@@ -194,10 +211,15 @@ impl Coordinator {
             if view.generation != s.generation || view.store.is_none() {
                 return if cancel.is_cancelled() { End::Shutdown } else { End::Lost };
             }
-            let healthy = view.health == Health::Ok;
+            let healthy = view.health == Health::Ok && self.session.borrow().health == Health::Ok;
             self.set_fetch(healthy && *self.active.borrow());
             if healthy {
                 let mut first_err: Option<CoordError> = None;
+                let was = s.registered;
+                if let Err(e) = self.registration(s).await {
+                    first_err.get_or_insert(e);
+                }
+                reconcile |= was != s.registered;
                 if reconcile || last_reconcile.elapsed() >= resync {
                     reconcile = false;
                     last_reconcile = Instant::now();
@@ -262,7 +284,7 @@ impl Coordinator {
         // A deactivated task holds no shard: it hands everything back (after its in-flight tuples
         // are acked) so an operator can rewind checkpoints; it re-acquires on activation.
         let mine: BTreeSet<Arc<str>> = match &view.assignment {
-            Some(a) if active && a.error.is_none() => {
+            Some(a) if active && s.registered && a.error.is_none() => {
                 a.shards_of(&s.task).iter().map(|x| Arc::from(x.as_str())).collect()
             }
             _ => BTreeSet::new(),
@@ -533,10 +555,12 @@ impl Coordinator {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        if let Err(e) = s.store.unregister_task(&s.task).await {
-            tracing::warn!(task = %s.task, error = %e, "removing the task registration failed; it goes with the session");
+        if s.registered {
+            if let Err(e) = s.store.unregister_task(&s.task).await {
+                tracing::warn!(task = %s.task, error = %e, "removing the task registration failed; it goes with the session");
+            }
+            let _ = self.stream.commands.send(StreamCommand::Unregistered { task: s.task.clone() });
         }
-        let _ = self.stream.commands.send(StreamCommand::Unregistered { task: s.task.clone() });
     }
 
     fn begin_release(&self, s: &mut Session, shard: &Arc<str>, wait: Duration) {
@@ -718,7 +742,7 @@ fn warn_once(s: &mut Session, msg: &str) {
 
 /// Closes the readers' gate as soon as the session is not healthy (the coordinator re-opens it).
 async fn guard_fetch(
-    mut view: watch::Receiver<Arc<StreamView>>,
+    mut view: watch::Receiver<crate::coord::SessionView>,
     fetch: Arc<watch::Sender<bool>>,
     cancel: CancellationToken,
 ) {

@@ -383,6 +383,7 @@ impl Spout for KinesisSpout {
             task_name: self.task_name.clone(),
             tasks: tokio_util::task::TaskTracker::new(),
             stream,
+            session: session.subscribe(),
         };
         let cancel = ctx.cancellation().child_token();
         let handle = ctx.spawn(coordinator.run(cancel.clone()));

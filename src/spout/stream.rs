@@ -76,6 +76,7 @@ impl StreamHandle {
             local: BTreeSet::new(),
             tasks: Vec::new(),
             assignment: None,
+            assignment_broken: false,
             leader: None,
             finished_events: None,
             listing: None,
@@ -128,6 +129,8 @@ struct StreamCoordinator {
     /// Live tasks, sorted by sequence.
     tasks: Vec<String>,
     assignment: Option<Versioned<Assignment>>,
+    /// The stored assignment is unreadable: the leader must overwrite it.
+    assignment_broken: bool,
     leader: Option<Leader>,
     /// The leader's watch on `finished/` (only while this worker leads).
     finished_events: Option<mpsc::Receiver<ChangeEvent>>,
@@ -357,16 +360,25 @@ impl StreamCoordinator {
             }
         }
         if std::mem::take(&mut dirty.assignment) {
-            self.assignment = match store.read_assignment().await {
-                Ok(a) => a,
-                Err(CoordError::Malformed { path, reason }) => {
-                    // The leader overwrites it; until then nothing is assigned.
-                    self.warn(&format!("malformed assignment at {path}: {reason}; the leader rewrites it"));
-                    None
+            match store.read_assignment().await {
+                Ok(a) => {
+                    self.assignment = a;
+                    self.assignment_broken = false;
+                    self.publish_assignment();
+                }
+                Err(e @ CoordError::Malformed { .. }) => {
+                    // Keep reading what was assigned last; the leader overwrites the broken znode
+                    // (at the version it has now).
+                    self.warn(&format!("{e}; the leader rewrites it"));
+                    let version = store.client().check_stat(store.paths().assignment()).await.ok().flatten();
+                    if let Some(stat) = version {
+                        let last = self.assignment.take().map(|a| a.value).unwrap_or_default();
+                        self.assignment = Some(Versioned { value: last, version: stat.version });
+                        self.assignment_broken = true;
+                    }
                 }
                 Err(e) => return Err(e),
-            };
-            self.publish_assignment();
+            }
             if let Some(l) = self.leader.as_mut() {
                 l.recompute = true;
             }
@@ -520,9 +532,18 @@ impl StreamCoordinator {
         };
         // Unknown on event-driven discoveries: keep what is stored.
         let created = created.unwrap_or(l.list.as_ref().and_then(|v| v.value.stream_created_ms));
-        if l.refused.is_some() {
-            // A reset may have accepted the new stream: look at the stored list again.
-            l.list = store.read_shard_list().await.unwrap_or(None);
+        // One cheap check that the stored list is still the one this leader wrote: an operator
+        // may have edited, broken or deleted it (or a reset accepted a re-created stream).
+        let stored = store.client().check_stat(store.paths().shards()).await.ok().flatten().map(|s| s.version);
+        if stored != l.list.as_ref().map(|v| v.version) {
+            l.list = match store.read_shard_list().await {
+                Ok(list) => list,
+                Err(e @ CoordError::Malformed { .. }) => {
+                    tracing::error!(error = %e, "the shard list is unreadable: rewriting it from ListShards");
+                    stored.map(|version| Versioned { value: ShardList::new(Vec::new(), 0), version })
+                }
+                Err(e) => return Err(e),
+            };
         }
         let stored_created = l.list.as_ref().and_then(|v| v.value.stream_created_ms);
         if let (Some(was), Some(now)) = (stored_created, created) {
@@ -545,7 +566,9 @@ impl StreamCoordinator {
             tracing::info!(stream = %self.cfg.stream, "the stream's checkpoints were reset: reading again");
             l.recompute = true;
         }
-        let first_start = l.list.is_none();
+        // The topology's first start on the stream: no list and no checkpoint yet. (A list deleted
+        // by an operator is not a first start: later shards still start at TRIM_HORIZON.)
+        let first_start = l.list.is_none() && l.checkpointed.is_empty();
         let ids: BTreeSet<&str> = listed.iter().map(|s| s.shard_id.as_str()).collect();
         // Persist every starting position before the list names the shard.
         for sh in &listed {
@@ -643,7 +666,7 @@ impl StreamCoordinator {
         } else {
             next.tasks = self.tasks.iter().map(|t| (t.clone(), Vec::new())).collect();
         }
-        if previous.is_some_and(|p| p.tasks == next.tasks && p.error == next.error) {
+        if !self.assignment_broken && previous.is_some_and(|p| p.tasks == next.tasks && p.error == next.error) {
             tracing::debug!(finished = l.finished.len(), "assignment unchanged");
             return Ok(());
         }
@@ -658,13 +681,24 @@ impl StreamCoordinator {
                     "assignment written"
                 );
                 self.assignment = Some(Versioned { value: next, version });
+                self.assignment_broken = false;
                 self.publish_assignment();
                 Ok(())
             }
             Err(CoordError::VersionConflict { .. }) => {
                 tracing::debug!("assignment changed under the leader: reading it and computing again");
                 // Changed under us (a rebalance deleted it, an old leader): read and recompute.
-                self.assignment = store.read_assignment().await.unwrap_or(None);
+                match store.read_assignment().await {
+                    Ok(a) => self.assignment = a,
+                    Err(CoordError::Malformed { .. }) => {
+                        if let Ok(Some(stat)) = store.client().check_stat(store.paths().assignment()).await {
+                            let last = self.assignment.take().map(|a| a.value).unwrap_or_default();
+                            self.assignment = Some(Versioned { value: last, version: stat.version });
+                            self.assignment_broken = true;
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
                 l.recompute = true;
                 Ok(())
             }

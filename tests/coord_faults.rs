@@ -1,0 +1,207 @@
+//! No lease ever leaks. Two in-process workers against the real ZooKeeper and kinesis-local,
+//! each with its own shared ZooKeeper session. Worker 1's session has a fault hook that makes ONE
+//! ZooKeeper operation of a lease step fail with ConnectionLoss: before it is sent, or after it took
+//! effect on the server (the answer lost, as after a real connection loss). Steps covered, each in
+//! its own case: the owners listing, the lease create, the listing after it, and the lease delete
+//! of a release.
+//!
+//! Per case: worker 1 takes both shards of a fresh stream (acquire-step faults strike here) and
+//! delivers records; then it is deactivated, so it hands both shards back (release-step faults
+//! strike here) while its session stays alive; worker 2 must then own and read both shards, and
+//! at the end no lease of worker 1 is left. Asserted first: the fault was injected exactly once.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use squall::coord::{FaultHook, InjectedFault, SharedSession, ZkOp};
+use squall::kinesis::{self, PutOptions};
+use squall::spout::{KinesisSpout, KinesisSpoutConfig, SpoutRegistry, SpoutShared, WorkerIdentity};
+use squall::topology::{Bolt, BoltOutput, ComponentError, RunningTopology, TopologyBuilder, TopologyConfig, Tuple};
+use support::TestStream;
+use zookeeper_client as zk;
+
+type Seen = Arc<Mutex<BTreeSet<(String, String, u64)>>>;
+
+/// Collects (run, key, per-key sequence) of every delivery.
+struct Collect(Seen);
+
+impl Bolt for Collect {
+    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let p = squall::audit::DeliverySink::payload(&t)?;
+        self.0.lock().unwrap().insert((p.run, p.key, p.seq));
+        Ok(())
+    }
+}
+
+struct Worker {
+    running: RunningTopology,
+    session: Arc<SharedSession>,
+    seen: Seen,
+    registry: SpoutRegistry,
+}
+
+async fn start_worker(cfg: &KinesisSpoutConfig, hook: Option<FaultHook>) -> Worker {
+    let session = SharedSession::connect(&cfg.zookeeper.to_zk_config(), Duration::from_secs(60)).await.unwrap();
+    if let Some(hook) = hook {
+        session.current().session.unwrap().inject_faults(Some(hook));
+    }
+    let seen: Seen = Arc::default();
+    let registry = SpoutRegistry::default();
+    let mut b = TopologyBuilder::new(cfg.topology.clone());
+    KinesisSpout::declare_shared(
+        &mut b,
+        "kinesis",
+        1,
+        cfg.clone(),
+        WorkerIdentity::current(),
+        registry.clone(),
+        SpoutShared::with_session(session.clone()),
+    );
+    let s = seen.clone();
+    b.set_bolt("collect", 1, move |_| Collect(s.clone())).shuffle_grouping("kinesis");
+    let running = squall::topology::run_local(b.build().unwrap(), TopologyConfig::default()).unwrap();
+    Worker { running, session, seen, registry }
+}
+
+/// Puts `count` audit records; returns (run, key, seq) of each.
+async fn put(s: &TestStream, count: u64) -> BTreeSet<(String, String, u64)> {
+    let opts = PutOptions { count, keys: 40, ..PutOptions::default() };
+    let m = kinesis::put_records(&s.client, &s.label(), &s.name, &opts).await.unwrap().manifest;
+    m.counts.iter().flat_map(|(k, n)| (0..*n).map(|i| (m.run.clone(), k.clone(), i))).collect()
+}
+
+async fn wait_seen(w: &Worker, want: &BTreeSet<(String, String, u64)>, what: &str) -> Duration {
+    let start = Instant::now();
+    loop {
+        let missing = want.difference(&w.seen.lock().unwrap()).count();
+        if missing == 0 {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{what}: {missing} of {} records never delivered",
+            want.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Lease znode names under every owners/{shard} of the stream.
+async fn leases(zk: &zk::Client, stream_path: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for shard in zk.list_children(&format!("{stream_path}/owners")).await.unwrap_or_default() {
+        for l in zk.list_children(&format!("{stream_path}/owners/{shard}")).await.unwrap_or_default() {
+            out.push(format!("{shard}/{l}"));
+        }
+    }
+    out
+}
+
+async fn case(op: ZkOp, after: bool, nth: u64) {
+    squall::logging::init();
+    let what = format!("{op:?} #{nth} {}", if after { "after" } else { "before" });
+    let s = TestStream::create("faults", 2).await;
+    let root = support::unique_zk_root("faults");
+    let topology = support::unique_name("topo");
+    let mut cfg = KinesisSpoutConfig::new(topology.clone(), s.name.clone());
+    cfg.kinesis = support::kinesis_endpoint();
+    cfg.zookeeper.connect = support::zk_connect();
+    cfg.zookeeper.root = root.clone();
+    cfg.zookeeper.session_timeout_ms = 6000;
+    cfg.checkpoint_interval_ms = 200;
+    cfg.idle_poll_interval_ms = 100;
+    cfg.shard_discovery_interval_ms = 1000;
+    cfg.handoff_timeout_ms = 5000;
+    let stream_path = format!("{root}/topologies/{topology}/streams/{}", s.name);
+    // One fault: the nth matching operation on a lease path.
+    let seen = Arc::new(AtomicU64::new(0));
+    let injected = Arc::new(AtomicU64::new(0));
+    let (seen2, injected2) = (seen.clone(), injected.clone());
+    let hook: FaultHook = Arc::new(move |o: ZkOp, path: &str| {
+        if o != op || !path.contains("/owners/") {
+            return None;
+        }
+        if seen2.fetch_add(1, Ordering::SeqCst) + 1 != nth {
+            return None;
+        }
+        injected2.fetch_add(1, Ordering::SeqCst);
+        let e = zk::Error::ConnectionLoss;
+        Some(if after { InjectedFault::After(e) } else { InjectedFault::Before(e) })
+    });
+    let w1 = start_worker(&cfg, Some(hook)).await;
+    let first = put(&s, 200).await;
+    let took = wait_seen(&w1, &first, &format!("{what}: worker 1")).await;
+    let zk = support::zk_client().await;
+    // Release: worker 1 hands both shards back; its session stays open.
+    w1.running.deactivate().await.unwrap();
+    let released = Instant::now();
+    loop {
+        let held = leases(&zk, &stream_path).await;
+        if held.is_empty() {
+            break;
+        }
+        assert!(released.elapsed() < Duration::from_secs(30), "{what}: leases left by worker 1: {held:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let release_took = released.elapsed();
+    let w2 = start_worker(&cfg, None).await;
+    let second = put(&s, 200).await;
+    let took2 = wait_seen(&w2, &second, &format!("{what}: worker 2")).await;
+    assert_eq!(
+        injected.load(Ordering::SeqCst),
+        1,
+        "{what}: the fault was not injected (saw {} ops)",
+        seen.load(Ordering::SeqCst)
+    );
+    let held = leases(&zk, &stream_path).await;
+    let w1_task = w1.registry.tasks()[0].task_name();
+    assert!(!w1_task.is_empty());
+    assert!(
+        held.iter().all(|l| !l.contains(&format!("lease-{w1_task}-"))),
+        "{what}: worker 1 ({w1_task}) still holds {held:?}"
+    );
+    assert_eq!(held.len(), 2, "{what}: worker 2 holds both shards: {held:?}");
+    eprintln!(
+        "FAULTS {what}: worker 1 delivered in {took:?}, handed back in {release_took:?}; worker 2 delivered in {took2:?}; leases now {held:?}"
+    );
+    w2.running.kill(Duration::from_secs(5)).await.unwrap();
+    w1.running.kill(Duration::from_secs(5)).await.unwrap();
+    w1.session.close().await;
+    w2.session.close().await;
+    support::zk_delete_tree(&zk, &root).await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_listing_fails() {
+    case(ZkOp::List, false, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_create_fails_before_it_is_sent() {
+    case(ZkOp::Create, false, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_create_answer_is_lost() {
+    case(ZkOp::Create, true, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_second_listing_fails() {
+    case(ZkOp::List, true, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_delete_fails_before_it_is_sent() {
+    case(ZkOp::Delete, false, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_delete_answer_is_lost() {
+    case(ZkOp::Delete, true, 1).await;
+}
