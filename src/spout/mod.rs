@@ -462,8 +462,12 @@ impl Spout for KinesisSpout {
                 if let Some(n) = failed {
                     let (shard, sequence) = (id.shard_id.clone(), id.sequence.clone());
                     let delay = self.schedule(SpoutMsgId::DeadLetter(id), n);
-                    tracing::warn!(stream = %self.cfg.stream, shard = %shard, sequence = %sequence, failures = n, ?delay,
-                        "the dead-letter tuple failed: emitting it again after a back-off (the record stays unacked)");
+                    // Logged at its 1st, 2nd, 4th, 8th... failure: a dead-letter sink that is down
+                    // does not flood the log.
+                    if n.is_power_of_two() {
+                        tracing::warn!(stream = %self.cfg.stream, shard = %shard, sequence = %sequence, failures = n, ?delay,
+                            "the dead-letter tuple failed: emitting it again after a back-off (the record stays unacked, its checkpoint waits)");
+                    }
                 }
                 return;
             }
