@@ -210,6 +210,14 @@ pub struct KinesisSpoutConfig {
     /// at least one record, whatever its size.
     #[serde(default = "default_max_queued_bytes")]
     pub max_queued_bytes_per_shard: u64,
+    /// Bytes of GetRecords responses a spout task's readers may be fetching at once (estimated:
+    /// each call reserves its Limit times the shard's estimated record size, until its records
+    /// are queued); 8 MiB by default. It bounds the transient memory of many shards fetching
+    /// together (a response is held as JSON and decoded before it is queued): 50 readers each
+    /// fetching 1 MiB at the same moment would otherwise hold 50 MiB of responses on top of the
+    /// queues. At least 65536; a call larger than the whole budget waits until it is free.
+    #[serde(default = "default_max_read_bytes_in_flight")]
+    pub max_read_bytes_in_flight: u64,
     /// Wait after a GetRecords call that returned nothing (ms): an idle shard costs one call
     /// per interval. 1000 by default (a record arriving in an idle shard waits up to this long).
     #[serde(default = "default_idle_poll_ms")]
@@ -263,6 +271,9 @@ fn default_records_per_get() -> i32 {
 fn default_max_queued_bytes() -> u64 {
     1 << 20
 }
+fn default_max_read_bytes_in_flight() -> u64 {
+    8 << 20
+}
 fn default_idle_poll_ms() -> u64 {
     1_000
 }
@@ -302,6 +313,7 @@ impl KinesisSpoutConfig {
             initial_position: InitialPosition::default(),
             records_per_get: default_records_per_get(),
             max_queued_bytes_per_shard: default_max_queued_bytes(),
+            max_read_bytes_in_flight: default_max_read_bytes_in_flight(),
             idle_poll_interval_ms: default_idle_poll_ms(),
             max_get_calls_per_second: default_max_gets_per_second(),
             checkpoint_interval_ms: default_checkpoint_ms(),
@@ -343,6 +355,15 @@ impl KinesisSpoutConfig {
                 format!(
                     "is {}; use 65536..=1073741824 bytes (1048576, 1 MiB, is the default: about 1 MiB of queued records per owned shard)",
                     self.max_queued_bytes_per_shard
+                ),
+            );
+        }
+        if !(65_536..=1 << 40).contains(&self.max_read_bytes_in_flight) {
+            return err(
+                "max_read_bytes_in_flight",
+                format!(
+                    "is {}; use at least 65536 bytes (8388608, 8 MiB, is the default)",
+                    self.max_read_bytes_in_flight
                 ),
             );
         }
@@ -435,6 +456,9 @@ mod tests {
         c.max_queued_bytes_per_shard = 1000;
         assert!(c.validate().unwrap_err().to_string().contains("max_queued_bytes_per_shard"));
         let mut c = KinesisSpoutConfig::new("t", "s");
+        c.max_read_bytes_in_flight = 10;
+        assert!(c.validate().unwrap_err().to_string().contains("max_read_bytes_in_flight"));
+        let mut c = KinesisSpoutConfig::new("t", "s");
         c.retry.fatal_max_backoff_ms = 10;
         assert!(c.validate().unwrap_err().to_string().contains("retry.fatal_max_backoff_ms"));
         let e = serde_json::from_str::<KinesisSpoutConfig>(r#"{"topology":"t","stream":"s","recordz":1}"#).unwrap_err();
@@ -447,6 +471,7 @@ mod tests {
         assert_eq!(c.idle_poll_interval_ms, 1000, "an idle shard is polled once a second");
         assert_eq!(c.records_per_get, 10_000, "KCL's default");
         assert_eq!(c.max_queued_bytes_per_shard, 1 << 20);
+        assert_eq!(c.max_read_bytes_in_flight, 8 << 20);
         assert_eq!(c.retry.fatal_max_backoff_ms, 60_000);
         assert_eq!(c, KinesisSpoutConfig::new("t", "s"));
     }

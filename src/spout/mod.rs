@@ -339,6 +339,7 @@ impl Spout for KinesisSpout {
             .map_err(|e| ComponentError::fatal(format!("cannot open the read log {:?}: {e}", self.cfg.read_log)))?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let (fetch_tx, fetch_rx) = watch::channel(false);
+        let read_budget_kib = u32::try_from(self.cfg.max_read_bytes_in_flight / 1024).unwrap_or(u32::MAX);
         let fetch_tx = Arc::new(fetch_tx);
         let reader = Arc::new(reader::ReaderCtx {
             client,
@@ -347,6 +348,8 @@ impl Spout for KinesisSpout {
             task: self.task_name.clone(),
             records_per_get: self.cfg.records_per_get,
             max_queued_bytes: usize::try_from(self.cfg.max_queued_bytes_per_shard).unwrap_or(usize::MAX),
+            read_budget: Arc::new(tokio::sync::Semaphore::new(read_budget_kib as usize)),
+            read_budget_kib,
             max_gets_per_second: self.cfg.max_get_calls_per_second,
             idle_poll_interval: KinesisSpoutConfig::ms(self.cfg.idle_poll_interval_ms),
             call_min_backoff: KinesisSpoutConfig::ms(self.cfg.retry.call_min_backoff_ms),

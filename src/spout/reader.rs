@@ -24,7 +24,9 @@
 //!   `records_per_get` records and `max_queued_bytes` bytes. The reader fetches only while the
 //!   queue is at most half full (or empty) and fetching is allowed (topology active, ZooKeeper
 //!   session healthy), and sizes each call's Limit to the room left, from a running estimate of
-//!   the shard's record size.
+//!   the shard's record size. The readers of one spout task share a budget of bytes being
+//!   fetched (`max_read_bytes_in_flight`): a call reserves its expected size first, so many shards
+//!   starting together do not hold dozens of large responses (and their decoded copies) at once.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -34,7 +36,7 @@ use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::primitives::{DateTime, DateTimeFormat};
 use aws_sdk_kinesis::types::ShardIteratorType;
 use backon::BackoffBuilder;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::ShardStatus;
@@ -66,6 +68,11 @@ pub(crate) struct ReaderCtx {
     pub records_per_get: i32,
     /// Byte budget of one shard's queue of read-but-unemitted records.
     pub max_queued_bytes: usize,
+    /// Expected bytes of the GetRecords calls in flight, shared by the task's readers, in KiB
+    /// permits: a reader reserves its call's expected size (Limit x estimated record size) first.
+    pub read_budget: Arc<Semaphore>,
+    /// The budget's size in KiB.
+    pub read_budget_kib: u32,
     pub max_gets_per_second: u32,
     pub idle_poll_interval: Duration,
     pub call_min_backoff: Duration,
@@ -131,6 +138,13 @@ pub(crate) fn get_limit(records_per_get: i32, max_bytes: usize, room: Room, est:
     let by_count = per_get.saturating_sub(room.queued);
     let by_bytes = max_bytes.saturating_sub(room.queued_bytes) / est.average();
     by_count.min(by_bytes).clamp(1, per_get) as i32
+}
+
+/// KiB of the task's read budget a call of `limit` records reserves: its expected size, at least
+/// 1 KiB, at most the whole budget.
+pub(crate) fn read_reservation_kib(limit: i32, est: &SizeEstimate, budget_kib: u32) -> u32 {
+    let kib = (limit.max(1) as usize).saturating_mul(est.average()).div_ceil(1024);
+    kib.clamp(1, budget_kib.max(1) as usize) as u32
 }
 
 /// Whether a shard's reader may fetch: its queue is empty, or at most half full in records and
@@ -273,6 +287,15 @@ impl ReaderCtx {
                 }
             };
             let limit = get_limit(self.records_per_get, self.max_queued_bytes, room, &sizes);
+            // Held until the records are queued (where the queue's bound accounts for them).
+            let reservation = read_reservation_kib(limit, &sizes, self.read_budget_kib);
+            let permit = tokio::select! {
+                _ = cancel.cancelled() => return,
+                p = self.read_budget.clone().acquire_many_owned(reservation) => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
             calls.push_back(Instant::now());
             // Cancellation drops the call in flight: after a release nothing more is fetched.
             let res = tokio::select! {
@@ -282,6 +305,7 @@ impl ReaderCtx {
             let out = match res {
                 Ok(out) => out,
                 Err(e) => {
+                    drop(permit);
                     let e = KinesisError::from_sdk("GetRecords", &self.stream, &self.endpoint, e);
                     match e.kind() {
                         ErrorKind::IteratorInvalid => iterator = None,
@@ -337,6 +361,7 @@ impl ReaderCtx {
                 self.read_log.records(&lock(&self.task), &shard, &first, &last, n);
                 self.wakeup.notify();
             }
+            drop(permit);
             match next_iterator {
                 Some(next) => iterator = Some(next),
                 None => {
@@ -467,6 +492,31 @@ mod tests {
         assert_eq!(get_limit(10_000, 64 * mb, room(2_500, 0), &tiny), 7_500);
         // A full queue still reads one record (the caller only asks when there is room).
         assert_eq!(get_limit(10_000, mb, room(0, 2 * mb), &est), 1);
+    }
+
+    #[test]
+    fn a_call_reserves_its_expected_size_of_the_read_budget() {
+        let mut est = SizeEstimate::default();
+        est.observe(1000 * 1200, 1000);
+        let avg = est.average();
+        assert_eq!(read_reservation_kib(800, &est, 8192) as usize, (800 * avg).div_ceil(1024));
+        assert_eq!(read_reservation_kib(10_000, &est, 8192), 8192, "at most the whole budget");
+        assert_eq!(read_reservation_kib(0, &est, 8192), 2, "at least one record");
+        assert_eq!(read_reservation_kib(10, &est, 0), 1);
+    }
+
+    #[tokio::test]
+    async fn the_read_budget_limits_the_bytes_fetched_at_once() {
+        let mut est = SizeEstimate::default();
+        est.observe(1000 * 1024, 1000);
+        // Room for four calls of about 1 MiB (1024 records of ~1 KB): a fifth waits.
+        let kib = read_reservation_kib(1024, &est, u32::MAX);
+        assert!((1024..1100).contains(&kib), "{kib}");
+        let budget = Arc::new(Semaphore::new(4 * kib as usize + 10));
+        let mut held: Vec<_> = (0..4).map(|_| budget.clone().try_acquire_many_owned(kib).expect("room")).collect();
+        assert!(budget.clone().try_acquire_many_owned(kib).is_err(), "a fifth waits");
+        held.pop();
+        assert!(budget.clone().try_acquire_many_owned(kib).is_ok(), "until one call is done");
     }
 
     #[test]
