@@ -296,6 +296,9 @@ impl ReaderCtx {
                     Err(_) => return,
                 },
             };
+            if !*self.fetch_allowed.borrow() {
+                continue; // stopped while waiting for the budget: wait for room and permission again
+            }
             calls.push_back(Instant::now());
             // Cancellation drops the call in flight: after a release nothing more is fetched.
             let res = tokio::select! {
