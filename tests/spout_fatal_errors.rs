@@ -180,8 +180,13 @@ async fn unfixable_errors_back_off_to_the_cap_and_show_in_the_status() {
         let r = cluster.wait_delivered(&all, Duration::from_secs(60)).await;
         assert_eq!(r.lost, 0, "after {code}: {r:?}\n{}", cluster.logs());
     }
+    // Each kind was logged at ERROR with its fix.
     let log = std::fs::read_to_string(dir.join("w.log")).unwrap();
-    assert!(logged_backoffs(&log, "ResourceNotFound").is_empty() || log.contains("squall checkpoints reset"));
+    for (what, fix) in [("does not exist", "squall checkpoints reset"), ("KMSDisabledException", "Check the KMS key")] {
+        let lines = logged_backoffs(&log, what).len();
+        let with_fix = log.lines().filter(|l| l.contains("ERROR") && l.contains(what) && l.contains(fix)).count();
+        assert!(lines > 0 && with_fix == lines, "{what}: {lines} ERROR lines, {with_fix} naming the fix");
+    }
     // Once reading works again the status has no error.
     let start = Instant::now();
     loop {
