@@ -294,7 +294,10 @@ async fn settle(
             }
         }
         if start.elapsed() > limit {
-            bail!("never settled on {tasks} tasks x {shards} shards within {limit:?} (logs in {})", c.env.dir.display());
+            bail!(
+                "never settled on {tasks} tasks x {shards} shards within {limit:?} (logs in {})",
+                c.env.dir.display()
+            );
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
@@ -419,9 +422,7 @@ async fn scale_section(env: &Env, scale: bool, moves: bool) -> anyhow::Result<()
     let epoch = now_ms();
     // One record per shard per second, ~200 bytes: every shard's checkpoint moves every second.
     let endpoint = format!("sim://shards={SHARDS},rate=1,bytes=200,epoch_ms={epoch}");
-    println!(
-        "\n## (b) {SHARDS} shards, 10 -> 100 tasks, simulated stream (coordination-only harness: `{endpoint}`)\n"
-    );
+    println!("\n## (b) {SHARDS} shards, 10 -> 100 tasks, simulated stream (coordination-only harness: `{endpoint}`)\n");
     let zk = zk_client(&env.zk).await?;
     let mut c = Cluster::new(env, "sim-1000", &endpoint, spout_config(serde_json::json!({})))?;
     let mut rows = Vec::new();
@@ -441,7 +442,9 @@ async fn scale_section(env: &Env, scale: bool, moves: bool) -> anyhow::Result<()
         rows.push((workers, tasks, settled, w));
     }
     if scale {
-        println!("| workers | tasks | settled after | ZooKeeper requests/s | per worker/s | checkpoint writes/s | requests per checkpoint write | CPU % per worker | RSS MiB per worker (max) |");
+        println!(
+            "| workers | tasks | settled after | ZooKeeper requests/s | per worker/s | checkpoint writes/s | requests per checkpoint write | CPU % per worker | RSS MiB per worker (max) |"
+        );
         println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for (workers, tasks, settled, w) in &rows {
             println!(
@@ -498,7 +501,11 @@ async fn scale_section(env: &Env, scale: bool, moves: bool) -> anyhow::Result<()
 }
 
 /// Waits for an assignment over `tasks` tasks.
-async fn wait_assignment(zk: &zookeeper_client::Client, c: &Cluster<'_>, tasks: usize) -> anyhow::Result<(Assignment, i64)> {
+async fn wait_assignment(
+    zk: &zookeeper_client::Client,
+    c: &Cluster<'_>,
+    tasks: usize,
+) -> anyhow::Result<(Assignment, i64)> {
     let start = Instant::now();
     loop {
         if let Some(a) = assignment(zk, c).await {

@@ -173,6 +173,7 @@ async fn fill(client: &Client, endpoint: &str, stream: &str, count: u64, produce
             size: 100,
             run: String::new(),
             key_prefix: format!("p{p}-key-"),
+            explicit_hash_key: None,
         };
         set.spawn(async move { squall::kinesis::put_records(&client, &endpoint, &stream, &opts).await });
     }

@@ -13,7 +13,9 @@
 //!
 //! It shows: the worker entry point (`squall::run`), fields grouping on the partition key, and
 //! that a sink which writes before it acks gives at-least-once delivery across workers, crashes
-//! and resharding. `--fail-every N` fails the first attempt of every N-th record of a key to exercise replay.
+//! and resharding. `--fail-every N` fails the first attempt of every N-th record of a key to exercise replay;
+//! `--poison-key`, `--panic-key`, `--dead-letters` and `--fail-dead-letters` exercise the dead-letter
+//! stream; `--sink-delay-ms` makes the sink slow (backpressure, fairness and memory tests).
 
 use std::path::PathBuf;
 
@@ -47,6 +49,13 @@ struct Args {
     /// Append the dead-letter stream's records here (one JSON line each).
     #[arg(long)]
     dead_letters: Option<PathBuf>,
+    /// Fail the first N dead-letter tuples this worker receives (a failing dead-letter sink): the
+    /// spout must emit them again, and never count their records as handled before they succeed.
+    #[arg(long, default_value_t = 0)]
+    fail_dead_letters: u64,
+    /// Sleep this long (ms) in the sink before recording each delivery: a slow consumer.
+    #[arg(long, default_value_t = 0)]
+    sink_delay_ms: u64,
 }
 
 /// The delivery sink, plus optional injected failures.
@@ -56,6 +65,7 @@ struct Sink {
     failed_once: std::collections::HashSet<(String, String, u64)>,
     poison_key: Option<String>,
     panic_key: Option<String>,
+    delay: std::time::Duration,
 }
 
 impl Bolt for Sink {
@@ -65,6 +75,9 @@ impl Bolt for Sink {
 
     async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
         let p = DeliverySink::payload(&t)?;
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
         if self.poison_key.as_deref() == Some(p.key.as_str()) {
             return Err(ComponentError::retryable(format!("poison record {}/{}", p.key, p.seq)));
         }
@@ -81,14 +94,23 @@ impl Bolt for Sink {
     }
 }
 
-/// Writes what the spout dead-lettered: the payload plus how many times it failed.
+/// Writes what the spout dead-lettered: the payload plus how many times it failed. Fails the
+/// first `fail_first` tuples it receives (shared by its tasks).
 struct DeadLetterSink {
     log: DeliveryLog,
+    fail_first: u64,
+    failed: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Bolt for DeadLetterSink {
     async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
         let p = DeliverySink::payload(&t)?;
+        if self.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < self.fail_first {
+            return Err(ComponentError::retryable(format!(
+                "dead letter {}/{} refused (--fail-dead-letters {})",
+                p.key, p.seq, self.fail_first
+            )));
+        }
         let line = serde_json::json!({
             "run": p.run, "key": p.key, "seq": p.seq,
             "shard": t.get_str("shard_id")?, "sequence": t.get_str("sequence_number")?,
@@ -106,6 +128,8 @@ async fn main() -> anyhow::Result<()> {
     let worker = format!("{}-{}", args.worker.topology, std::process::id());
     let (sinks, fail_every, poison_key) = (args.sinks, args.fail_every, args.poison_key.clone());
     let panic_key = args.panic_key.clone();
+    let delay = std::time::Duration::from_millis(args.sink_delay_ms);
+    let (fail_dead, dead_failed) = (args.fail_dead_letters, std::sync::Arc::default());
     squall::run(args.worker, move |b, spout| {
         b.set_bolt("sink", sinks, move |_| Sink {
             inner: DeliverySink::new(log.clone(), worker.clone()),
@@ -113,11 +137,16 @@ async fn main() -> anyhow::Result<()> {
             failed_once: Default::default(),
             poison_key: poison_key.clone(),
             panic_key: panic_key.clone(),
+            delay,
         })
         .fields_grouping(spout, &["partition_key"]);
         if let Some(dead) = dead {
-            b.set_bolt("dead_letters", 1, move |_| DeadLetterSink { log: dead.clone() })
-                .shuffle_grouping_from(spout, squall::spout::DEAD_LETTER_STREAM);
+            b.set_bolt("dead_letters", 1, move |_| DeadLetterSink {
+                log: dead.clone(),
+                fail_first: fail_dead,
+                failed: std::sync::Arc::clone(&dead_failed),
+            })
+            .shuffle_grouping_from(spout, squall::spout::DEAD_LETTER_STREAM);
         }
     })
     .await

@@ -467,8 +467,9 @@ fn worker_status(
                     millis_behind_latest: st.millis_behind_latest,
                     last_error: st.last_error,
                     records_read: st.records_read,
-                    retryable: st.retryable,
+                    retryable: st.retryable.unwrap_or(true),
                     error_since_ms: st.error_since_ms,
+                    error_kind: st.error_kind.map(|k| k.to_string()),
                 },
             );
         }

@@ -355,6 +355,11 @@ pub struct ShardReport {
     pub error: Option<String>,
     /// False when retrying cannot fix the error (an operator must act).
     pub retryable: bool,
+    /// The kind of the last read error (`access_denied`, `kms`, `not_found`, ...), or
+    /// `malformed_checkpoint`.
+    pub error_kind: Option<String>,
+    /// Since when (ms since the epoch) the shard has been failing.
+    pub error_since_ms: Option<i64>,
 }
 
 pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<StatusReport> {
@@ -420,6 +425,12 @@ pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<S
                 millis_behind_latest: rt.and_then(|r| r.millis_behind_latest),
                 error: cp_error.clone().or_else(|| rt.and_then(|r| r.last_error.clone())),
                 retryable: cp_error.is_none() && rt.is_none_or(|r| r.retryable),
+                error_kind: if cp_error.is_some() {
+                    Some("malformed_checkpoint".into())
+                } else {
+                    rt.and_then(|r| r.error_kind.clone())
+                },
+                error_since_ms: rt.and_then(|r| r.error_since_ms),
                 shard_id: sh.shard_id,
             });
         }

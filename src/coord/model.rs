@@ -183,6 +183,9 @@ pub struct ShardRuntime {
     /// Since when (ms since the epoch) the shard has been failing, if it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_since_ms: Option<i64>,
+    /// The kind of the last error (`access_denied`, `kms`, `not_found`, `throttled`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<String>,
 }
 
 impl Default for ShardRuntime {
@@ -194,6 +197,7 @@ impl Default for ShardRuntime {
             records_read: 0,
             retryable: true,
             error_since_ms: None,
+            error_kind: None,
         }
     }
 }

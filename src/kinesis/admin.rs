@@ -230,11 +230,22 @@ pub struct PutOptions {
     pub run: String,
     /// Key prefix.
     pub key_prefix: String,
+    /// Put every record with this explicit hash key (a decimal 128-bit number), so that all land
+    /// in the shard whose hash range holds it, whatever their partition keys.
+    pub explicit_hash_key: Option<String>,
 }
 
 impl Default for PutOptions {
     fn default() -> Self {
-        Self { count: 100, keys: 10, rate: None, size: 0, run: String::new(), key_prefix: "key-".into() }
+        Self {
+            count: 100,
+            keys: 10,
+            rate: None,
+            size: 0,
+            run: String::new(),
+            key_prefix: "key-".into(),
+            explicit_hash_key: None,
+        }
     }
 }
 
@@ -323,6 +334,7 @@ pub async fn put_records(
                 let p = AuditPayload::new(&run, &keys[k], next[k], opts.size);
                 PutRecordsRequestEntry::builder()
                     .partition_key(keys[k].clone())
+                    .set_explicit_hash_key(opts.explicit_hash_key.clone())
                     .data(Blob::new(p.to_bytes()))
                     .build()
                     .map_err(|e| KinesisError::Config { field: "record".into(), reason: e.to_string() })

@@ -52,7 +52,7 @@ pub enum KinesisError {
         /// Service message.
         message: String,
     },
-    /// Throttled (ProvisionedThroughputExceeded, LimitExceeded): retry with back-off.
+    /// Throttled (ProvisionedThroughputExceeded, LimitExceeded, KMSThrottling): retry with back-off.
     #[error("{op} on stream {stream:?} throttled: {message}")]
     Throttled {
         /// Operation.
@@ -62,11 +62,40 @@ pub enum KinesisError {
         /// Service message.
         message: String,
     },
-    /// A shard iterator expired (after 5 minutes): get a new one.
-    #[error("shard iterator expired for stream {stream:?}: {message}")]
+    /// A shard iterator expired (after 5 minutes) or is no longer valid: get a new one.
+    #[error("shard iterator expired or invalid for stream {stream:?}: {message}; a new one is needed")]
     IteratorExpired {
         /// Stream name.
         stream: String,
+        /// Service message.
+        message: String,
+    },
+    /// The credentials are not allowed to make the call (AccessDenied). Retrying cannot fix it.
+    #[error(
+        "{op} on stream {stream:?} at {endpoint} denied: {message}. Check that the IAM policy of the worker's credentials allows kinesis:{op} on the stream's ARN (arn:aws:kinesis:REGION:ACCOUNT:stream/{stream})"
+    )]
+    AccessDenied {
+        /// Operation.
+        op: &'static str,
+        /// Stream name.
+        stream: String,
+        /// The endpoint label.
+        endpoint: String,
+        /// Service message.
+        message: String,
+    },
+    /// The stream's KMS key refuses the call (KMSAccessDenied, KMSDisabled, KMSNotFound,
+    /// KMSInvalidState, KMSOptInRequired). Retrying cannot fix it.
+    #[error(
+        "{op} on stream {stream:?} refused by the stream's KMS key ({code}): {message}. Check the KMS key: it must exist, be enabled, and its key policy must allow kms:Decrypt (and kms:GenerateDataKey for producers) to the worker's credentials"
+    )]
+    Kms {
+        /// Operation.
+        op: &'static str,
+        /// Stream name.
+        stream: String,
+        /// The error code, e.g. `KMSDisabledException`.
+        code: String,
         /// Service message.
         message: String,
     },
@@ -94,10 +123,93 @@ pub enum KinesisError {
     },
 }
 
+/// What kind of failure a [`KinesisError`] is, which decides what a caller does about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Throttled: retry the same call after a capped back-off.
+    Throttled,
+    /// A transport failure or a server error: retry the same call after a capped back-off.
+    Transient,
+    /// The shard iterator expired or is invalid: get a new one, then retry.
+    IteratorInvalid,
+    /// The credentials are not allowed (IAM policy). Retrying cannot fix it.
+    AccessDenied,
+    /// The stream's KMS key refuses (disabled, missing, not allowed). Retrying cannot fix it.
+    KmsKey,
+    /// The stream or shard does not exist (never created, or deleted). Retrying cannot fix it.
+    NotFound,
+    /// The request is invalid for the stream's current state. Retrying cannot fix it.
+    InvalidArgument,
+    /// A configuration value is wrong. Retrying cannot fix it.
+    Config,
+    /// Waiting for the stream timed out.
+    Timeout,
+}
+
+impl ErrorKind {
+    /// Whether retrying the same call later can succeed. False for the kinds an operator must
+    /// fix (IAM policy, KMS key, a deleted stream, an invalid request or configuration), and for
+    /// an invalid iterator (a new one is needed, not a retry).
+    pub fn is_retryable(self) -> bool {
+        matches!(self, ErrorKind::Throttled | ErrorKind::Transient)
+    }
+
+    /// The kinds only an operator can fix.
+    pub fn needs_operator(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::AccessDenied
+                | ErrorKind::KmsKey
+                | ErrorKind::NotFound
+                | ErrorKind::InvalidArgument
+                | ErrorKind::Config
+        )
+    }
+
+    /// A short snake_case name (`access_denied`, `kms_key`, ...), as in status JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Throttled => "throttled",
+            ErrorKind::Transient => "transient",
+            ErrorKind::IteratorInvalid => "iterator_invalid",
+            ErrorKind::AccessDenied => "access_denied",
+            ErrorKind::KmsKey => "kms_key",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::Config => "config",
+            ErrorKind::Timeout => "timeout",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl KinesisError {
-    /// Whether retrying the same call later can succeed.
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            KinesisError::Config { .. } => ErrorKind::Config,
+            KinesisError::Unreachable { .. } | KinesisError::Service { .. } => ErrorKind::Transient,
+            KinesisError::StreamNotFound { .. } | KinesisError::ShardNotFound { .. } => ErrorKind::NotFound,
+            KinesisError::Refused { .. } => ErrorKind::InvalidArgument,
+            KinesisError::Throttled { .. } => ErrorKind::Throttled,
+            KinesisError::IteratorExpired { .. } => ErrorKind::IteratorInvalid,
+            KinesisError::AccessDenied { .. } => ErrorKind::AccessDenied,
+            KinesisError::Kms { .. } => ErrorKind::KmsKey,
+            KinesisError::Timeout { .. } => ErrorKind::Timeout,
+        }
+    }
+
+    /// Whether retrying the same call later can succeed (throttling, transport and server
+    /// errors). See [`ErrorKind::is_retryable`].
     pub fn is_retryable(&self) -> bool {
-        matches!(self, KinesisError::Unreachable { .. } | KinesisError::Throttled { .. } | KinesisError::Service { .. })
+        self.kind().is_retryable()
     }
 
     /// Classifies an SDK error for operation `op` on `stream`.
@@ -113,18 +225,39 @@ impl KinesisError {
             _ => {}
         }
         let message = err.message().map(str::to_string).unwrap_or_else(|| sdk_message(&err));
-        let code = err.code().unwrap_or_default();
+        Self::classify(op, stream, endpoint, err.code().unwrap_or_default(), message)
+    }
+
+    /// Classifies a service error by its code (`__type`, without a namespace).
+    pub fn classify(op: &'static str, stream: &str, endpoint: &str, code: &str, message: String) -> Self {
+        let code = code.rsplit('#').next().unwrap_or(code);
         let stream = stream.to_string();
+        let endpoint = endpoint.to_string();
         match code {
-            "ResourceNotFoundException" => KinesisError::StreamNotFound { stream, endpoint: endpoint.to_string() },
-            "ProvisionedThroughputExceededException" | "LimitExceededException" | "ThrottlingException" => {
-                KinesisError::Throttled { op, stream, message }
-            }
+            "ResourceNotFoundException" => KinesisError::StreamNotFound { stream, endpoint },
+            "ProvisionedThroughputExceededException"
+            | "LimitExceededException"
+            | "ThrottlingException"
+            | "KMSThrottlingException" => KinesisError::Throttled { op, stream, message },
             "ExpiredIteratorException" => KinesisError::IteratorExpired { stream, message },
+            // AWS answers an iterator it cannot use (malformed, of another stream) with
+            // InvalidArgumentException naming the iterator: a new iterator fixes it.
+            "InvalidArgumentException" if op == "GetRecords" && message.to_ascii_lowercase().contains("iterator") => {
+                KinesisError::IteratorExpired { stream, message }
+            }
+            "AccessDeniedException" | "AccessDenied" | "UnrecognizedClientException" | "NotAuthorized" => {
+                KinesisError::AccessDenied { op, stream, endpoint, message }
+            }
+            "KMSAccessDeniedException"
+            | "KMSDisabledException"
+            | "KMSNotFoundException"
+            | "KMSInvalidStateException"
+            | "KMSOptInRequired"
+            | "KMSOptInRequiredException" => KinesisError::Kms { op, stream, code: code.to_string(), message },
             "InvalidArgumentException" | "ResourceInUseException" | "ValidationException" => {
                 KinesisError::Refused { op, stream, message }
             }
-            _ => KinesisError::Service { op, stream, endpoint: endpoint.to_string(), message },
+            _ => KinesisError::Service { op, stream, endpoint, message },
         }
     }
 }
@@ -150,4 +283,72 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
         cur = e.source();
     }
     parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn classify(code: &str, message: &str) -> KinesisError {
+        KinesisError::classify("GetRecords", "clicks", "http://127.0.0.1:4566", code, message.to_string())
+    }
+
+    #[test]
+    fn errors_retrying_cannot_fix_are_classified_and_name_the_fix() {
+        let e = classify("AccessDeniedException", "User: arn:aws:iam::1:user/x is not authorized");
+        assert_eq!(e.kind(), ErrorKind::AccessDenied);
+        assert!(!e.is_retryable() && e.kind().needs_operator());
+        let text = e.to_string();
+        assert!(
+            text.contains("kinesis:GetRecords") && text.contains("stream/clicks") && text.contains("IAM"),
+            "{text}"
+        );
+
+        for code in [
+            "KMSAccessDeniedException",
+            "KMSDisabledException",
+            "KMSNotFoundException",
+            "KMSInvalidStateException",
+            "KMSOptInRequired",
+        ] {
+            let e = classify(code, "key problem");
+            assert_eq!(e.kind(), ErrorKind::KmsKey, "{code}");
+            assert!(!e.is_retryable() && e.to_string().contains(code) && e.to_string().contains("KMS key"), "{e}");
+        }
+        let e = classify("KMSThrottlingException", "slow down");
+        assert_eq!(e.kind(), ErrorKind::Throttled);
+        assert!(e.is_retryable());
+
+        let e = classify("com.amazonaws.kinesis#ResourceNotFoundException", "Stream clicks not found");
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert!(!e.is_retryable() && e.to_string().contains("does not exist"), "{e}");
+
+        let e = classify("InvalidArgumentException", "Limit must be at most 10000");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(!e.is_retryable() && e.kind().needs_operator());
+    }
+
+    #[test]
+    fn iterator_errors_want_a_new_iterator_and_the_rest_is_retryable() {
+        assert_eq!(classify("ExpiredIteratorException", "Iterator expired").kind(), ErrorKind::IteratorInvalid);
+        let e = classify("InvalidArgumentException", "Invalid ShardIterator: not a valid iterator");
+        assert_eq!(e.kind(), ErrorKind::IteratorInvalid);
+        assert!(!e.is_retryable() && !e.kind().needs_operator());
+        // A bad starting sequence number for GetShardIterator is not fixed by a new iterator.
+        let e = KinesisError::classify(
+            "GetShardIterator",
+            "clicks",
+            "http://x",
+            "InvalidArgumentException",
+            "StartingSequenceNumber 1 used in GetShardIterator on shard shardId-0 is invalid".into(),
+        );
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        for code in ["ProvisionedThroughputExceededException", "LimitExceededException", "ThrottlingException"] {
+            assert_eq!(classify(code, "rate").kind(), ErrorKind::Throttled, "{code}");
+        }
+        let e = classify("InternalFailure", "boom");
+        assert_eq!(e.kind(), ErrorKind::Transient);
+        assert!(e.is_retryable());
+        assert_eq!(classify("", "HTTP 500 with no body").kind(), ErrorKind::Transient);
+    }
 }

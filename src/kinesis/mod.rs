@@ -9,7 +9,7 @@ pub use admin::{
     PutOptions, PutReport, create_stream, delete_stream, describe_stream, list_shards, merge_shards, put_records,
     scale_stream, split_shard, stream_created_ms, wait_active,
 };
-pub use error::{KinesisError, error_chain, sdk_message};
+pub use error::{ErrorKind, KinesisError, error_chain, sdk_message};
 
 use std::fmt;
 

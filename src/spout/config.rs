@@ -125,12 +125,20 @@ pub struct RetryPolicy {
     /// Cap of the replay delay.
     #[serde(default = "default_replay_max_ms")]
     pub replay_max_backoff_ms: u64,
-    /// First back-off after a throttled or failed Kinesis call.
+    /// First back-off after a throttled or failed Kinesis call (also the first one after an
+    /// error retrying cannot fix).
     #[serde(default = "default_call_min_ms")]
     pub call_min_backoff_ms: u64,
-    /// Cap of that back-off.
+    /// Cap of the back-off after throttles and transport or server errors (which reuse the same
+    /// shard iterator).
     #[serde(default = "default_call_max_ms")]
     pub call_max_backoff_ms: u64,
+    /// Cap of the back-off after an error retrying cannot fix: access denied (IAM policy), the
+    /// stream's KMS key refusing, the stream or shard deleted, an invalid argument. The reader
+    /// keeps trying (so it resumes by itself once an operator fixed the cause), doubling the
+    /// wait up to this cap, and logs each attempt at ERROR with the fix.
+    #[serde(default = "default_fatal_max_ms")]
+    pub fatal_max_backoff_ms: u64,
 }
 
 fn default_max_replays() -> u32 {
@@ -148,6 +156,9 @@ fn default_call_min_ms() -> u64 {
 fn default_call_max_ms() -> u64 {
     5_000
 }
+fn default_fatal_max_ms() -> u64 {
+    60_000
+}
 
 impl Default for RetryPolicy {
     fn default() -> Self {
@@ -157,6 +168,7 @@ impl Default for RetryPolicy {
             replay_max_backoff_ms: default_replay_max_ms(),
             call_min_backoff_ms: default_call_min_ms(),
             call_max_backoff_ms: default_call_max_ms(),
+            fatal_max_backoff_ms: default_fatal_max_ms(),
         }
     }
 }
@@ -184,10 +196,30 @@ pub struct KinesisSpoutConfig {
     /// Where reading starts at the topology's first start on the stream.
     #[serde(default)]
     pub initial_position: InitialPosition,
-    /// Records per GetRecords call (1..=10000).
+    /// Records per GetRecords call (1..=10000; 10000 by default, as KCL: a smaller value caps a
+    /// shard's read rate, e.g. 1000 at 5 calls per second is 5,000 records/s). It is also the
+    /// bound, in records, of a shard's queue of read-but-unemitted records.
     #[serde(default = "default_records_per_get")]
     pub records_per_get: i32,
-    /// Wait after a GetRecords call that returned nothing (ms).
+    /// Bound, in bytes, of each owned shard's queue of records read but not yet emitted (payload,
+    /// partition key, sequence number and about 200 bytes of overhead per record); 1 MiB by
+    /// default, so a worker owning 50 shards queues at most about 50 MiB. The reader fetches
+    /// while the queue is at most half full and sizes each GetRecords call's Limit to the room
+    /// left, from its estimate of the shard's record size. Raise it for many small records read
+    /// at high rates, lower it for many shards per worker. At least 65536; a queue always takes
+    /// at least one record, whatever its size.
+    #[serde(default = "default_max_queued_bytes")]
+    pub max_queued_bytes_per_shard: u64,
+    /// Bytes of GetRecords responses a spout task's readers may be fetching at once (estimated:
+    /// each call reserves its Limit times the shard's estimated record size, until its records
+    /// are queued); 8 MiB by default. It bounds the transient memory of many shards fetching
+    /// together (a response is held as JSON and decoded before it is queued): 50 readers each
+    /// fetching 1 MiB at the same moment would otherwise hold 50 MiB of responses on top of the
+    /// queues. At least 65536; a call larger than the whole budget waits until it is free.
+    #[serde(default = "default_max_read_bytes_in_flight")]
+    pub max_read_bytes_in_flight: u64,
+    /// Wait after a GetRecords call that returned nothing (ms): an idle shard costs one call
+    /// per interval. 1000 by default (a record arriving in an idle shard waits up to this long).
     #[serde(default = "default_idle_poll_ms")]
     pub idle_poll_interval_ms: u64,
     /// GetRecords calls per shard in any one second (1..=5: Kinesis allows 5 per second per
@@ -234,10 +266,16 @@ fn default_watermark_interval_ms() -> u64 {
 }
 
 fn default_records_per_get() -> i32 {
-    1000
+    10_000
+}
+fn default_max_queued_bytes() -> u64 {
+    1 << 20
+}
+fn default_max_read_bytes_in_flight() -> u64 {
+    8 << 20
 }
 fn default_idle_poll_ms() -> u64 {
-    250
+    1_000
 }
 fn default_max_gets_per_second() -> u32 {
     5
@@ -274,6 +312,8 @@ impl KinesisSpoutConfig {
             kinesis: KinesisEndpoint::default(),
             initial_position: InitialPosition::default(),
             records_per_get: default_records_per_get(),
+            max_queued_bytes_per_shard: default_max_queued_bytes(),
+            max_read_bytes_in_flight: default_max_read_bytes_in_flight(),
             idle_poll_interval_ms: default_idle_poll_ms(),
             max_get_calls_per_second: default_max_gets_per_second(),
             checkpoint_interval_ms: default_checkpoint_ms(),
@@ -309,6 +349,24 @@ impl KinesisSpoutConfig {
         if !(1..=10_000).contains(&self.records_per_get) {
             return err("records_per_get", format!("is {}; Kinesis allows 1..=10000", self.records_per_get));
         }
+        if !(65_536..=1 << 30).contains(&self.max_queued_bytes_per_shard) {
+            return err(
+                "max_queued_bytes_per_shard",
+                format!(
+                    "is {}; use 65536..=1073741824 bytes (1048576, 1 MiB, is the default: about 1 MiB of queued records per owned shard)",
+                    self.max_queued_bytes_per_shard
+                ),
+            );
+        }
+        if !(65_536..=1 << 40).contains(&self.max_read_bytes_in_flight) {
+            return err(
+                "max_read_bytes_in_flight",
+                format!(
+                    "is {}; use at least 65536 bytes (8388608, 8 MiB, is the default)",
+                    self.max_read_bytes_in_flight
+                ),
+            );
+        }
         if !(1..=5).contains(&self.max_get_calls_per_second) {
             return err(
                 "max_get_calls_per_second",
@@ -335,6 +393,15 @@ impl KinesisSpoutConfig {
         }
         if self.retry.call_min_backoff_ms > self.retry.call_max_backoff_ms || self.retry.call_min_backoff_ms == 0 {
             return err("retry.call_min_backoff_ms", "must be positive and at most retry.call_max_backoff_ms".into());
+        }
+        if self.retry.fatal_max_backoff_ms < self.retry.call_min_backoff_ms {
+            return err(
+                "retry.fatal_max_backoff_ms",
+                format!(
+                    "is {}; it must be at least retry.call_min_backoff_ms ({}); 60000 is the default",
+                    self.retry.fatal_max_backoff_ms, self.retry.call_min_backoff_ms
+                ),
+            );
         }
         if self.zookeeper.connect.trim().is_empty() {
             return err("zookeeper.connect", "is empty; set host:port, e.g. 127.0.0.1:2181 (SQUALL_ZK)".into());
@@ -385,8 +452,28 @@ mod tests {
         let mut c = KinesisSpoutConfig::new("t", "s");
         c.max_get_calls_per_second = 6;
         assert!(c.validate().unwrap_err().to_string().contains("max_get_calls_per_second"));
+        let mut c = KinesisSpoutConfig::new("t", "s");
+        c.max_queued_bytes_per_shard = 1000;
+        assert!(c.validate().unwrap_err().to_string().contains("max_queued_bytes_per_shard"));
+        let mut c = KinesisSpoutConfig::new("t", "s");
+        c.max_read_bytes_in_flight = 10;
+        assert!(c.validate().unwrap_err().to_string().contains("max_read_bytes_in_flight"));
+        let mut c = KinesisSpoutConfig::new("t", "s");
+        c.retry.fatal_max_backoff_ms = 10;
+        assert!(c.validate().unwrap_err().to_string().contains("retry.fatal_max_backoff_ms"));
         let e = serde_json::from_str::<KinesisSpoutConfig>(r#"{"topology":"t","stream":"s","recordz":1}"#).unwrap_err();
         assert!(e.to_string().contains("recordz"), "{e}");
+    }
+
+    #[test]
+    fn call_budget_defaults() {
+        let c: KinesisSpoutConfig = serde_json::from_str(r#"{"topology":"t","stream":"s"}"#).unwrap();
+        assert_eq!(c.idle_poll_interval_ms, 1000, "an idle shard is polled once a second");
+        assert_eq!(c.records_per_get, 10_000, "KCL's default");
+        assert_eq!(c.max_queued_bytes_per_shard, 1 << 20);
+        assert_eq!(c.max_read_bytes_in_flight, 8 << 20);
+        assert_eq!(c.retry.fatal_max_backoff_ms, 60_000);
+        assert_eq!(c, KinesisSpoutConfig::new("t", "s"));
     }
 
     #[test]

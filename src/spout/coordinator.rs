@@ -403,7 +403,7 @@ impl Coordinator {
                             entry.errors += 1;
                         }
                         entry.last_error = Some(e.to_string());
-                        entry.retryable = false;
+                        entry.retryable = Some(false);
                         entry.error_since_ms.get_or_insert(now_ms());
                     }
                     let watch = match s.store.watch_checkpoint(shard).await {

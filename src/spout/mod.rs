@@ -14,7 +14,9 @@
 //! - [`readlog`]: an optional JSON-lines read log for audits.
 //!
 //! Tuples on the default stream carry [`FIELDS`]; records that failed more than
-//! `retry.max_replays` times go to [`DEAD_LETTER_STREAM`] with [`DEAD_LETTER_FIELDS`].
+//! `retry.max_replays` times go to [`DEAD_LETTER_STREAM`] with [`DEAD_LETTER_FIELDS`], as tracked
+//! tuples of their own ([`SpoutMsgId::DeadLetter`]): a record's checkpoint moves only once its
+//! dead-letter tuple is acked, and a failed dead-letter tuple is emitted again after a back-off.
 
 pub mod config;
 mod coordinator;
@@ -42,6 +44,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::coord::{TaskInfo, now_ms};
+use crate::kinesis::ErrorKind;
 use tracker::{FailOutcome, Tracker};
 
 /// Output fields of the spout's default stream.
@@ -52,8 +55,8 @@ pub const DEAD_LETTER_STREAM: &str = "dead_letter";
 pub const DEAD_LETTER_FIELDS: [&str; 7] =
     ["partition_key", "sequence_number", "sub_sequence", "shard_id", "arrival_ms", "data", "failures"];
 
-/// The message id of a spout tuple: the record's shard and sequence, plus the ownership epoch so
-/// acks from before a handoff are never applied to a later ownership.
+/// A record's identity in the spout: its shard and sequence, plus the ownership epoch so acks
+/// from before a handoff are never applied to a later ownership.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct KinesisMsgId {
     /// Shard id.
@@ -63,33 +66,44 @@ pub struct KinesisMsgId {
     epoch: u64,
 }
 
+/// The message id of a tracked spout tuple.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SpoutMsgId {
+    /// A record, on the default stream.
+    Record(KinesisMsgId),
+    /// The dead-letter tuple of a record that exhausted its replays, on [`DEAD_LETTER_STREAM`].
+    /// The record counts as handled (its checkpoint may move) only once this tuple is acked.
+    DeadLetter(KinesisMsgId),
+}
+
 /// Per-shard reading status (lag and errors), for `squall status`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ShardStatus {
     /// The last MillisBehindLatest Kinesis reported.
     pub millis_behind_latest: Option<i64>,
-    /// The last error reading the shard, cleared by the next successful read.
+    /// The last error reading the shard (it names the shard, the stream and, when retrying
+    /// cannot fix it, the fix), cleared by the next successful read.
     pub last_error: Option<String>,
+    /// The kind of the last error (`None` after a successful read).
+    pub error_kind: Option<ErrorKind>,
+    /// `Some(false)` when retrying cannot fix the last error (access denied, KMS key, deleted
+    /// stream or shard, invalid argument): an operator must act. `None` after a successful read.
+    pub retryable: Option<bool>,
+    /// Since when (ms since the epoch) the shard has been failing with errors of that kind.
+    pub error_since_ms: Option<i64>,
     /// Errors so far.
     pub errors: u64,
     /// Records read so far.
     pub records_read: u64,
-    /// False when the last error is one retrying cannot fix (an operator must act).
-    pub retryable: bool,
-    /// Since when the shard has been failing (ms since the epoch), if it is.
-    pub error_since_ms: Option<i64>,
 }
 
-impl Default for ShardStatus {
-    fn default() -> Self {
-        Self {
-            millis_behind_latest: None,
-            last_error: None,
-            errors: 0,
-            records_read: 0,
-            retryable: true,
-            error_since_ms: None,
-        }
+impl ShardStatus {
+    /// A successful read: no current error.
+    pub(crate) fn clear_error(&mut self) {
+        self.last_error = None;
+        self.error_kind = None;
+        self.retryable = None;
+        self.error_since_ms = None;
     }
 }
 
@@ -104,8 +118,12 @@ pub struct SpoutStats {
     pub acked: AtomicU64,
     /// Tuples failed (each failure).
     pub failed: AtomicU64,
-    /// Records sent to the dead-letter stream.
+    /// Records sent to the dead-letter stream (each once, when its replays are exhausted).
     pub dead_lettered: AtomicU64,
+    /// Dead-letter tuples acked (their records are then handled).
+    pub dead_letters_acked: AtomicU64,
+    /// Dead-letter tuples that failed (each is emitted again after a back-off).
+    pub dead_letters_failed: AtomicU64,
 }
 
 /// Who runs this spout: identifies the worker process in ZooKeeper.
@@ -176,10 +194,12 @@ pub struct KinesisSpout {
     worker: WorkerIdentity,
     tracker: Arc<Mutex<Tracker>>,
     space: Arc<Notify>,
+    /// Replays and dead-letter re-emissions, by due time.
     replays: BinaryHeap<Reverse<(Instant, u64)>>,
-    replay_ids: HashMap<u64, KinesisMsgId>,
+    replay_ids: HashMap<u64, SpoutMsgId>,
     next_replay: u64,
-    dead_letters: VecDeque<(tracker::Record, u32)>,
+    /// Records whose dead-letter tuple is to be emitted for the first time.
+    dead_letters: VecDeque<KinesisMsgId>,
     active: watch::Sender<bool>,
     stats: Arc<SpoutStats>,
     status: Arc<Mutex<HashMap<Arc<str>, ShardStatus>>>,
@@ -293,6 +313,21 @@ impl KinesisSpout {
         v
     }
 
+    fn dead_letter_values(r: &tracker::Record, failures: u32) -> Values {
+        let mut v = Self::values(r);
+        v.push(failures);
+        v
+    }
+
+    /// Schedules `id` to be emitted again after the replay back-off of its `failures`th failure.
+    fn schedule(&mut self, id: SpoutMsgId, failures: u32) -> Duration {
+        let delay = self.replay_delay(failures);
+        self.next_replay += 1;
+        self.replay_ids.insert(self.next_replay, id);
+        self.replays.push(Reverse((Instant::now() + delay, self.next_replay)));
+        delay
+    }
+
     fn replay_delay(&self, failures: u32) -> Duration {
         let min = self.cfg.retry.replay_min_backoff_ms.max(1);
         let max = self.cfg.retry.replay_max_backoff_ms.max(min);
@@ -307,7 +342,7 @@ impl KinesisSpout {
     /// Emits this task's low watermark: the minimum over its shards (see `ShardTrack::watermark`),
     /// or, owning no shard, the current time minus the idle timeout (so a task without shards
     /// does not hold downstream watermarks back).
-    fn emit_watermark(&self, out: &mut SpoutOutput<KinesisMsgId>) {
+    fn emit_watermark(&self, out: &mut SpoutOutput<SpoutMsgId>) {
         let idle = KinesisSpoutConfig::ms(self.cfg.watermark_idle_timeout_ms);
         let wm = {
             let t = lock(&self.tracker);
@@ -324,7 +359,7 @@ impl KinesisSpout {
 }
 
 impl Spout for KinesisSpout {
-    type MsgId = KinesisMsgId;
+    type MsgId = SpoutMsgId;
 
     async fn open(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
         self.cfg.validate().map_err(|e| ComponentError::fatal(e.to_string()))?;
@@ -345,6 +380,7 @@ impl Spout for KinesisSpout {
             .map_err(|e| ComponentError::fatal(format!("cannot open the read log {:?}: {e}", self.cfg.read_log)))?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let (fetch_tx, fetch_rx) = watch::channel(false);
+        let read_budget_kib = u32::try_from(self.cfg.max_read_bytes_in_flight / 1024).unwrap_or(u32::MAX);
         let fetch_tx = Arc::new(fetch_tx);
         let reader = Arc::new(reader::ReaderCtx {
             client,
@@ -352,10 +388,14 @@ impl Spout for KinesisSpout {
             stream: self.cfg.stream.clone(),
             task: self.task_name.clone(),
             records_per_get: self.cfg.records_per_get,
+            max_queued_bytes: usize::try_from(self.cfg.max_queued_bytes_per_shard).unwrap_or(usize::MAX),
+            read_budget: Arc::new(tokio::sync::Semaphore::new(read_budget_kib as usize)),
+            read_budget_kib,
             max_gets_per_second: self.cfg.max_get_calls_per_second,
             idle_poll_interval: KinesisSpoutConfig::ms(self.cfg.idle_poll_interval_ms),
             call_min_backoff: KinesisSpoutConfig::ms(self.cfg.retry.call_min_backoff_ms),
             call_max_backoff: KinesisSpoutConfig::ms(self.cfg.retry.call_max_backoff_ms),
+            fatal_max_backoff: KinesisSpoutConfig::ms(self.cfg.retry.fatal_max_backoff_ms),
             tracker: self.tracker.clone(),
             space: self.space.clone(),
             wakeup: ctx.wakeup(),
@@ -391,17 +431,22 @@ impl Spout for KinesisSpout {
         Ok(())
     }
 
-    async fn next_tuple(&mut self, out: &mut SpoutOutput<KinesisMsgId>) -> Result<(), ComponentError> {
+    async fn next_tuple(&mut self, out: &mut SpoutOutput<SpoutMsgId>) -> Result<(), ComponentError> {
         let now = Instant::now();
         if now >= self.next_watermark && !self.draining {
             self.next_watermark = now + KinesisSpoutConfig::ms(self.cfg.watermark_interval_ms);
             self.emit_watermark(out);
         }
-        if let Some((rec, failures)) = self.dead_letters.pop_front() {
-            let mut v = Self::values(&rec);
-            v.push(failures);
-            out.emit_to(DEAD_LETTER_STREAM, v, None)?;
-            return Ok(());
+        while let Some(id) = self.dead_letters.pop_front() {
+            let rec = lock(&self.tracker).dead_letter_record(&id.shard_id, id.epoch, &id.sequence);
+            if let Some((rec, failures)) = rec {
+                out.emit_to(
+                    DEAD_LETTER_STREAM,
+                    Self::dead_letter_values(&rec, failures),
+                    Some(SpoutMsgId::DeadLetter(id)),
+                )?;
+                return Ok(());
+            }
         }
         while let Some(Reverse((due, key))) = self.replays.peek().copied() {
             if due > now {
@@ -409,11 +454,23 @@ impl Spout for KinesisSpout {
             }
             self.replays.pop();
             let Some(id) = self.replay_ids.remove(&key) else { continue };
-            let rec = lock(&self.tracker).replay_record(&id.shard_id, id.epoch, &id.sequence);
-            if let Some(rec) = rec {
-                self.stats.replayed.fetch_add(1, Ordering::Relaxed);
-                out.emit_tracked(Self::values(&rec), id)?;
-                return Ok(());
+            match id {
+                SpoutMsgId::Record(id) => {
+                    let rec = lock(&self.tracker).replay_record(&id.shard_id, id.epoch, &id.sequence);
+                    if let Some(rec) = rec {
+                        self.stats.replayed.fetch_add(1, Ordering::Relaxed);
+                        out.emit_tracked(Self::values(&rec), SpoutMsgId::Record(id))?;
+                        return Ok(());
+                    }
+                }
+                SpoutMsgId::DeadLetter(id) => {
+                    let rec = lock(&self.tracker).dead_letter_record(&id.shard_id, id.epoch, &id.sequence);
+                    if let Some((rec, failures)) = rec {
+                        let v = Self::dead_letter_values(&rec, failures);
+                        out.emit_to(DEAD_LETTER_STREAM, v, Some(SpoutMsgId::DeadLetter(id)))?;
+                        return Ok(());
+                    }
+                }
             }
         }
         let next = lock(&self.tracker).next_to_emit();
@@ -421,37 +478,63 @@ impl Spout for KinesisSpout {
             self.space.notify_waiters();
             self.stats.emitted.fetch_add(1, Ordering::Relaxed);
             let id = KinesisMsgId { shard_id: rec.shard_id.clone(), sequence: rec.sequence.clone(), epoch };
-            out.emit_tracked(Self::values(&rec), id)?;
+            out.emit_tracked(Self::values(&rec), SpoutMsgId::Record(id))?;
         }
         Ok(())
     }
 
-    async fn ack(&mut self, id: KinesisMsgId) {
-        self.stats.acked.fetch_add(1, Ordering::Relaxed);
-        lock(&self.tracker).ack(&id.shard_id, id.epoch, &id.sequence);
+    async fn ack(&mut self, id: SpoutMsgId) {
+        match id {
+            SpoutMsgId::Record(id) => {
+                self.stats.acked.fetch_add(1, Ordering::Relaxed);
+                lock(&self.tracker).ack(&id.shard_id, id.epoch, &id.sequence);
+            }
+            SpoutMsgId::DeadLetter(id) => {
+                self.stats.dead_letters_acked.fetch_add(1, Ordering::Relaxed);
+                if lock(&self.tracker).ack(&id.shard_id, id.epoch, &id.sequence) {
+                    tracing::debug!(stream = %self.cfg.stream, shard = %id.shard_id, sequence = %id.sequence,
+                        "dead-letter tuple acked: the record is handled");
+                }
+            }
+        }
     }
 
-    async fn fail(&mut self, id: KinesisMsgId) {
+    async fn fail(&mut self, id: SpoutMsgId) {
+        let id = match id {
+            SpoutMsgId::Record(id) => id,
+            SpoutMsgId::DeadLetter(id) => {
+                self.stats.dead_letters_failed.fetch_add(1, Ordering::Relaxed);
+                let failed = lock(&self.tracker).fail_dead_letter(&id.shard_id, id.epoch, &id.sequence);
+                if let Some(n) = failed {
+                    let (shard, sequence) = (id.shard_id.clone(), id.sequence.clone());
+                    let delay = self.schedule(SpoutMsgId::DeadLetter(id), n);
+                    // Logged at its 1st, 2nd, 4th, 8th... failure: a dead-letter sink that is down
+                    // does not flood the log.
+                    if n.is_power_of_two() {
+                        tracing::warn!(stream = %self.cfg.stream, shard = %shard, sequence = %sequence, failures = n, ?delay,
+                            "the dead-letter tuple failed: emitting it again after a back-off (the record stays unacked, its checkpoint waits)");
+                    }
+                }
+                return;
+            }
+        };
         self.stats.failed.fetch_add(1, Ordering::Relaxed);
         let outcome = lock(&self.tracker).fail(&id.shard_id, id.epoch, &id.sequence, self.cfg.retry.max_replays);
         match outcome {
             FailOutcome::Replay(n) => {
-                let due = Instant::now() + self.replay_delay(n);
-                self.next_replay += 1;
-                self.replay_ids.insert(self.next_replay, id);
-                self.replays.push(Reverse((due, self.next_replay)));
+                self.schedule(SpoutMsgId::Record(id), n);
             }
-            FailOutcome::DeadLetter(n, rec) => {
+            FailOutcome::DeadLetter(n) => {
                 self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(stream = %self.cfg.stream, shard = %id.shard_id, sequence = %id.sequence, failures = n,
                     "record failed {n} times: emitting it on the dead-letter stream");
-                self.dead_letters.push_back((rec, n));
+                self.dead_letters.push_back(id);
             }
             FailOutcome::Ignore => {}
         }
     }
 
-    async fn drain(&mut self, _out: &mut SpoutOutput<KinesisMsgId>) -> Result<(), ComponentError> {
+    async fn drain(&mut self, _out: &mut SpoutOutput<SpoutMsgId>) -> Result<(), ComponentError> {
         // Samza's drain: stop fetching at once; records read but not emitted are dropped (they are
         // after the checkpoint and will be read by the next deployment); in-flight tuples are
         // acked (or replayed) and checkpointed, then the shards are handed back. The engine sends

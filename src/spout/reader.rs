@@ -1,33 +1,56 @@
 //! One GetRecords loop per owned shard.
 //!
 //! - Starts from the shard's checkpoint (TRIM_HORIZON, AT_TIMESTAMP, AFTER_SEQUENCE_NUMBER).
-//! - At most `max_gets_per_second` GetRecords calls in any one second (Kinesis allows 5 per shard),
-//!   `idle_poll_interval` after an empty read, capped exponential back-off with jitter after a
-//!   throttle or a transient error.
-//! - After ExpiredIteratorException: a new iterator AFTER_SEQUENCE_NUMBER of the last record it
-//!   fetched (or the start position if it fetched none), so nothing is fetched twice.
+//! - Call budget: at most `max_gets_per_second` GetRecords calls in any one second (Kinesis allows
+//!   5 per shard), and `idle_poll_interval` after a read that returned nothing, so an idle shard
+//!   costs one call per interval.
+//! - Errors, by [`ErrorKind`]:
+//!   - throttled, transport or server errors: the same iterator is used again after a capped
+//!     exponential back-off with jitter (`call_min_backoff`..`call_max_backoff`). An iterator
+//!     stays valid for 5 minutes; dropping it would cost a GetShardIterator call per throttle.
+//!     After [`TRANSIENT_RUN_RESET`] such errors in a row (an emulator answers an iterator it
+//!     cannot use with HTTP 500) a new iterator is taken once.
+//!   - ExpiredIteratorException (or an error saying the iterator is invalid): a new iterator
+//!     AFTER_SEQUENCE_NUMBER of the last record fetched (or the start position if none was), so
+//!     nothing is fetched twice; no wait.
+//!   - errors retrying cannot fix (access denied, KMS key, stream or shard deleted, invalid
+//!     argument): the reader keeps trying, so it resumes by itself once the cause is fixed, but
+//!     backs off exponentially up to `fatal_max_backoff` (60 s by default), logs each attempt at
+//!     ERROR with the fix, and marks the shard's status not retryable, with the time it began.
 //! - Shard end is a null NextShardIterator (never a comparison with EndingSequenceNumber, which
 //!   the emulator returns as a sentinel): the end is marked in the tracker after the last records
 //!   and the coordinator is told at once.
-//! - Backpressure: it fetches only while the shard's queue of unemitted records is below one batch,
-//!   and only while fetching is allowed (topology active, ZooKeeper session healthy).
+//! - Backpressure and memory: the shard's queue of read-but-unemitted records is bounded by
+//!   `records_per_get` records and `max_queued_bytes` bytes. The reader fetches only while the
+//!   queue is at most half full (or empty) and fetching is allowed (topology active, ZooKeeper
+//!   session healthy), and sizes each call's Limit to the room left, from a running estimate of
+//!   the shard's record size. The readers of one spout task share a budget of bytes being
+//!   fetched (`max_read_bytes_in_flight`): a call reserves its expected size first, so many shards
+//!   starting together do not hold dozens of large responses (and their decoded copies) at once.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aws_sdk_kinesis::Client;
-use aws_sdk_kinesis::primitives::DateTime;
+use aws_sdk_kinesis::primitives::{DateTime, DateTimeFormat};
 use aws_sdk_kinesis::types::ShardIteratorType;
 use backon::BackoffBuilder;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::ShardStatus;
 use super::readlog::ReadLog;
-use super::tracker::{Record, Tracker};
+use super::tracker::{RECORD_OVERHEAD, Record, Tracker};
 use crate::coord::CheckpointPosition;
-use crate::kinesis::KinesisError;
+use crate::kinesis::{ErrorKind, KinesisError};
+
+/// Transport or server errors in a row after which the iterator is replaced once.
+pub(crate) const TRANSIENT_RUN_RESET: u32 = 5;
+
+/// The record size assumed before anything was read (bytes, overhead included): small enough
+/// that the first read of a shard of large records stays well inside the queue's byte budget.
+const INITIAL_RECORD_SIZE_GUESS: usize = 16 * 1024;
 
 /// Tells the coordinator something about a shard.
 #[derive(Debug)]
@@ -43,10 +66,19 @@ pub(crate) struct ReaderCtx {
     /// The task's ZooKeeper node name (for the read log).
     pub task: Arc<Mutex<String>>,
     pub records_per_get: i32,
+    /// Byte budget of one shard's queue of read-but-unemitted records.
+    pub max_queued_bytes: usize,
+    /// Expected bytes of the GetRecords calls in flight, shared by the task's readers, in KiB
+    /// permits: a reader reserves its call's expected size (Limit x estimated record size) first.
+    pub read_budget: Arc<Semaphore>,
+    /// The budget's size in KiB.
+    pub read_budget_kib: u32,
     pub max_gets_per_second: u32,
     pub idle_poll_interval: Duration,
     pub call_min_backoff: Duration,
     pub call_max_backoff: Duration,
+    /// Cap of the back-off after an error retrying cannot fix.
+    pub fatal_max_backoff: Duration,
     pub tracker: Arc<Mutex<Tracker>>,
     /// Signalled by the spout when it took records from a queue.
     pub space: Arc<Notify>,
@@ -64,7 +96,96 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What a shard's queue holds right now.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Room {
+    queued: usize,
+    queued_bytes: usize,
+}
+
+/// A running estimate of a shard's record size (memory per queued record), weighted towards
+/// recent reads.
+#[derive(Debug, Clone)]
+pub(crate) struct SizeEstimate {
+    bytes: f64,
+    count: f64,
+}
+
+impl Default for SizeEstimate {
+    fn default() -> Self {
+        Self { bytes: INITIAL_RECORD_SIZE_GUESS as f64, count: 1.0 }
+    }
+}
+
+impl SizeEstimate {
+    /// Notes a read of `n` records holding `bytes` in total.
+    pub fn observe(&mut self, bytes: usize, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.bytes = self.bytes * 0.5 + bytes as f64;
+        self.count = self.count * 0.5 + n as f64;
+    }
+
+    /// Estimated bytes per record.
+    pub fn average(&self) -> usize {
+        ((self.bytes / self.count).ceil() as usize).max(RECORD_OVERHEAD)
+    }
+}
+
+/// The Limit of the next GetRecords call: the room left in the queue, in records
+/// (`records_per_get` at most) and in bytes (at the estimated record size); at least 1.
+pub(crate) fn get_limit(records_per_get: i32, max_bytes: usize, room: Room, est: &SizeEstimate) -> i32 {
+    let per_get = records_per_get.max(1) as usize;
+    let by_count = per_get.saturating_sub(room.queued);
+    let by_bytes = max_bytes.saturating_sub(room.queued_bytes) / est.average();
+    by_count.min(by_bytes).clamp(1, per_get) as i32
+}
+
+/// KiB of the task's read budget a call of `limit` records reserves: its expected size, at least
+/// 1 KiB, at most the whole budget.
+pub(crate) fn read_reservation_kib(limit: i32, est: &SizeEstimate, budget_kib: u32) -> u32 {
+    let kib = (limit.max(1) as usize).saturating_mul(est.average()).div_ceil(1024);
+    kib.clamp(1, budget_kib.max(1) as usize) as u32
+}
+
+/// Whether a shard's reader may fetch: its queue is empty, or at most half full in records and
+/// in bytes (so each call fetches a useful amount and the queue stays within its bounds).
+pub(crate) fn has_room(records_per_get: i32, max_bytes: usize, room: Room) -> bool {
+    room.queued == 0 || (room.queued <= records_per_get.max(1) as usize / 2 && room.queued_bytes <= max_bytes / 2)
+}
+
+/// Back-off state of one reader.
+struct Backoffs {
+    /// After throttles and transport or server errors (backon, with jitter).
+    transient: backon::ExponentialBackoff,
+    /// The next back-off after an error retrying cannot fix (doubles up to the cap).
+    fatal_next: Duration,
+    /// Transport or server errors in a row.
+    transient_run: u32,
+    /// The kind of the errors of the current failing streak, and when the streak began.
+    failing: Option<(ErrorKind, i64)>,
+}
+
 impl ReaderCtx {
+    fn transient_backoff(&self) -> backon::ExponentialBackoff {
+        backon::ExponentialBuilder::default()
+            .with_min_delay(self.call_min_backoff)
+            .with_max_delay(self.call_max_backoff)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    }
+
+    fn backoffs(&self) -> Backoffs {
+        Backoffs {
+            transient: self.transient_backoff(),
+            fatal_next: self.call_min_backoff,
+            transient_run: 0,
+            failing: None,
+        }
+    }
+
     async fn iterator(&self, shard: &str, pos: &CheckpointPosition) -> Result<String, KinesisError> {
         let mut req = self.client.get_shard_iterator().stream_name(&self.stream).shard_id(shard);
         req = match pos {
@@ -93,22 +214,23 @@ impl ReaderCtx {
         f(s.entry(shard.clone()).or_default());
     }
 
-    /// Waits until the shard's queue has room and fetching is allowed. False when cancelled.
-    async fn wait_room(&self, shard: &str, epoch: u64, cancel: &CancellationToken) -> bool {
+    /// Waits until the shard's queue has room and fetching is allowed; returns what the queue
+    /// holds then. None when cancelled or the ownership ended.
+    async fn wait_room(&self, shard: &str, epoch: u64, cancel: &CancellationToken) -> Option<Room> {
         let mut allowed = self.fetch_allowed.clone();
         loop {
             let room = {
                 let t = lock(&self.tracker);
                 match t.get(shard) {
-                    Some(tr) if tr.epoch == epoch => tr.queued.len() < self.records_per_get.max(1) as usize,
-                    _ => return false,
+                    Some(tr) if tr.epoch == epoch => Room { queued: tr.queued.len(), queued_bytes: tr.queued.bytes() },
+                    _ => return None,
                 }
             };
-            if room && *allowed.borrow() {
-                return true;
+            if has_room(self.records_per_get, self.max_queued_bytes, room) && *allowed.borrow() {
+                return Some(room);
             }
             tokio::select! {
-                _ = cancel.cancelled() => return false,
+                _ = cancel.cancelled() => return None,
                 _ = self.space.notified() => {}
                 _ = allowed.changed() => {}
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
@@ -124,23 +246,14 @@ impl ReaderCtx {
         start: CheckpointPosition,
         cancel: CancellationToken,
     ) {
-        let backoff = || {
-            backon::ExponentialBuilder::default()
-                .with_min_delay(self.call_min_backoff)
-                .with_max_delay(self.call_max_backoff)
-                .with_jitter()
-                .without_max_times()
-                .build()
-        };
-        let mut delays = backoff();
+        let mut backoffs = self.backoffs();
+        let mut sizes = SizeEstimate::default();
         let mut last_fetched: Option<Arc<str>> = None;
         let mut iterator: Option<String> = None;
         // Start times of the recent GetRecords calls: a sliding one-second window.
         let mut calls: VecDeque<Instant> = VecDeque::with_capacity(self.max_gets_per_second as usize + 1);
         loop {
-            if !self.wait_room(&shard, epoch, &cancel).await {
-                return;
-            }
+            let Some(room) = self.wait_room(&shard, epoch, &cancel).await else { return };
             if calls.len() >= self.max_gets_per_second as usize {
                 if let Some(oldest) = calls.pop_front() {
                     let free_at = oldest + Duration::from_millis(1_020);
@@ -162,9 +275,12 @@ impl ReaderCtx {
                         r = self.iterator(&shard, &pos) => r,
                     };
                     match res {
-                        Ok(it) => it,
+                        Ok(it) => {
+                            iterator = Some(it.clone());
+                            it
+                        }
                         Err(e) => {
-                            if self.on_error(&shard, &e, &mut delays, &cancel).await {
+                            if self.on_error(&shard, &e, &mut backoffs, &cancel).await {
                                 continue;
                             }
                             return;
@@ -172,48 +288,79 @@ impl ReaderCtx {
                     }
                 }
             };
+            let limit = get_limit(self.records_per_get, self.max_queued_bytes, room, &sizes);
+            // Held until the records are queued (where the queue's bound accounts for them).
+            let reservation = read_reservation_kib(limit, &sizes, self.read_budget_kib);
+            let permit = tokio::select! {
+                _ = cancel.cancelled() => return,
+                p = self.read_budget.clone().acquire_many_owned(reservation) => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
+            if !*self.fetch_allowed.borrow() {
+                continue; // stopped while waiting for the budget: wait for room and permission again
+            }
             calls.push_back(Instant::now());
             // Cancellation drops the call in flight: after a release nothing more is fetched.
             let res = tokio::select! {
                 _ = cancel.cancelled() => return,
-                r = self.client.get_records().shard_iterator(&it).limit(self.records_per_get).send() => r,
+                r = self.client.get_records().shard_iterator(&it).limit(limit).send() => r,
             };
             let out = match res {
                 Ok(out) => out,
                 Err(e) => {
+                    drop(permit);
                     let e = KinesisError::from_sdk("GetRecords", &self.stream, &self.endpoint, e);
-                    iterator = None; // a fresh iterator after any error; expired ones in particular
-                    if self.on_error(&shard, &e, &mut delays, &cancel).await {
+                    match e.kind() {
+                        ErrorKind::IteratorInvalid => iterator = None,
+                        ErrorKind::Transient => {
+                            backoffs.transient_run += 1;
+                            if backoffs.transient_run % TRANSIENT_RUN_RESET == 0 {
+                                iterator = None;
+                            }
+                        }
+                        // Throttles and errors retrying cannot fix leave the iterator valid.
+                        _ => {}
+                    }
+                    if self.on_error(&shard, &e, &mut backoffs, &cancel).await {
                         continue;
                     }
                     return;
                 }
             };
-            delays = backoff();
             // Hand nothing on unless the leases can be trusted right now: a worker that was paused
             // (and may have lost its session meanwhile) drops a batch that arrived after the pause
-            // and reads it again once its session is confirmed.
+            // and reads it again, from the same iterator, once its session is confirmed.
             if !self.liveness.trusted() || !*self.fetch_allowed.borrow() {
                 iterator = Some(it);
                 continue;
             }
+            if backoffs.failing.take().is_some() {
+                tracing::info!(stream = %self.stream, shard = %shard, "reading the shard works again");
+            }
+            backoffs = self.backoffs();
+            let behind = out.millis_behind_latest;
+            let next_iterator = out.next_shard_iterator;
+            let children: Vec<String> = out.child_shards.unwrap_or_default().into_iter().map(|c| c.shard_id).collect();
             let records: Vec<Record> = out
-                .records()
-                .iter()
+                .records
+                .into_iter()
                 .map(|r| Record {
                     shard_id: shard.clone(),
-                    sequence: r.sequence_number().into(),
+                    arrival_ms: r.approximate_arrival_timestamp.and_then(|t| t.to_millis().ok()).unwrap_or(0),
+                    sequence: r.sequence_number.into(),
                     sub_sequence: 0,
-                    partition_key: r.partition_key().into(),
-                    arrival_ms: r.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0),
-                    data: bytes::Bytes::copy_from_slice(r.data().as_ref()),
+                    partition_key: r.partition_key.into(),
+                    // Takes the decoded buffer as it is: no second copy of every payload.
+                    data: bytes::Bytes::from(r.data.into_inner()),
                 })
                 .collect();
             let n = records.len();
-            let behind = out.millis_behind_latest();
+            sizes.observe(records.iter().map(Record::mem_size).sum(), n);
             self.set_status(&shard, |s| {
                 s.millis_behind_latest = behind;
-                s.last_error = None;
+                s.clear_error();
                 s.records_read += n as u64;
             });
             if let (Some(first), Some(last)) = (records.first(), records.last()) {
@@ -226,10 +373,10 @@ impl ReaderCtx {
                 self.read_log.records(&lock(&self.task), &shard, &first, &last, n);
                 self.wakeup.notify();
             }
-            match out.next_shard_iterator() {
-                Some(next) => iterator = Some(next.to_string()),
+            drop(permit);
+            match next_iterator {
+                Some(next) => iterator = Some(next),
                 None => {
-                    let children: Vec<String> = out.child_shards().iter().map(|c| c.shard_id().to_string()).collect();
                     tracing::info!(stream = %self.stream, shard = %shard, ?children, "read to the end of the shard");
                     self.read_log.end(&lock(&self.task), &shard, last_fetched.as_deref());
                     lock(&self.tracker).mark_ended(&shard, epoch);
@@ -250,34 +397,168 @@ impl ReaderCtx {
         }
     }
 
-    /// Backs off after an error; false when cancelled.
-    async fn on_error(
-        &self,
-        shard: &Arc<str>,
-        e: &KinesisError,
-        delays: &mut backon::ExponentialBackoff,
-        cancel: &CancellationToken,
-    ) -> bool {
-        let delay = delays.next().unwrap_or(self.call_max_backoff);
-        match e {
-            KinesisError::IteratorExpired { .. } => {
-                tracing::info!(stream = %self.stream, shard = %shard, "shard iterator expired; getting a new one after the last fetched record");
-            }
-            KinesisError::Throttled { .. } => {
-                tracing::debug!(stream = %self.stream, shard = %shard, ?delay, "throttled; backing off");
-            }
-            other => {
-                tracing::warn!(stream = %self.stream, shard = %shard, ?delay, error = %other, "reading the shard failed; backing off");
-            }
+    /// Backs off after an error, as its kind says; false when cancelled.
+    async fn on_error(&self, shard: &Arc<str>, e: &KinesisError, b: &mut Backoffs, cancel: &CancellationToken) -> bool {
+        let kind = e.kind();
+        let now = crate::coord::now_ms();
+        let repeated = b.failing.is_some_and(|(k, _)| k == kind);
+        if !repeated {
+            b.failing = Some((kind, now));
         }
+        let since = b.failing.map_or(now, |(_, since)| since);
+        let delay = match kind {
+            ErrorKind::IteratorInvalid => {
+                tracing::info!(stream = %self.stream, shard = %shard, error = %e, "shard iterator expired or invalid; getting a new one after the last fetched record");
+                // At once, unless a fresh iterator was refused as well.
+                if repeated { b.transient.next().unwrap_or(self.call_max_backoff) } else { Duration::ZERO }
+            }
+            ErrorKind::Throttled => {
+                let delay = b.transient.next().unwrap_or(self.call_max_backoff);
+                tracing::debug!(stream = %self.stream, shard = %shard, ?delay, "throttled; backing off");
+                delay
+            }
+            k if k.needs_operator() => {
+                // Doubles per attempt up to the cap; jitter only below it, so the cap holds.
+                let step = b.fatal_next.min(self.fatal_max_backoff);
+                b.fatal_next = (step * 2).min(self.fatal_max_backoff);
+                let delay = step.mul_f64(0.8 + 0.2 * rand::random::<f64>());
+                tracing::error!(stream = %self.stream, shard = %shard, kind = %kind, next_attempt_in = ?delay,
+                    "{}", fatal_message(&self.stream, shard, e));
+                delay
+            }
+            _ => {
+                let delay = b.transient.next().unwrap_or(self.call_max_backoff);
+                tracing::warn!(stream = %self.stream, shard = %shard, ?delay, error = %e, "reading the shard failed; backing off");
+                delay
+            }
+        };
         self.set_status(shard, |s| {
-            s.last_error = Some(e.to_string());
+            s.last_error = Some(if kind.needs_operator() {
+                format!(
+                    "not retryable ({kind}) since {}: {}",
+                    DateTime::from_millis(since).fmt(DateTimeFormat::DateTime).unwrap_or_else(|_| since.to_string()),
+                    fatal_message(&self.stream, shard, e)
+                )
+            } else {
+                e.to_string()
+            });
+            s.error_kind = Some(kind);
+            s.retryable = Some(!kind.needs_operator());
+            s.error_since_ms = Some(since);
             s.errors += 1;
         });
-        let delay = if matches!(e, KinesisError::IteratorExpired { .. }) { Duration::ZERO } else { delay };
         tokio::select! {
             _ = cancel.cancelled() => false,
             _ = tokio::time::sleep(delay) => true,
         }
+    }
+}
+
+/// The ERROR message of an error retrying cannot fix: the shard, the error (which names the
+/// stream and the fix) and what to do about this shard.
+fn fatal_message(stream: &str, shard: &str, e: &KinesisError) -> String {
+    let what = match e.kind() {
+        ErrorKind::NotFound => format!(
+            ". If shard {shard} or stream {stream:?} was deleted: recreate the stream, and if it was \
+             recreated, rewind the topology's checkpoints with `squall checkpoints reset`"
+        ),
+        ErrorKind::InvalidArgument => format!(
+            ". Check the spout configuration (records_per_get) and the checkpoint of shard {shard} \
+             (`squall checkpoints reset` rewinds it)"
+        ),
+        _ => String::new(),
+    };
+    format!("reading shard {shard} of stream {stream:?} failed and retrying cannot fix it: {e}{what}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn room(queued: usize, queued_bytes: usize) -> Room {
+        Room { queued, queued_bytes }
+    }
+
+    #[test]
+    fn limit_is_sized_to_the_room_left_in_records_and_bytes() {
+        let mb = 1 << 20;
+        let mut est = SizeEstimate::default();
+        // Nothing known yet: a cautious first read.
+        assert_eq!(get_limit(10_000, mb, room(0, 0), &est), (mb / INITIAL_RECORD_SIZE_GUESS) as i32);
+        // 1 KB records: about 1 MB worth.
+        est.observe(100 * (1024 + RECORD_OVERHEAD), 100);
+        est.observe(700 * (1024 + RECORD_OVERHEAD), 700);
+        let avg = est.average();
+        assert!((1024 + RECORD_OVERHEAD..1024 + RECORD_OVERHEAD + 64).contains(&avg), "{avg}");
+        let l = get_limit(10_000, mb, room(0, 0), &est) as usize;
+        assert!(l * (1024 + RECORD_OVERHEAD) <= mb && l >= 800, "{l}");
+        // Half full: half the room.
+        let half = get_limit(10_000, mb, room(400, mb / 2), &est) as usize;
+        assert!(half * (1024 + RECORD_OVERHEAD) <= mb / 2 + 1024 && half >= 400, "{half}");
+        // Tiny records: records_per_get caps, counting what is queued.
+        let mut tiny = SizeEstimate::default();
+        for _ in 0..10 {
+            tiny.observe(1000 * RECORD_OVERHEAD, 1000);
+        }
+        assert_eq!(get_limit(10_000, 64 * mb, room(0, 0), &tiny), 10_000);
+        assert_eq!(get_limit(10_000, 64 * mb, room(2_500, 0), &tiny), 7_500);
+        // A full queue still reads one record (the caller only asks when there is room).
+        assert_eq!(get_limit(10_000, mb, room(0, 2 * mb), &est), 1);
+    }
+
+    #[test]
+    fn a_call_reserves_its_expected_size_of_the_read_budget() {
+        let mut est = SizeEstimate::default();
+        est.observe(1000 * 1200, 1000);
+        let avg = est.average();
+        assert_eq!(read_reservation_kib(800, &est, 8192) as usize, (800 * avg).div_ceil(1024));
+        assert_eq!(read_reservation_kib(10_000, &est, 8192), 8192, "at most the whole budget");
+        assert_eq!(read_reservation_kib(0, &est, 8192), 2, "at least one record");
+        assert_eq!(read_reservation_kib(10, &est, 0), 1);
+    }
+
+    #[tokio::test]
+    async fn the_read_budget_limits_the_bytes_fetched_at_once() {
+        let mut est = SizeEstimate::default();
+        est.observe(1000 * 1024, 1000);
+        // Room for four calls of about 1 MiB (1024 records of ~1 KB): a fifth waits.
+        let kib = read_reservation_kib(1024, &est, u32::MAX);
+        assert!((1024..1100).contains(&kib), "{kib}");
+        let budget = Arc::new(Semaphore::new(4 * kib as usize + 10));
+        let mut held: Vec<_> = (0..4).map(|_| budget.clone().try_acquire_many_owned(kib).expect("room")).collect();
+        assert!(budget.clone().try_acquire_many_owned(kib).is_err(), "a fifth waits");
+        held.pop();
+        assert!(budget.clone().try_acquire_many_owned(kib).is_ok(), "until one call is done");
+    }
+
+    #[test]
+    fn the_reader_fetches_only_while_the_queue_is_at_most_half_full() {
+        let mb = 1 << 20;
+        assert!(has_room(1000, mb, room(0, 5 * mb)), "an empty queue always has room");
+        assert!(has_room(1000, mb, room(500, mb / 2)));
+        assert!(!has_room(1000, mb, room(501, 1000)));
+        assert!(!has_room(1000, mb, room(10, mb / 2 + 1)));
+        assert!(!has_room(1, mb, room(1, 10)));
+    }
+
+    #[test]
+    fn the_estimate_follows_recent_reads() {
+        let mut est = SizeEstimate::default();
+        est.observe(10 * 100_000, 10);
+        assert!(est.average() > 90_000);
+        for _ in 0..8 {
+            est.observe(1000 * 1200, 1000);
+        }
+        assert!(est.average() < 1300, "{}", est.average());
+    }
+
+    #[test]
+    fn fatal_messages_name_the_shard_and_the_fix() {
+        let e = KinesisError::classify("GetRecords", "clicks", "http://x", "ResourceNotFoundException", "gone".into());
+        let m = fatal_message("clicks", "shardId-000000000001", &e);
+        assert!(m.contains("shardId-000000000001") && m.contains("squall checkpoints reset"), "{m}");
+        let e = KinesisError::classify("GetRecords", "clicks", "http://x", "AccessDeniedException", "no".into());
+        let m = fatal_message("clicks", "shardId-000000000001", &e);
+        assert!(m.contains("shardId-000000000001") && m.contains("kinesis:GetRecords"), "{m}");
     }
 }

@@ -5,6 +5,13 @@
 //! The checkpoint of a shard is the highest sequence number whose record and every earlier emitted
 //! record of that shard are acked (Storm spout / KCL semantics). Records are emitted in shard order,
 //! so in-flight records form a queue; acks may arrive in any order.
+//!
+//! - Shards are served round-robin, one record per turn: a shard with a backlog cannot starve the
+//!   task's other shards (nor hold back their watermark).
+//! - Each shard's queue of read-but-unemitted records knows its memory footprint
+//!   ([`Queue::bytes`]); the reader sizes its reads to the room left.
+//! - A record that exhausted its replays is *dead-lettering*: it stays in flight (the checkpoint
+//!   waits) until its dead-letter tuple is acked, and that tuple is emitted again if it fails.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -31,6 +38,59 @@ pub struct Record {
     pub data: Bytes,
 }
 
+/// Memory a queued record holds besides its payload, key and sequence: the struct, the
+/// reference-counted strings' headers, allocator overhead, its slot in the queue.
+pub(crate) const RECORD_OVERHEAD: usize = 192;
+
+impl Record {
+    /// Estimated memory this record holds while queued (payload, key, sequence, overhead).
+    pub(crate) fn mem_size(&self) -> usize {
+        self.data.len() + self.partition_key.len() + self.sequence.len() + RECORD_OVERHEAD
+    }
+}
+
+/// A shard's records read but not yet emitted, in shard order, with their estimated memory.
+#[derive(Debug, Default)]
+pub(crate) struct Queue {
+    records: VecDeque<Record>,
+    bytes: usize,
+}
+
+impl Queue {
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Estimated memory of the queued records ([`Record::mem_size`] summed).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn clear(&mut self) {
+        self.records.clear();
+        self.bytes = 0;
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Record> {
+        self.records.iter()
+    }
+
+    fn push_back(&mut self, r: Record) {
+        self.bytes += r.mem_size();
+        self.records.push_back(r);
+    }
+
+    fn pop_front(&mut self) -> Option<Record> {
+        let r = self.records.pop_front()?;
+        self.bytes = self.bytes.saturating_sub(r.mem_size());
+        Some(r)
+    }
+}
+
 /// Sort key for decimal sequence numbers of any length.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SeqKey(pub Arc<str>);
@@ -53,11 +113,23 @@ struct Entry {
     failures: u32,
     /// Failed during a handoff: it will not be replayed here; the next owner reads it again.
     abandoned: bool,
+    /// It exhausted its replays: its dead-letter tuple is in flight (or waiting to be emitted
+    /// again); it counts as handled only once that tuple is acked.
+    dead_lettering: bool,
+    /// Failures of its dead-letter tuple.
+    dead_letter_failures: u32,
+}
+
+impl Entry {
+    fn new(record: Record) -> Self {
+        Entry { record, acked: false, failures: 0, abandoned: false, dead_lettering: false, dead_letter_failures: 0 }
+    }
 }
 
 /// State of one owned shard within one ownership epoch.
 #[derive(Debug)]
 pub(crate) struct ShardTrack {
+    id: Arc<str>,
     pub epoch: u64,
     inflight: BTreeMap<SeqKey, Entry>,
     /// Highest sequence with it and everything before it acked, not yet returned by `take_checkpoint`.
@@ -69,7 +141,9 @@ pub(crate) struct ShardTrack {
     /// Handoff or shutdown in progress: nothing new is emitted, replays are dropped.
     pub stopping: bool,
     /// Records read but not yet emitted.
-    pub queued: VecDeque<Record>,
+    pub queued: Queue,
+    /// In the tracker's round-robin list of shards with queued records.
+    scheduled: bool,
     /// Arrival time of the newest record read (ms since the epoch).
     pub newest_arrival: Option<i64>,
     /// When the last record was read.
@@ -80,15 +154,17 @@ pub(crate) struct ShardTrack {
 }
 
 impl ShardTrack {
-    fn new(epoch: u64) -> Self {
+    fn new(id: Arc<str>, epoch: u64) -> Self {
         Self {
+            id,
             epoch,
             inflight: BTreeMap::new(),
             safe: None,
             last_emitted: None,
             ended: false,
             stopping: false,
-            queued: VecDeque::new(),
+            queued: Queue::default(),
+            scheduled: false,
             newest_arrival: None,
             last_record_at: Instant::now(),
             caught_up_ms: None,
@@ -148,8 +224,9 @@ impl ShardTrack {
 pub(crate) enum FailOutcome {
     /// Replay it after this many failures (1 = first failure).
     Replay(u32),
-    /// The retry limit was reached: emit it on the dead-letter stream; it now counts as acked.
-    DeadLetter(u32, Record),
+    /// The retry limit was reached after this many failures: emit it on the dead-letter stream as
+    /// a tracked tuple. It stays in flight (the checkpoint waits) until that tuple is acked.
+    DeadLetter(u32),
     /// Stale (older epoch, shard handed off, unknown): ignore.
     Ignore,
 }
@@ -158,6 +235,8 @@ pub(crate) enum FailOutcome {
 #[derive(Debug, Default)]
 pub(crate) struct Tracker {
     shards: HashMap<Arc<str>, ShardTrack>,
+    /// Shards with queued records, in the order they are served (round-robin).
+    ready: VecDeque<Arc<str>>,
     next_epoch: u64,
 }
 
@@ -166,13 +245,19 @@ impl Tracker {
     pub fn start(&mut self, shard: &Arc<str>) -> u64 {
         self.next_epoch += 1;
         let epoch = self.next_epoch;
-        self.shards.insert(shard.clone(), ShardTrack::new(epoch));
+        if self.shards.insert(shard.clone(), ShardTrack::new(shard.clone(), epoch)).is_some() {
+            self.ready.retain(|s| s != shard);
+        }
         epoch
     }
 
     /// Stops tracking (after release); later acks of that epoch are ignored.
     pub fn remove(&mut self, shard: &str) -> Option<ShardTrack> {
-        self.shards.remove(shard)
+        let t = self.shards.remove(shard)?;
+        if t.scheduled {
+            self.ready.retain(|s| s.as_ref() != shard);
+        }
+        Some(t)
     }
 
     pub fn get(&self, shard: &str) -> Option<&ShardTrack> {
@@ -189,13 +274,19 @@ impl Tracker {
 
     /// Queues records read from a shard (in shard order). Returns false when stale.
     pub fn enqueue(&mut self, shard: &str, epoch: u64, records: Vec<Record>) -> bool {
-        match self.live(shard, epoch) {
+        match self.shards.get_mut(shard).filter(|t| t.epoch == epoch) {
             Some(t) if !t.stopping => {
                 if let Some(newest) = records.iter().map(|r| r.arrival_ms).max() {
                     t.newest_arrival = Some(t.newest_arrival.map_or(newest, |n| n.max(newest)));
                     t.last_record_at = Instant::now();
                 }
-                t.queued.extend(records);
+                for r in records {
+                    t.queued.push_back(r);
+                }
+                if !t.scheduled && !t.queued.is_empty() {
+                    t.scheduled = true;
+                    self.ready.push_back(t.id.clone());
+                }
                 true
             }
             _ => false,
@@ -236,26 +327,32 @@ impl Tracker {
         }
     }
 
-    /// Takes the next queued record of any non-stopping shard (round-robin is not needed: each
-    /// shard's queue is bounded by its reader's channel) and registers it as in flight.
+    /// Takes the next queued record and registers it as in flight. Shards with queued records
+    /// take turns, one record each (round-robin), so a shard with a backlog delays another
+    /// shard's record by at most one record per shard, never by its backlog.
     pub fn next_to_emit(&mut self) -> Option<(Record, u64)> {
-        for t in self.shards.values_mut() {
-            if t.stopping {
+        // Every turn either emits or drops a stale entry, so this ends within `ready.len()` turns.
+        for _ in 0..self.ready.len() {
+            let id = self.ready.pop_front()?;
+            let Some(t) = self.shards.get_mut(&id) else { continue };
+            let next = if t.stopping { None } else { t.queued.pop_front() };
+            let Some(r) = next else {
+                t.scheduled = false;
                 continue;
+            };
+            if t.queued.is_empty() {
+                t.scheduled = false;
+            } else {
+                self.ready.push_back(id);
             }
-            if let Some(r) = t.queued.pop_front() {
-                t.last_emitted = Some(r.sequence.clone());
-                t.inflight.insert(
-                    SeqKey(r.sequence.clone()),
-                    Entry { record: r.clone(), acked: false, failures: 0, abandoned: false },
-                );
-                return Some((r, t.epoch));
-            }
+            t.last_emitted = Some(r.sequence.clone());
+            t.inflight.insert(SeqKey(r.sequence.clone()), Entry::new(r.clone()));
+            return Some((r, t.epoch));
         }
         None
     }
 
-    /// Records the ack of one record.
+    /// Records the ack of one record, or of its dead-letter tuple: either way it is handled.
     pub fn ack(&mut self, shard: &str, epoch: u64, sequence: &Arc<str>) -> bool {
         let Some(t) = self.live(shard, epoch) else { return false };
         match t.inflight.get_mut(&SeqKey(sequence.clone())) {
@@ -273,7 +370,7 @@ impl Tracker {
         let Some(t) = self.live(shard, epoch) else { return FailOutcome::Ignore };
         let stopping = t.stopping;
         let Some(e) = t.inflight.get_mut(&SeqKey(sequence.clone())) else { return FailOutcome::Ignore };
-        if e.acked {
+        if e.acked || e.dead_lettering {
             return FailOutcome::Ignore;
         }
         e.failures += 1;
@@ -284,20 +381,45 @@ impl Tracker {
             return FailOutcome::Ignore;
         }
         if n > max_retries {
-            e.acked = true;
-            let record = e.record.clone();
-            t.advance();
-            FailOutcome::DeadLetter(n, record)
+            e.dead_lettering = true;
+            FailOutcome::DeadLetter(n)
         } else {
             FailOutcome::Replay(n)
         }
     }
 
-    /// The record to replay, if its shard and epoch are still live and it is still unacked.
+    /// Records the failure of a record's dead-letter tuple. Returns how many times it failed (it
+    /// is to be emitted again after a back-off), or `None` when stale: older epoch, handed off
+    /// (the next owner reads the record again from the checkpoint), or already handled.
+    pub fn fail_dead_letter(&mut self, shard: &str, epoch: u64, sequence: &Arc<str>) -> Option<u32> {
+        let t = self.live(shard, epoch)?;
+        let stopping = t.stopping;
+        let e = t.inflight.get_mut(&SeqKey(sequence.clone()))?;
+        if e.acked || !e.dead_lettering {
+            return None;
+        }
+        e.dead_letter_failures += 1;
+        if stopping {
+            e.abandoned = true;
+            return None;
+        }
+        Some(e.dead_letter_failures)
+    }
+
+    /// The record to replay, if its shard and epoch are still live and it is still unacked (and
+    /// not on its way to the dead-letter stream).
     pub fn replay_record(&self, shard: &str, epoch: u64, sequence: &Arc<str>) -> Option<Record> {
         let t = self.shards.get(shard).filter(|t| t.epoch == epoch && !t.stopping)?;
         let e = t.inflight.get(&SeqKey(sequence.clone()))?;
-        (!e.acked).then(|| e.record.clone())
+        (!e.acked && !e.dead_lettering).then(|| e.record.clone())
+    }
+
+    /// The record whose dead-letter tuple is to be emitted (again), with its failures, if its
+    /// shard and epoch are still live and the dead-letter tuple is not acked yet.
+    pub fn dead_letter_record(&self, shard: &str, epoch: u64, sequence: &Arc<str>) -> Option<(Record, u32)> {
+        let t = self.shards.get(shard).filter(|t| t.epoch == epoch && !t.stopping)?;
+        let e = t.inflight.get(&SeqKey(sequence.clone()))?;
+        (!e.acked && e.dead_lettering).then(|| (e.record.clone(), e.failures))
     }
 
     /// The new safe checkpoint of a shard since the last call, if it moved.
@@ -351,9 +473,107 @@ mod tests {
         assert_eq!(t.take_checkpoint(&s), None, "taken once");
         assert!(matches!(t.fail(&s, e, &seq(2), 1), FailOutcome::Replay(1)));
         assert!(t.replay_record(&s, e, &seq(2)).is_some());
-        assert!(matches!(t.fail(&s, e, &seq(2), 1), FailOutcome::DeadLetter(2, r) if r.sequence == seq(2)));
-        assert_eq!(t.take_checkpoint(&s), Some(seq(2)), "a dead-lettered record counts as handled");
+        assert!(matches!(t.fail(&s, e, &seq(2), 1), FailOutcome::DeadLetter(2)));
+        let (r, failures) = t.dead_letter_record(&s, e, &seq(2)).expect("its dead-letter tuple is to be emitted");
+        assert_eq!((r.sequence.clone(), failures), (seq(2), 2));
+        assert!(t.replay_record(&s, e, &seq(2)).is_none(), "no longer replayed on the default stream");
+        assert_eq!(t.take_checkpoint(&s), None, "not handled until its dead-letter tuple is acked");
+        assert_eq!(t.get(&s).unwrap().unsettled(), 1);
+        assert!(t.ack(&s, e, &seq(2)), "the dead-letter tuple's ack");
+        assert_eq!(t.take_checkpoint(&s), Some(seq(2)), "a dead-lettered record counts as handled once acked");
         assert_eq!(t.total_inflight(), 0);
+    }
+
+    #[test]
+    fn a_failed_dead_letter_tuple_is_emitted_again_and_holds_the_checkpoint() {
+        let mut t = Tracker::default();
+        let s: Arc<str> = "shardId-0".into();
+        let e = t.start(&s);
+        t.enqueue(&s, e, (1..=2).map(|i| rec(&s, i)).collect());
+        let (r1, _) = t.next_to_emit().unwrap();
+        let (r2, _) = t.next_to_emit().unwrap();
+        assert!(t.ack(&s, e, &r2.sequence));
+        assert!(matches!(t.fail(&s, e, &r1.sequence, 0), FailOutcome::DeadLetter(1)));
+        for n in 1..=3 {
+            assert_eq!(t.fail_dead_letter(&s, e, &r1.sequence), Some(n), "emit it again after a back-off");
+            assert_eq!(t.take_checkpoint(&s), None, "a failed dead letter never moves the checkpoint");
+            let (again, failures) = t.dead_letter_record(&s, e, &r1.sequence).unwrap();
+            assert_eq!((again.sequence, failures), (r1.sequence.clone(), 1), "the record's own failures");
+        }
+        assert!(
+            matches!(t.fail(&s, e, &r1.sequence, 0), FailOutcome::Ignore),
+            "a record fail while dead-lettering changes nothing"
+        );
+        assert!(t.ack(&s, e, &r1.sequence));
+        assert_eq!(t.take_checkpoint(&s), Some(r2.sequence.clone()));
+        assert_eq!(t.fail_dead_letter(&s, e, &r1.sequence), None, "handled: stale");
+        assert!(t.dead_letter_record(&s, e, &r1.sequence).is_none());
+    }
+
+    #[test]
+    fn a_dead_letter_pending_at_handoff_is_left_to_the_next_owner() {
+        let mut t = Tracker::default();
+        let s: Arc<str> = "shardId-0".into();
+        let e = t.start(&s);
+        t.enqueue(&s, e, vec![rec(&s, 1)]);
+        let (r, _) = t.next_to_emit().unwrap();
+        assert!(matches!(t.fail(&s, e, &r.sequence, 0), FailOutcome::DeadLetter(1)));
+        t.get_mut(&s).unwrap().stopping = true;
+        assert!(t.dead_letter_record(&s, e, &r.sequence).is_none(), "not emitted again while handing off");
+        assert_eq!(t.get(&s).unwrap().unsettled(), 1, "the handoff waits for it");
+        assert_eq!(t.fail_dead_letter(&s, e, &r.sequence), None);
+        assert_eq!(t.get(&s).unwrap().unsettled(), 0, "abandoned: the next owner reads it again");
+        assert_eq!(t.take_checkpoint(&s), None, "its checkpoint never moved");
+    }
+
+    #[test]
+    fn a_backlog_does_not_starve_a_trickling_shard() {
+        let mut t = Tracker::default();
+        let shards: Vec<Arc<str>> = (0..4).map(|i| Arc::from(format!("shardId-{i}"))).collect();
+        let epochs: Vec<u64> = shards.iter().map(|s| t.start(s)).collect();
+        // Shard 0 has a 10,000-record backlog, queued first.
+        t.enqueue(&shards[0], epochs[0], (0..10_000).map(|i| rec(&shards[0], i)).collect());
+        for _ in 0..100 {
+            t.next_to_emit().unwrap();
+        }
+        // Then one record arrives in each other shard: each is emitted within one round.
+        for (s, e) in shards.iter().zip(&epochs).skip(1) {
+            t.enqueue(s, *e, vec![rec(s, 1)]);
+        }
+        let next: Vec<Arc<str>> = (0..4).map(|_| t.next_to_emit().unwrap().0.shard_id).collect();
+        for s in &shards[1..] {
+            assert!(next.contains(s), "{s} waited behind the backlog: {next:?}");
+        }
+        // And the backlog keeps flowing, in order.
+        let rest: Vec<Record> = std::iter::from_fn(|| t.next_to_emit()).map(|(r, _)| r).collect();
+        assert!(rest.iter().all(|r| r.shard_id == shards[0]));
+        assert_eq!(rest.len() + 100 + 4, 10_000 + 3);
+    }
+
+    #[test]
+    fn queued_bytes_follow_the_queue() {
+        let mut t = Tracker::default();
+        let s: Arc<str> = "shardId-0".into();
+        let e = t.start(&s);
+        let big = |i| Record { data: Bytes::from(vec![0u8; 1000]), ..rec(&s, i) };
+        t.enqueue(&s, e, (0..10).map(big).collect());
+        let one = big(0).mem_size();
+        assert!(one >= 1000 + RECORD_OVERHEAD);
+        assert_eq!(t.get(&s).unwrap().queued.bytes(), 10 * one);
+        t.next_to_emit().unwrap();
+        assert_eq!(t.get(&s).unwrap().queued.bytes(), 9 * one);
+        t.get_mut(&s).unwrap().queued.clear();
+        assert_eq!(t.get(&s).unwrap().queued.bytes(), 0);
+        assert!(t.next_to_emit().is_none(), "a cleared queue is skipped");
+        // A shard released and owned again is served once per turn, not twice.
+        t.remove(&s);
+        let e2 = t.start(&s);
+        let s2: Arc<str> = "shardId-1".into();
+        let e3 = t.start(&s2);
+        t.enqueue(&s, e2, (0..3).map(|i| rec(&s, i)).collect());
+        t.enqueue(&s2, e3, (0..3).map(|i| rec(&s2, i)).collect());
+        let order: Vec<Arc<str>> = std::iter::from_fn(|| t.next_to_emit()).map(|(r, _)| r.shard_id).collect();
+        assert_eq!(order, vec![s.clone(), s2.clone(), s.clone(), s2.clone(), s.clone(), s2.clone()]);
     }
 
     #[test]
@@ -419,6 +639,46 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Round-robin: between a shard getting records (or its last emission) and its next
+        /// emission, every other shard is served at most once.
+        #[test]
+        fn shards_take_turns(ops in proptest::collection::vec((0usize..5, 0u64..40), 1..200)) {
+            let mut t = Tracker::default();
+            let shards: Vec<Arc<str>> = (0..5).map(|i| Arc::from(format!("shardId-{i}"))).collect();
+            let epochs: Vec<u64> = shards.iter().map(|s| t.start(s)).collect();
+            let mut next_seq = [0u64; 5];
+            // Emissions by others since each shard's records arrived or it was last served.
+            let mut waited: [Option<usize>; 5] = [None; 5];
+            let mut queued = [0u64; 5];
+            for (shard, k) in ops {
+                if k < 15 {
+                    let recs: Vec<Record> = (0..k).map(|j| rec(&shards[shard], next_seq[shard] + j)).collect();
+                    next_seq[shard] += k;
+                    queued[shard] += k;
+                    t.enqueue(&shards[shard], epochs[shard], recs);
+                    if queued[shard] > 0 && waited[shard].is_none() {
+                        waited[shard] = Some(0);
+                    }
+                } else {
+                    for _ in 0..(k - 15) {
+                        let Some((r, _)) = t.next_to_emit() else {
+                            prop_assert!(queued.iter().all(|q| *q == 0));
+                            break;
+                        };
+                        let i = shards.iter().position(|s| *s == r.shard_id).unwrap();
+                        queued[i] -= 1;
+                        for (j, w) in waited.iter_mut().enumerate() {
+                            if let Some(w) = w.as_mut().filter(|_| j != i) {
+                                *w += 1;
+                                prop_assert!(*w <= 4, "shard {} waited {} emissions of others", j, w);
+                            }
+                        }
+                        waited[i] = (queued[i] > 0).then_some(0);
+                    }
+                }
+            }
+        }
+
         /// Whatever the order of acks and fails, the checkpoint is always the highest sequence with
         /// every earlier record handled, and never moves back.
         #[test]
@@ -430,10 +690,17 @@ mod tests {
             let recs: Vec<Record> = std::iter::from_fn(|| t.next_to_emit()).map(|(r, _)| r).collect();
             let mut handled = vec![false; n];
             let mut last_cp: Option<usize> = None;
+            // Acks apply to a record or to its dead-letter tuple alike; a fail of a dead-lettering
+            // record is a fail of its dead-letter tuple.
+            let mut dead_lettering = vec![false; n];
             for o in order {
                 let i = (o as usize) % n;
                 if o % 3 == 0 {
-                    if let FailOutcome::DeadLetter(..) = t.fail(&s, e, &recs[i].sequence, max_retries) { handled[i] = true; }
+                    if dead_lettering[i] {
+                        let _ = t.fail_dead_letter(&s, e, &recs[i].sequence);
+                    } else if let FailOutcome::DeadLetter(..) = t.fail(&s, e, &recs[i].sequence, max_retries) {
+                        dead_lettering[i] = true;
+                    }
                 } else if t.ack(&s, e, &recs[i].sequence) || handled[i] {
                     handled[i] = true;
                 }

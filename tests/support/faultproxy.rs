@@ -1,11 +1,14 @@
 //! A fault-injecting HTTP/1.1 proxy for tests: it sits between the spout and the Kinesis engine
 //! (set the worker's `--endpoint` to [`FaultProxy::url`]) and, per request and at set rates,
 //! answers with ProvisionedThroughputExceededException (HTTP 400 with the JSON body the AWS SDK
-//! classifies as throttling), answers HTTP 500, resets the connection, or adds latency before
-//! forwarding. It listens on 127.0.0.1 only, injects at most `max_faults` faults and none after
-//! `active_for`, and counts everything it did.
+//! classifies as throttling), answers with another client error of a given code (HTTP 400, e.g.
+//! AccessDeniedException, ResourceNotFoundException, KMSDisabledException), answers HTTP 500,
+//! resets the connection, or adds latency before forwarding. It listens on 127.0.0.1 only,
+//! injects at most `max_faults` faults and none after `active_for`, and counts everything it did,
+//! per operation too (the X-Amz-Target), with the time of every request.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,6 +25,10 @@ pub struct FaultPlan {
     pub reset: f64,
     pub latency: f64,
     pub latency_ms: u64,
+    /// Rate of HTTP 400 answers with `client_error_code` as `__type`.
+    pub client_error: f64,
+    /// The error code of those answers, e.g. "AccessDeniedException".
+    pub client_error_code: String,
     /// Faults only for these X-Amz-Target operations (e.g. "GetRecords"); empty = every operation.
     pub only_ops: Vec<String>,
     /// No more faults after this many.
@@ -38,6 +45,8 @@ impl Default for FaultPlan {
             reset: 0.0,
             latency: 0.0,
             latency_ms: 0,
+            client_error: 0.0,
+            client_error_code: "AccessDeniedException".into(),
             only_ops: Vec::new(),
             max_faults: u64::MAX,
             active_for: Duration::from_secs(3600),
@@ -55,6 +64,16 @@ pub struct Counters {
     pub resets: AtomicU64,
     pub delayed: AtomicU64,
     pub upstream_errors: AtomicU64,
+    pub client_errors: AtomicU64,
+}
+
+/// What the proxy saw of one operation.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct OpCounts {
+    /// Requests received.
+    pub requests: u64,
+    /// Requests answered with an injected fault (latency included).
+    pub faults: u64,
 }
 
 /// A snapshot of [`Counters`].
@@ -67,17 +86,21 @@ pub struct Snapshot {
     pub resets: u64,
     pub delayed: u64,
     pub upstream_errors: u64,
+    pub client_errors: u64,
 }
 
 impl Snapshot {
     pub fn faults(&self) -> u64 {
-        self.throttled + self.server_errors + self.resets + self.delayed
+        self.throttled + self.server_errors + self.resets + self.delayed + self.client_errors
     }
 }
 
 struct Shared {
     plan: std::sync::Mutex<FaultPlan>,
     counters: Counters,
+    by_op: std::sync::Mutex<BTreeMap<String, OpCounts>>,
+    /// (time since start, operation, fault injected?) of every request, at most `LOG_CAP`.
+    log: std::sync::Mutex<Vec<(Duration, String, bool)>>,
     started: Instant,
     enabled: AtomicBool,
     upstream: SocketAddr,
@@ -105,6 +128,8 @@ impl FaultProxy {
         let shared = Arc::new(Shared {
             plan: std::sync::Mutex::new(plan),
             counters: Counters::default(),
+            by_op: Default::default(),
+            log: Default::default(),
             started: Instant::now(),
             enabled: AtomicBool::new(true),
             upstream,
@@ -153,9 +178,32 @@ impl FaultProxy {
             resets: c.resets.load(Ordering::Relaxed),
             delayed: c.delayed.load(Ordering::Relaxed),
             upstream_errors: c.upstream_errors.load(Ordering::Relaxed),
+            client_errors: c.client_errors.load(Ordering::Relaxed),
         }
     }
+
+    /// Requests and faults per operation (`GetRecords`, `GetShardIterator`, ...).
+    pub fn ops(&self) -> BTreeMap<String, OpCounts> {
+        self.shared.by_op.lock().unwrap().clone()
+    }
+
+    /// Requests and faults of one operation.
+    pub fn op(&self, op: &str) -> OpCounts {
+        self.ops().get(op).copied().unwrap_or_default()
+    }
+
+    /// Every request so far of `op`: (time since the proxy started, fault injected?).
+    pub fn request_times(&self, op: &str) -> Vec<(Duration, bool)> {
+        self.shared.log.lock().unwrap().iter().filter(|(_, o, _)| o == op).map(|(t, _, f)| (*t, *f)).collect()
+    }
+
+    /// Time since the proxy started (the clock of [`FaultProxy::request_times`]).
+    pub fn elapsed(&self) -> Duration {
+        self.shared.started.elapsed()
+    }
 }
+
+const LOG_CAP: usize = 1_000_000;
 
 impl Drop for FaultProxy {
     fn drop(&mut self) {
@@ -166,6 +214,7 @@ impl Drop for FaultProxy {
 enum Fault {
     None,
     Throttle,
+    ClientError(String),
     ServerError,
     Reset,
     Delay(Duration),
@@ -177,7 +226,8 @@ fn choose(sh: &Shared, op: &str) -> Fault {
     let injected = c.throttled.load(Ordering::Relaxed)
         + c.server_errors.load(Ordering::Relaxed)
         + c.resets.load(Ordering::Relaxed)
-        + c.delayed.load(Ordering::Relaxed);
+        + c.delayed.load(Ordering::Relaxed)
+        + c.client_errors.load(Ordering::Relaxed);
     if !sh.enabled.load(Ordering::SeqCst)
         || injected >= plan.max_faults
         || sh.started.elapsed() >= plan.active_for
@@ -188,6 +238,7 @@ fn choose(sh: &Shared, op: &str) -> Fault {
     let mut x: f64 = rand::random::<f64>();
     for (rate, fault) in [
         (plan.throttle, Fault::Throttle),
+        (plan.client_error, Fault::ClientError(plan.client_error_code.clone())),
         (plan.server_error, Fault::ServerError),
         (plan.reset, Fault::Reset),
         (plan.latency, Fault::Delay(Duration::from_millis(plan.latency_ms))),
@@ -305,7 +356,27 @@ async fn serve(mut client: TcpStream, sh: &Shared) -> std::io::Result<()> {
         let Some(req) = read_message(&mut client, &mut cbuf).await? else { return Ok(()) };
         sh.counters.requests.fetch_add(1, Ordering::Relaxed);
         let op = req.header("x-amz-target").and_then(|t| t.rsplit('.').next().map(str::to_string)).unwrap_or_default();
-        match choose(sh, &op) {
+        let fault = choose(sh, &op);
+        {
+            let injected = !matches!(fault, Fault::None);
+            let mut by_op = sh.by_op.lock().unwrap();
+            let c = by_op.entry(op.clone()).or_default();
+            c.requests += 1;
+            c.faults += u64::from(injected);
+            drop(by_op);
+            let mut log = sh.log.lock().unwrap();
+            if log.len() < LOG_CAP {
+                log.push((sh.started.elapsed(), op.clone(), injected));
+            }
+        }
+        match fault {
+            Fault::ClientError(code) => {
+                sh.counters.client_errors.fetch_add(1, Ordering::Relaxed);
+                let body =
+                    format!(r#"{{"__type":"{code}","message":"{code} for {op} (injected by the fault proxy)"}}"#);
+                client.write_all(&response("400 Bad Request", &body)).await?;
+                continue;
+            }
             Fault::Throttle => {
                 sh.counters.throttled.fetch_add(1, Ordering::Relaxed);
                 let body = r#"{"__type":"ProvisionedThroughputExceededException","message":"Rate exceeded for shard (injected by the fault proxy)"}"#;

@@ -52,7 +52,8 @@ impl Cluster {
         Self::with_spout_config(stream, dir, serde_json::json!({}))
     }
 
-    /// Like [`Cluster::new`], with extra spout configuration keys (e.g. `retry`).
+    /// Like [`Cluster::new`], with extra spout configuration keys (e.g. `retry`); a key set to
+    /// null is removed, so the spout's default applies.
     pub fn with_spout_config(stream: &str, dir: &Path, extra: serde_json::Value) -> Cluster {
         let spout_config = dir.join("spout.json");
         let mut cfg = serde_json::json!({
@@ -65,6 +66,8 @@ impl Cluster {
         });
         if let (Some(c), Some(e)) = (cfg.as_object_mut(), extra.as_object()) {
             c.extend(e.clone());
+            // A null removes a key: the spout's default applies.
+            c.retain(|_, v| !v.is_null());
         }
         std::fs::write(&spout_config, cfg.to_string()).unwrap();
         Cluster {
