@@ -396,11 +396,29 @@ pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<S
         let owners = store.shard_owners().await?;
         // One malformed checkpoint is that shard's error, not the whole report's.
         let cps = store.scan_checkpoints().await?;
-        let list = store.read_shard_list().await?;
+        // A broken shard list is the stream's error, not the report's: the leader rewrites it.
+        let (list, list_error) = match store.read_shard_list().await {
+            Ok(l) => (l.map(|l| l.value.shards).unwrap_or_default(), None),
+            Err(e @ CoordError::Malformed { .. }) => {
+                let known = cps
+                    .keys()
+                    .map(|id| crate::coord::ShardRecord {
+                        shard_id: id.clone(),
+                        parent_shard_id: None,
+                        adjacent_parent_shard_id: None,
+                        starting_hash_key: String::new(),
+                        ending_hash_key: String::new(),
+                        closed: false,
+                    })
+                    .collect();
+                (known, Some(e.to_string()))
+            }
+            Err(e) => return Err(e.into()),
+        };
         let assignment = store.read_assignment().await.ok().flatten().map(|a| a.value);
         let assigned = assignment.as_ref().map(|a| a.owner_of()).unwrap_or_default();
         let mut shards = Vec::new();
-        for sh in list.map(|l| l.value.shards).unwrap_or_default() {
+        for sh in list {
             let (cp, cp_error) = match cps.get(&sh.shard_id) {
                 Some(Ok(c)) => (Some(&c.value), None),
                 Some(Err(e)) => (None, Some(e.to_string())),
@@ -434,7 +452,8 @@ pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<S
                 shard_id: sh.shard_id,
             });
         }
-        report.streams.push(StreamReport { stream: stream.clone(), error: assignment.and_then(|a| a.error), shards });
+        let error = assignment.and_then(|a| a.error).or(list_error);
+        report.streams.push(StreamReport { stream: stream.clone(), error, shards });
     }
     Ok(report)
 }

@@ -30,7 +30,8 @@ pub const DEFAULT_REGION: &str = "us-east-1";
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KinesisEndpoint {
-    /// `http(s)://host:port` or `aws`.
+    /// `http(s)://host:port` or `aws`. (`sim://...` is the coordination benchmark's simulated
+    /// stream, see `squall::spout`; never a real endpoint.)
     #[serde(default = "default_endpoint")]
     pub endpoint: String,
     /// AWS region, e.g. `us-east-1`.
@@ -77,7 +78,11 @@ impl KinesisEndpoint {
                 reason: "is empty; set a region such as us-east-1 (--region or AWS_REGION)".into(),
             });
         }
-        if !(self.is_aws() || self.endpoint.starts_with("http://") || self.endpoint.starts_with("https://")) {
+        if !(self.is_aws()
+            || self.endpoint.starts_with("http://")
+            || self.endpoint.starts_with("https://")
+            || self.endpoint.starts_with("sim://"))
+        {
             return Err(KinesisError::Config {
                 field: "endpoint".into(),
                 reason: format!(

@@ -364,15 +364,12 @@ impl Spout for KinesisSpout {
     async fn open(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
         self.cfg.validate().map_err(|e| ComponentError::fatal(e.to_string()))?;
         self.active.send_replace(ctx.config().start_active);
-        let client = self.cfg.kinesis.client().await.map_err(|e| ComponentError::fatal(e.to_string()))?;
-        let source = source::ShardSource::Kinesis {
-            client: client.clone(),
-            endpoint: self.cfg.kinesis.label(),
-            stream: self.cfg.stream.clone(),
-        };
+        let source = source::ShardSource::for_endpoint(&self.cfg.kinesis, &self.cfg.stream)
+            .await
+            .map_err(|e| ComponentError::fatal(e.to_string()))?;
         let (session, stream) = self
             .shared
-            .attach(&self.cfg, source)
+            .attach(&self.cfg, source.clone())
             .await
             .map_err(|e| ComponentError::fatal(format!("Kinesis spout of topology {}: {e}", self.cfg.topology)))?;
         self.attached = true;
@@ -383,8 +380,7 @@ impl Spout for KinesisSpout {
         let read_budget_kib = u32::try_from(self.cfg.max_read_bytes_in_flight / 1024).unwrap_or(u32::MAX);
         let fetch_tx = Arc::new(fetch_tx);
         let reader = Arc::new(reader::ReaderCtx {
-            client,
-            endpoint: self.cfg.kinesis.label(),
+            source,
             stream: self.cfg.stream.clone(),
             task: self.task_name.clone(),
             records_per_get: self.cfg.records_per_get,

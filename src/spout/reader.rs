@@ -32,15 +32,14 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::primitives::{DateTime, DateTimeFormat};
-use aws_sdk_kinesis::types::ShardIteratorType;
 use backon::BackoffBuilder;
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::ShardStatus;
 use super::readlog::ReadLog;
+use super::source::ShardSource;
 use super::tracker::{RECORD_OVERHEAD, Record, Tracker};
 use crate::coord::CheckpointPosition;
 use crate::kinesis::{ErrorKind, KinesisError};
@@ -60,8 +59,8 @@ pub(crate) enum ReaderEvent {
 }
 
 pub(crate) struct ReaderCtx {
-    pub client: Client,
-    pub endpoint: String,
+    /// Where GetShardIterator and GetRecords go.
+    pub source: ShardSource,
     pub stream: String,
     /// The task's ZooKeeper node name (for the read log).
     pub task: Arc<Mutex<String>>,
@@ -187,26 +186,7 @@ impl ReaderCtx {
     }
 
     async fn iterator(&self, shard: &str, pos: &CheckpointPosition) -> Result<String, KinesisError> {
-        let mut req = self.client.get_shard_iterator().stream_name(&self.stream).shard_id(shard);
-        req = match pos {
-            CheckpointPosition::TrimHorizon => req.shard_iterator_type(ShardIteratorType::TrimHorizon),
-            CheckpointPosition::AtTimestamp { millis } => {
-                req.shard_iterator_type(ShardIteratorType::AtTimestamp).timestamp(DateTime::from_millis(*millis))
-            }
-            CheckpointPosition::AfterSequence { sequence, .. } => {
-                req.shard_iterator_type(ShardIteratorType::AfterSequenceNumber).starting_sequence_number(sequence)
-            }
-        };
-        let out = req
-            .send()
-            .await
-            .map_err(|e| KinesisError::from_sdk("GetShardIterator", &self.stream, &self.endpoint, e))?;
-        out.shard_iterator.ok_or_else(|| KinesisError::Service {
-            op: "GetShardIterator",
-            stream: self.stream.clone(),
-            endpoint: self.endpoint.clone(),
-            message: format!("no iterator returned for shard {shard}"),
-        })
+        self.source.shard_iterator(shard, pos).await
     }
 
     fn set_status(&self, shard: &Arc<str>, f: impl FnOnce(&mut ShardStatus)) {
@@ -305,13 +285,12 @@ impl ReaderCtx {
             // Cancellation drops the call in flight: after a release nothing more is fetched.
             let res = tokio::select! {
                 _ = cancel.cancelled() => return,
-                r = self.client.get_records().shard_iterator(&it).limit(limit).send() => r,
+                r = self.source.get_records(&shard, &it, limit) => r,
             };
             let out = match res {
                 Ok(out) => out,
                 Err(e) => {
                     drop(permit);
-                    let e = KinesisError::from_sdk("GetRecords", &self.stream, &self.endpoint, e);
                     match e.kind() {
                         ErrorKind::IteratorInvalid => iterator = None,
                         ErrorKind::Transient => {
@@ -341,21 +320,9 @@ impl ReaderCtx {
             }
             backoffs = self.backoffs();
             let behind = out.millis_behind_latest;
-            let next_iterator = out.next_shard_iterator;
-            let children: Vec<String> = out.child_shards.unwrap_or_default().into_iter().map(|c| c.shard_id).collect();
-            let records: Vec<Record> = out
-                .records
-                .into_iter()
-                .map(|r| Record {
-                    shard_id: shard.clone(),
-                    arrival_ms: r.approximate_arrival_timestamp.and_then(|t| t.to_millis().ok()).unwrap_or(0),
-                    sequence: r.sequence_number.into(),
-                    sub_sequence: 0,
-                    partition_key: r.partition_key.into(),
-                    // Takes the decoded buffer as it is: no second copy of every payload.
-                    data: bytes::Bytes::from(r.data.into_inner()),
-                })
-                .collect();
+            let next_iterator = out.next_iterator;
+            let children = out.children;
+            let records = out.records;
             let n = records.len();
             sizes.observe(records.iter().map(Record::mem_size).sum(), n);
             self.set_status(&shard, |s| {

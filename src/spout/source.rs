@@ -1,24 +1,58 @@
 //! Where shards and records come from: the Kinesis API (production), or an in-process simulated
 //! stream that follows Kinesis' shard model, used only by the coordination benchmark
-//! (`benches/coord.rs`) to drive hundreds of shards without a Kinesis engine. The simulated source
-//! is a load generator for coordination costs, never a proof of correctness.
+//! (`benches/coord.rs`) to drive a thousand shards without a Kinesis engine.
+//!
+//! The simulated stream (`--endpoint sim://shards=N,rate=R,bytes=B,epoch_ms=E`) is a
+//! COORDINATION-ONLY harness: N open shards, record `k` of each shard arrives at `E + k * 1000 / R`
+//! ms, with shard-ordered sequence numbers, iterators, `Limit`, MillisBehindLatest and a creation
+//! time, all a pure function of the parameters and the clock, so every worker process sees the same
+//! stream. It has no resharding, throttling or failures, and it never proves correctness.
+
+use std::sync::Arc;
 
 use aws_sdk_kinesis::Client;
+use aws_sdk_kinesis::primitives::DateTime;
+use aws_sdk_kinesis::types::ShardIteratorType;
+use bytes::Bytes;
 
+use super::tracker::Record;
+use crate::coord::{CheckpointPosition, now_ms};
 use crate::kinesis::{self, KinesisError, ShardDescription};
+
+/// One GetRecords answer, as the reader needs it.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    pub records: Vec<Record>,
+    /// `None` at the shard's end.
+    pub next_iterator: Option<String>,
+    pub millis_behind_latest: Option<i64>,
+    /// The children named at the shard's end.
+    pub children: Vec<String>,
+}
 
 /// The shard-level API the spout needs.
 #[derive(Clone, Debug)]
 pub(crate) enum ShardSource {
     /// The real API (AWS, LocalStack, kinesis-local).
     Kinesis { client: Client, endpoint: String, stream: String },
+    /// The simulated stream of the coordination benchmark.
+    Simulated(Arc<SimStream>),
 }
 
 impl ShardSource {
+    /// The source an endpoint names: `sim://...` or a Kinesis client.
+    pub async fn for_endpoint(ep: &kinesis::KinesisEndpoint, stream: &str) -> Result<Self, KinesisError> {
+        if let Some(spec) = ep.endpoint.strip_prefix(SIM_SCHEME) {
+            return Ok(ShardSource::Simulated(Arc::new(SimStream::parse(spec)?)));
+        }
+        Ok(ShardSource::Kinesis { client: ep.client().await?, endpoint: ep.label(), stream: stream.to_string() })
+    }
+
     /// Every shard of the stream, open and closed, sorted by id.
     pub async fn list_shards(&self) -> Result<Vec<ShardDescription>, KinesisError> {
         match self {
             ShardSource::Kinesis { client, endpoint, stream } => kinesis::list_shards(client, endpoint, stream).await,
+            ShardSource::Simulated(sim) => Ok(sim.shards()),
         }
     }
 
@@ -28,6 +62,238 @@ impl ShardSource {
             ShardSource::Kinesis { client, endpoint, stream } => {
                 kinesis::stream_created_ms(client, endpoint, stream).await
             }
+            ShardSource::Simulated(sim) => Ok(Some(sim.epoch_ms)),
         }
+    }
+
+    /// A shard iterator at `pos`.
+    pub async fn shard_iterator(&self, shard: &str, pos: &CheckpointPosition) -> Result<String, KinesisError> {
+        let (client, endpoint, stream) = match self {
+            ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
+            ShardSource::Simulated(sim) => return sim.iterator(shard, pos),
+        };
+        let mut req = client.get_shard_iterator().stream_name(stream).shard_id(shard);
+        req = match pos {
+            CheckpointPosition::TrimHorizon => req.shard_iterator_type(ShardIteratorType::TrimHorizon),
+            CheckpointPosition::AtTimestamp { millis } => {
+                req.shard_iterator_type(ShardIteratorType::AtTimestamp).timestamp(DateTime::from_millis(*millis))
+            }
+            CheckpointPosition::AfterSequence { sequence, .. } => {
+                req.shard_iterator_type(ShardIteratorType::AfterSequenceNumber).starting_sequence_number(sequence)
+            }
+        };
+        let out = req.send().await.map_err(|e| KinesisError::from_sdk("GetShardIterator", stream, endpoint, e))?;
+        out.shard_iterator.ok_or_else(|| KinesisError::Service {
+            op: "GetShardIterator",
+            stream: stream.clone(),
+            endpoint: endpoint.clone(),
+            message: format!("no iterator returned for shard {shard}"),
+        })
+    }
+
+    /// One GetRecords call of at most `limit` records.
+    pub async fn get_records(&self, shard: &Arc<str>, iterator: &str, limit: i32) -> Result<Batch, KinesisError> {
+        let (client, endpoint, stream) = match self {
+            ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
+            ShardSource::Simulated(sim) => return sim.get_records(shard, iterator, limit),
+        };
+        let out = client
+            .get_records()
+            .shard_iterator(iterator)
+            .limit(limit)
+            .send()
+            .await
+            .map_err(|e| KinesisError::from_sdk("GetRecords", stream, endpoint, e))?;
+        let children = out.child_shards.unwrap_or_default().into_iter().map(|c| c.shard_id).collect();
+        let records = out
+            .records
+            .into_iter()
+            .map(|r| Record {
+                shard_id: shard.clone(),
+                arrival_ms: r.approximate_arrival_timestamp.and_then(|t| t.to_millis().ok()).unwrap_or(0),
+                sequence: r.sequence_number.into(),
+                sub_sequence: 0,
+                partition_key: r.partition_key.into(),
+                // Takes the decoded buffer as it is: no second copy of every payload.
+                data: Bytes::from(r.data.into_inner()),
+            })
+            .collect();
+        Ok(Batch {
+            records,
+            next_iterator: out.next_shard_iterator,
+            millis_behind_latest: out.millis_behind_latest,
+            children,
+        })
+    }
+}
+
+/// The scheme of simulated endpoints.
+pub const SIM_SCHEME: &str = "sim://";
+
+/// The simulated stream of the coordination benchmark (see the module docs).
+#[derive(Debug)]
+pub(crate) struct SimStream {
+    shards: usize,
+    /// Records per second per shard.
+    rate: f64,
+    epoch_ms: i64,
+    payload: Bytes,
+}
+
+impl SimStream {
+    /// Parses `shards=N,rate=R,bytes=B,epoch_ms=E` (every key optional but `shards`).
+    pub fn parse(spec: &str) -> Result<Self, KinesisError> {
+        let bad = |reason: String| KinesisError::Config { field: "endpoint".into(), reason };
+        let (mut shards, mut rate, mut bytes, mut epoch_ms) = (None, 1.0f64, 100usize, 0i64);
+        for kv in spec.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) =
+                kv.split_once('=').ok_or_else(|| bad(format!("{kv:?} in {SIM_SCHEME}{spec} is not key=value")))?;
+            let num = |v: &str| v.parse::<f64>().map_err(|_| bad(format!("{k}={v:?} is not a number")));
+            match k {
+                "shards" => shards = Some(num(v)? as usize),
+                "rate" => rate = num(v)?,
+                "bytes" => bytes = num(v)? as usize,
+                "epoch_ms" => epoch_ms = num(v)? as i64,
+                other => {
+                    return Err(bad(format!(
+                        "unknown key {other:?} in {SIM_SCHEME}{spec}; use shards, rate, bytes, epoch_ms"
+                    )));
+                }
+            }
+        }
+        let shards = shards.filter(|n| (1..=100_000).contains(n)).ok_or_else(|| {
+            bad(format!("{SIM_SCHEME}{spec} needs shards=N (1..=100000), e.g. {SIM_SCHEME}shards=1000,rate=1"))
+        })?;
+        if !(rate > 0.0 && rate <= 1000.0) {
+            return Err(bad(format!("rate={rate} must be in (0, 1000] records per second per shard")));
+        }
+        Ok(Self { shards, rate, epoch_ms, payload: Bytes::from(vec![b'x'; bytes.min(1 << 20)]) })
+    }
+
+    fn shard_id(i: usize) -> String {
+        format!("shardId-{i:012}")
+    }
+
+    fn index(&self, shard: &str) -> Result<usize, KinesisError> {
+        shard
+            .strip_prefix("shardId-")
+            .and_then(|d| d.parse::<usize>().ok())
+            .filter(|i| *i < self.shards)
+            .ok_or_else(|| KinesisError::ShardNotFound { stream: "(simulated)".into(), shard: shard.to_string() })
+    }
+
+    fn shards(&self) -> Vec<ShardDescription> {
+        let width = u128::MAX / self.shards as u128;
+        (0..self.shards)
+            .map(|i| {
+                let start = width * i as u128;
+                let end = if i + 1 == self.shards { u128::MAX } else { start + width - 1 };
+                ShardDescription {
+                    shard_id: Self::shard_id(i),
+                    parent_shard_id: None,
+                    adjacent_parent_shard_id: None,
+                    starting_hash_key: start.to_string(),
+                    ending_hash_key: end.to_string(),
+                    starting_sequence_number: Self::sequence(i, 0),
+                    closed: false,
+                }
+            })
+            .collect()
+    }
+
+    /// Arrival time of record `k`.
+    fn arrival(&self, k: u64) -> i64 {
+        self.epoch_ms + (k as f64 * 1000.0 / self.rate) as i64
+    }
+
+    /// Records `0..available()` have arrived.
+    fn available(&self) -> u64 {
+        let elapsed = (now_ms() - self.epoch_ms).max(0) as f64;
+        (elapsed * self.rate / 1000.0).floor() as u64 + 1
+    }
+
+    fn sequence(i: usize, k: u64) -> String {
+        format!("4{i:06}{k:020}")
+    }
+
+    fn iterator(&self, shard: &str, pos: &CheckpointPosition) -> Result<String, KinesisError> {
+        let i = self.index(shard)?;
+        let k = match pos {
+            CheckpointPosition::TrimHorizon => 0,
+            CheckpointPosition::AtTimestamp { millis } => {
+                (((millis - self.epoch_ms).max(0) as f64) * self.rate / 1000.0).ceil() as u64
+            }
+            CheckpointPosition::AfterSequence { sequence, .. } => {
+                let k: u64 = sequence.get(7..).and_then(|d| d.parse().ok()).ok_or_else(|| KinesisError::Service {
+                    op: "GetShardIterator",
+                    stream: "(simulated)".into(),
+                    endpoint: SIM_SCHEME.into(),
+                    message: format!("{sequence} is not a sequence number of the simulated stream"),
+                })?;
+                k + 1
+            }
+        };
+        Ok(format!("sim:{i}:{k}"))
+    }
+
+    fn get_records(&self, shard: &Arc<str>, iterator: &str, limit: i32) -> Result<Batch, KinesisError> {
+        let invalid = || KinesisError::Service {
+            op: "GetRecords",
+            stream: "(simulated)".into(),
+            endpoint: SIM_SCHEME.into(),
+            message: format!("invalid iterator {iterator:?}"),
+        };
+        let mut parts = iterator.strip_prefix("sim:").ok_or_else(invalid)?.split(':');
+        let i: usize = parts.next().and_then(|v| v.parse().ok()).ok_or_else(invalid)?;
+        let k: u64 = parts.next().and_then(|v| v.parse().ok()).ok_or_else(invalid)?;
+        let end = self.available().min(k + limit.max(1) as u64);
+        let records: Vec<Record> = (k..end.max(k))
+            .map(|j| Record {
+                shard_id: shard.clone(),
+                sequence: Self::sequence(i, j).into(),
+                sub_sequence: 0,
+                partition_key: format!("k{}", j % 100).into(),
+                arrival_ms: self.arrival(j),
+                data: self.payload.clone(),
+            })
+            .collect();
+        let next = end.max(k);
+        let behind = if next >= self.available() { 0 } else { (now_ms() - self.arrival(next)).max(0) };
+        Ok(Batch {
+            records,
+            next_iterator: Some(format!("sim:{i}:{next}")),
+            millis_behind_latest: Some(behind),
+            children: Vec::new(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn simulated_stream_follows_the_shard_model() {
+        let epoch = now_ms() - 10_000;
+        let sim = SimStream::parse(&format!("shards=4,rate=2,bytes=10,epoch_ms={epoch}")).unwrap();
+        let shards = sim.shards();
+        assert_eq!(shards.len(), 4);
+        assert_eq!(shards[3].ending_hash_key, u128::MAX.to_string());
+        let it = sim.iterator("shardId-000000000001", &CheckpointPosition::TrimHorizon).unwrap();
+        let shard: Arc<str> = "shardId-000000000001".into();
+        let b = sim.get_records(&shard, &it, 5).unwrap();
+        assert_eq!(b.records.len(), 5);
+        assert!(b.millis_behind_latest.unwrap() > 0, "behind: ~20 records arrived");
+        let seq = b.records[4].sequence.to_string();
+        let after = sim
+            .iterator("shardId-000000000001", &CheckpointPosition::AfterSequence { sequence: seq, sub_sequence: 0 })
+            .unwrap();
+        assert_eq!(Some(after.clone()), b.next_iterator);
+        let rest = sim.get_records(&shard, &after, 10_000).unwrap();
+        assert!((14..=18).contains(&rest.records.len()), "{}", rest.records.len());
+        assert_eq!(rest.millis_behind_latest, Some(0));
+        assert!(crate::coord::sequence_cmp(&b.records[4].sequence, &rest.records[0].sequence).is_lt());
+        assert!(SimStream::parse("rate=1").is_err());
+        assert!(SimStream::parse("shards=3,colour=red").unwrap_err().to_string().contains("colour"));
     }
 }

@@ -108,6 +108,9 @@ struct Leader {
     /// The local task that leads (its node fences assignment writes).
     task: String,
     list: Option<Versioned<ShardList>>,
+    /// The stored list is unreadable (`list` holds its version, no shards): the next discovery
+    /// overwrites it; until then the assignment is left as it is.
+    list_broken: bool,
     /// Shards with a checkpoint znode.
     checkpointed: BTreeSet<String>,
     finished: BTreeSet<String>,
@@ -427,20 +430,7 @@ impl StreamCoordinator {
     /// finished by an earlier version), which are few.
     async fn take_lead(&mut self, store: &ZkStore, task: String) -> Result<Leader, CoordError> {
         self.finished_events = Some(store.watch(&[WatchOn::Finished]).await?);
-        let list = match store.read_shard_list().await {
-            Ok(l) => l,
-            Err(CoordError::Malformed { path, reason }) => {
-                self.warn(&format!("malformed shard list at {path}: {reason}; rewriting it from ListShards"));
-                store
-                    .client()
-                    .check_stat(&path)
-                    .await
-                    .ok()
-                    .flatten()
-                    .map(|stat| Versioned { value: ShardList::new(Vec::new(), 0), version: stat.version })
-            }
-            Err(e) => return Err(e),
-        };
+        let (list, list_broken) = load_list(store).await?;
         let checkpointed = store.checkpoint_ids().await?;
         let mut finished = store.list_finished().await?;
         if let Some(l) = &list {
@@ -463,6 +453,7 @@ impl StreamCoordinator {
         Ok(Leader {
             task,
             list,
+            list_broken,
             checkpointed,
             finished,
             last_discovery: None,
@@ -493,7 +484,9 @@ impl StreamCoordinator {
             self.discover(store, l, listed).await?;
         }
         let due = l.last_discovery.is_none_or(|t| t.elapsed() >= discovery_every);
-        if (due || l.discovery_wanted) && self.listing.is_none() {
+        // Event-driven listings at most every 200 ms (ListShards allows 100 per second per stream).
+        let spaced = l.last_discovery.is_none_or(|t| t.elapsed() >= Duration::from_millis(200));
+        if (due || (l.discovery_wanted && spaced)) && self.listing.is_none() {
             l.discovery_wanted = false;
             l.last_discovery = Some(Instant::now());
             // The creation time only on periodic discoveries (and while refusing): event-driven
@@ -536,14 +529,7 @@ impl StreamCoordinator {
         // may have edited, broken or deleted it (or a reset accepted a re-created stream).
         let stored = store.client().check_stat(store.paths().shards()).await.ok().flatten().map(|s| s.version);
         if stored != l.list.as_ref().map(|v| v.version) {
-            l.list = match store.read_shard_list().await {
-                Ok(list) => list,
-                Err(e @ CoordError::Malformed { .. }) => {
-                    tracing::error!(error = %e, "the shard list is unreadable: rewriting it from ListShards");
-                    stored.map(|version| Versioned { value: ShardList::new(Vec::new(), 0), version })
-                }
-                Err(e) => return Err(e),
-            };
+            (l.list, l.list_broken) = load_list(store).await?;
         }
         let stored_created = l.list.as_ref().and_then(|v| v.value.stream_created_ms);
         if let (Some(was), Some(now)) = (stored_created, created) {
@@ -551,8 +537,8 @@ impl StreamCoordinator {
                 let msg = format!(
                     "stream {} was deleted and re-created (created at {now} ms, the stored shard list is of a stream created at {was} ms): \
                      its checkpoints point into the old stream, so nothing is read. Rewind them with \
-                     `squall checkpoints reset {} {} --to trim-horizon` (after `squall deactivate {}`)",
-                    self.cfg.stream, self.cfg.topology, self.cfg.stream, self.cfg.topology
+                     `squall deactivate {}` then `squall checkpoints reset {} --stream {} --to trim-horizon` then `squall activate {}`",
+                    self.cfg.stream, self.cfg.topology, self.cfg.topology, self.cfg.stream, self.cfg.topology
                 );
                 if l.refused.as_deref() != Some(msg.as_str()) {
                     tracing::error!(stream = %self.cfg.stream, "{msg}");
@@ -621,13 +607,16 @@ impl StreamCoordinator {
         if !unchanged {
             match store.write_shard_list(&list, l.list.as_ref().map(|e| e.version)).await {
                 Ok(version) => {
+                    if std::mem::take(&mut l.list_broken) {
+                        tracing::info!(stream = %self.cfg.stream, "the unreadable shard list was rewritten from ListShards");
+                    }
                     tracing::info!(stream = %self.cfg.stream, shards = list.shards.len(), "shard list updated in ZooKeeper");
                     l.list = Some(Versioned { value: list, version });
                     l.recompute = true;
                 }
                 Err(CoordError::VersionConflict { .. }) => {
                     // Someone else wrote it (a reset, an old leader): read it and list again.
-                    l.list = store.read_shard_list().await.unwrap_or(None);
+                    (l.list, l.list_broken) = load_list(store).await?;
                     l.discovery_wanted = true;
                 }
                 Err(e) => return Err(e),
@@ -638,7 +627,7 @@ impl StreamCoordinator {
 
     /// Computes the sticky assignment and writes it when it differs from the current one.
     async fn assign(&mut self, store: &ZkStore, l: &mut Leader) -> Result<(), CoordError> {
-        let Some(list) = &l.list else { return Ok(()) };
+        let Some(list) = l.list.as_ref().filter(|_| !l.list_broken) else { return Ok(()) };
         let previous = self.assignment.as_ref().map(|a| &a.value);
         let mut next = Assignment {
             generation: previous.map_or(1, |p| p.generation + 1),
@@ -704,6 +693,20 @@ impl StreamCoordinator {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+/// Reads the stored shard list. An unreadable one is reported and replaced by an empty list at
+/// its version (so the leader's next write overwrites it), flagged as broken.
+async fn load_list(store: &ZkStore) -> Result<(Option<Versioned<ShardList>>, bool), CoordError> {
+    match store.read_shard_list().await {
+        Ok(list) => Ok((list, false)),
+        Err(e @ CoordError::Malformed { .. }) => {
+            tracing::error!(error = %e, "the shard list is unreadable: the leader rewrites it from ListShards");
+            let stat = store.client().check_stat(store.paths().shards()).await.ok().flatten();
+            Ok((stat.map(|st| Versioned { value: ShardList::new(Vec::new(), 0), version: st.version }), true))
+        }
+        Err(e) => Err(e),
     }
 }
 
