@@ -4,6 +4,10 @@
 //! classifies as throttling), answers HTTP 500, resets the connection, or adds latency before
 //! forwarding. It listens on 127.0.0.1 only, injects at most `max_faults` faults and none after
 //! `active_for`, and counts everything it did.
+//!
+//! It can also hide shards: [`FaultProxy::hide_shards`] removes the named shards from every
+//! ListShards answer (the JSON body is rewritten and its Content-Length fixed), which is how a
+//! test simulates shards trimmed past the retention period (kinesis-local keeps closed shards).
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -55,6 +59,8 @@ pub struct Counters {
     pub resets: AtomicU64,
     pub delayed: AtomicU64,
     pub upstream_errors: AtomicU64,
+    /// ListShards answers from which hidden shards were removed.
+    pub hidden_listings: AtomicU64,
 }
 
 /// A snapshot of [`Counters`].
@@ -67,6 +73,7 @@ pub struct Snapshot {
     pub resets: u64,
     pub delayed: u64,
     pub upstream_errors: u64,
+    pub hidden_listings: u64,
 }
 
 impl Snapshot {
@@ -81,6 +88,10 @@ struct Shared {
     started: Instant,
     enabled: AtomicBool,
     upstream: SocketAddr,
+    /// Shard ids removed from ListShards answers.
+    hidden: std::sync::Mutex<Vec<String>>,
+    /// Per shard id: ListShards answers it was removed from.
+    hidden_counts: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 /// The running proxy; stops accepting when dropped.
@@ -108,6 +119,8 @@ impl FaultProxy {
             started: Instant::now(),
             enabled: AtomicBool::new(true),
             upstream,
+            hidden: std::sync::Mutex::new(Vec::new()),
+            hidden_counts: std::sync::Mutex::new(Default::default()),
         });
         let sh = shared.clone();
         let task = tokio::spawn(async move {
@@ -143,6 +156,17 @@ impl FaultProxy {
         *self.shared.plan.lock().unwrap() = plan;
     }
 
+    /// From now on, ListShards answers leave out these shards (replaces the previous set; an
+    /// empty slice hides nothing).
+    pub fn hide_shards(&self, shard_ids: &[&str]) {
+        *self.shared.hidden.lock().unwrap() = shard_ids.iter().map(|s| s.to_string()).collect();
+    }
+
+    /// ListShards answers `shard_id` was removed from so far.
+    pub fn hidden_listings_of(&self, shard_id: &str) -> u64 {
+        self.shared.hidden_counts.lock().unwrap().get(shard_id).copied().unwrap_or(0)
+    }
+
     pub fn counters(&self) -> Snapshot {
         let c = &self.shared.counters;
         Snapshot {
@@ -153,6 +177,7 @@ impl FaultProxy {
             resets: c.resets.load(Ordering::Relaxed),
             delayed: c.delayed.load(Ordering::Relaxed),
             upstream_errors: c.upstream_errors.load(Ordering::Relaxed),
+            hidden_listings: c.hidden_listings.load(Ordering::Relaxed),
         }
     }
 }
@@ -363,8 +388,80 @@ async fn serve(mut client: TcpStream, sh: &Shared) -> std::io::Result<()> {
         if resp.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close")) {
             upstream = None;
         }
+        let hidden = sh.hidden.lock().unwrap().clone();
+        let resp = if op == "ListShards" && !hidden.is_empty() {
+            match hide(&resp, &hidden) {
+                Some((r, removed)) => {
+                    sh.counters.hidden_listings.fetch_add(1, Ordering::Relaxed);
+                    let mut counts = sh.hidden_counts.lock().unwrap();
+                    for id in removed {
+                        *counts.entry(id).or_default() += 1;
+                    }
+                    r
+                }
+                None => resp,
+            }
+        } else {
+            resp
+        };
         client.write_all(&resp.head).await?;
         client.write_all(&resp.body).await?;
         sh.counters.forwarded.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// The body of a response with its chunked framing removed, if it was chunked.
+fn plain_body(m: &Message) -> Option<Vec<u8>> {
+    if !m.header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        return Some(m.body.clone());
+    }
+    let (b, mut i, mut out) = (&m.body, 0, Vec::new());
+    loop {
+        let line_end = b[i..].windows(2).position(|w| w == b"\r\n")? + i;
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&b[i..line_end]).ok()?.split(';').next()?.trim(), 16).ok()?;
+        i = line_end + 2;
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(b.get(i..i + size)?);
+        i += size + 2;
+    }
+}
+
+/// A ListShards answer without the `hidden` shards, with a fresh Content-Length (no chunking),
+/// and the ids it removed. None when it is not a successful, plain JSON answer naming one of them.
+fn hide(resp: &Message, hidden: &[String]) -> Option<(Message, Vec<String>)> {
+    let text = String::from_utf8_lossy(&resp.head).to_string();
+    if !text.starts_with("HTTP/1.1 200") || resp.header("content-encoding").is_some() {
+        return None;
+    }
+    let mut doc: serde_json::Value = serde_json::from_slice(&plain_body(resp)?).ok()?;
+    let shards = doc.get_mut("Shards")?.as_array_mut()?;
+    let mut removed = Vec::new();
+    shards.retain(|s| match s["ShardId"].as_str() {
+        Some(id) if hidden.iter().any(|h| h == id) => {
+            removed.push(id.to_string());
+            false
+        }
+        _ => true,
+    });
+    if removed.is_empty() {
+        return None;
+    }
+    let body = serde_json::to_vec(&doc).ok()?;
+    let mut head = String::new();
+    for (i, line) in text.split("\r\n").enumerate() {
+        let name = line.split(':').next().unwrap_or("").trim();
+        if line.is_empty()
+            || (i > 0
+                && (name.eq_ignore_ascii_case("content-length") || name.eq_ignore_ascii_case("transfer-encoding")))
+        {
+            continue;
+        }
+        head.push_str(line);
+        head.push_str("\r\n");
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    Some((Message { head: head.into_bytes(), body }, removed))
 }
