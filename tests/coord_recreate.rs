@@ -111,15 +111,16 @@ async fn recreated_stream_is_refused_until_its_checkpoints_are_reset() {
         eprintln!("`squall checkpoints reset --help`:\n{usage}");
         squall_ok(&cluster, &["checkpoints", "reset", &cluster.topology, "--stream", &s.name, "--to", "trim-horizon"]);
     }
-    let reset_at = Instant::now();
     squall_ok(&cluster, &["activate", &cluster.topology]);
+    let activated = Instant::now();
     let after = put_each(&s, "new2", 30).await;
+    let put_took = activated.elapsed();
     let all: Vec<Manifest> = early.iter().chain(&refused_batch).chain(&after).cloned().collect();
     let r = cluster.wait_delivered(&all, GUARD).await;
     eprintln!(
-        "COORD recreate: {} (delivered {:?} after the reset)",
+        "COORD recreate: {} (activated, put for {put_took:?}, all delivered {:?} after the activation)",
         serde_json::to_string(&r).unwrap(),
-        reset_at.elapsed()
+        activated.elapsed()
     );
     assert_eq!(r.lost, 0, "after the reset: {r:?}\n{}", cluster.logs());
     assert_eq!(r.order_violations, 0, "{r:?}");

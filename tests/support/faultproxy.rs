@@ -92,6 +92,8 @@ struct Shared {
     hidden: std::sync::Mutex<Vec<String>>,
     /// Per shard id: ListShards answers it was removed from.
     hidden_counts: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Requests per operation (X-Amz-Target).
+    per_op: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 /// The running proxy; stops accepting when dropped.
@@ -121,6 +123,7 @@ impl FaultProxy {
             upstream,
             hidden: std::sync::Mutex::new(Vec::new()),
             hidden_counts: std::sync::Mutex::new(Default::default()),
+            per_op: std::sync::Mutex::new(Default::default()),
         });
         let sh = shared.clone();
         let task = tokio::spawn(async move {
@@ -160,6 +163,11 @@ impl FaultProxy {
     /// empty slice hides nothing).
     pub fn hide_shards(&self, shard_ids: &[&str]) {
         *self.shared.hidden.lock().unwrap() = shard_ids.iter().map(|s| s.to_string()).collect();
+    }
+
+    /// Requests of one operation (e.g. "ListShards") so far, faulted or forwarded.
+    pub fn requests_of(&self, op: &str) -> u64 {
+        self.shared.per_op.lock().unwrap().get(op).copied().unwrap_or(0)
     }
 
     /// ListShards answers `shard_id` was removed from so far.
@@ -330,6 +338,7 @@ async fn serve(mut client: TcpStream, sh: &Shared) -> std::io::Result<()> {
         let Some(req) = read_message(&mut client, &mut cbuf).await? else { return Ok(()) };
         sh.counters.requests.fetch_add(1, Ordering::Relaxed);
         let op = req.header("x-amz-target").and_then(|t| t.rsplit('.').next().map(str::to_string)).unwrap_or_default();
+        *sh.per_op.lock().unwrap().entry(op.clone()).or_default() += 1;
         match choose(sh, &op) {
             Fault::Throttle => {
                 sh.counters.throttled.fetch_add(1, Ordering::Relaxed);
