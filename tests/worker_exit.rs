@@ -40,6 +40,7 @@ async fn setup(name: &str, proxy: &TcpProxy, give_up_ms: u64) -> (TestStream, Cl
     (s, cluster, w, tasks)
 }
 
+/// Cut for good: the session expires, no new one can be built, the worker exits non-zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_that_gives_up_on_zookeeper_exits_non_zero() {
     let proxy = TcpProxy::start(&support::zk_connect()).await;
@@ -71,6 +72,7 @@ async fn worker_that_gives_up_on_zookeeper_exits_non_zero() {
     s.delete().await;
 }
 
+/// Cut until the session expired and a rebuild failed, then restored well within the give-up time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_whose_zookeeper_comes_back_within_the_give_up_time_recovers() {
     let proxy = TcpProxy::start(&support::zk_connect()).await;
