@@ -6,6 +6,10 @@
 //! resets the connection, or adds latency before forwarding. It listens on 127.0.0.1 only,
 //! injects at most `max_faults` faults and none after `active_for`, and counts everything it did,
 //! per operation too (the X-Amz-Target), with the time of every request.
+//!
+//! It can also hide shards: [`FaultProxy::hide_shards`] removes the named shards from every
+//! ListShards answer (the JSON body is rewritten and its Content-Length fixed), which is how a
+//! test simulates shards trimmed past the retention period (kinesis-local keeps closed shards).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -65,6 +69,8 @@ pub struct Counters {
     pub delayed: AtomicU64,
     pub upstream_errors: AtomicU64,
     pub client_errors: AtomicU64,
+    /// ListShards answers from which hidden shards were removed.
+    pub hidden_listings: AtomicU64,
 }
 
 /// What the proxy saw of one operation.
@@ -87,6 +93,7 @@ pub struct Snapshot {
     pub delayed: u64,
     pub upstream_errors: u64,
     pub client_errors: u64,
+    pub hidden_listings: u64,
 }
 
 impl Snapshot {
@@ -104,6 +111,12 @@ struct Shared {
     started: Instant,
     enabled: AtomicBool,
     upstream: SocketAddr,
+    /// Shard ids removed from ListShards answers.
+    hidden: std::sync::Mutex<Vec<String>>,
+    /// Per shard id: ListShards answers it was removed from.
+    hidden_counts: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Requests per operation (X-Amz-Target).
+    per_op: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 /// The running proxy; stops accepting when dropped.
@@ -133,6 +146,9 @@ impl FaultProxy {
             started: Instant::now(),
             enabled: AtomicBool::new(true),
             upstream,
+            hidden: std::sync::Mutex::new(Vec::new()),
+            hidden_counts: std::sync::Mutex::new(Default::default()),
+            per_op: std::sync::Mutex::new(Default::default()),
         });
         let sh = shared.clone();
         let task = tokio::spawn(async move {
@@ -168,6 +184,22 @@ impl FaultProxy {
         *self.shared.plan.lock().unwrap() = plan;
     }
 
+    /// From now on, ListShards answers leave out these shards (replaces the previous set; an
+    /// empty slice hides nothing).
+    pub fn hide_shards(&self, shard_ids: &[&str]) {
+        *self.shared.hidden.lock().unwrap() = shard_ids.iter().map(|s| s.to_string()).collect();
+    }
+
+    /// Requests of one operation (e.g. "ListShards") so far, faulted or forwarded.
+    pub fn requests_of(&self, op: &str) -> u64 {
+        self.shared.per_op.lock().unwrap().get(op).copied().unwrap_or(0)
+    }
+
+    /// ListShards answers `shard_id` was removed from so far.
+    pub fn hidden_listings_of(&self, shard_id: &str) -> u64 {
+        self.shared.hidden_counts.lock().unwrap().get(shard_id).copied().unwrap_or(0)
+    }
+
     pub fn counters(&self) -> Snapshot {
         let c = &self.shared.counters;
         Snapshot {
@@ -179,6 +211,7 @@ impl FaultProxy {
             delayed: c.delayed.load(Ordering::Relaxed),
             upstream_errors: c.upstream_errors.load(Ordering::Relaxed),
             client_errors: c.client_errors.load(Ordering::Relaxed),
+            hidden_listings: c.hidden_listings.load(Ordering::Relaxed),
         }
     }
 
@@ -356,6 +389,7 @@ async fn serve(mut client: TcpStream, sh: &Shared) -> std::io::Result<()> {
         let Some(req) = read_message(&mut client, &mut cbuf).await? else { return Ok(()) };
         sh.counters.requests.fetch_add(1, Ordering::Relaxed);
         let op = req.header("x-amz-target").and_then(|t| t.rsplit('.').next().map(str::to_string)).unwrap_or_default();
+        *sh.per_op.lock().unwrap().entry(op.clone()).or_default() += 1;
         let fault = choose(sh, &op);
         {
             let injected = !matches!(fault, Fault::None);
@@ -434,8 +468,80 @@ async fn serve(mut client: TcpStream, sh: &Shared) -> std::io::Result<()> {
         if resp.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close")) {
             upstream = None;
         }
+        let hidden = sh.hidden.lock().unwrap().clone();
+        let resp = if op == "ListShards" && !hidden.is_empty() {
+            match hide(&resp, &hidden) {
+                Some((r, removed)) => {
+                    sh.counters.hidden_listings.fetch_add(1, Ordering::Relaxed);
+                    let mut counts = sh.hidden_counts.lock().unwrap();
+                    for id in removed {
+                        *counts.entry(id).or_default() += 1;
+                    }
+                    r
+                }
+                None => resp,
+            }
+        } else {
+            resp
+        };
         client.write_all(&resp.head).await?;
         client.write_all(&resp.body).await?;
         sh.counters.forwarded.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// The body of a response with its chunked framing removed, if it was chunked.
+fn plain_body(m: &Message) -> Option<Vec<u8>> {
+    if !m.header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        return Some(m.body.clone());
+    }
+    let (b, mut i, mut out) = (&m.body, 0, Vec::new());
+    loop {
+        let line_end = b[i..].windows(2).position(|w| w == b"\r\n")? + i;
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&b[i..line_end]).ok()?.split(';').next()?.trim(), 16).ok()?;
+        i = line_end + 2;
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(b.get(i..i + size)?);
+        i += size + 2;
+    }
+}
+
+/// A ListShards answer without the `hidden` shards, with a fresh Content-Length (no chunking),
+/// and the ids it removed. None when it is not a successful, plain JSON answer naming one of them.
+fn hide(resp: &Message, hidden: &[String]) -> Option<(Message, Vec<String>)> {
+    let text = String::from_utf8_lossy(&resp.head).to_string();
+    if !text.starts_with("HTTP/1.1 200") || resp.header("content-encoding").is_some() {
+        return None;
+    }
+    let mut doc: serde_json::Value = serde_json::from_slice(&plain_body(resp)?).ok()?;
+    let shards = doc.get_mut("Shards")?.as_array_mut()?;
+    let mut removed = Vec::new();
+    shards.retain(|s| match s["ShardId"].as_str() {
+        Some(id) if hidden.iter().any(|h| h == id) => {
+            removed.push(id.to_string());
+            false
+        }
+        _ => true,
+    });
+    if removed.is_empty() {
+        return None;
+    }
+    let body = serde_json::to_vec(&doc).ok()?;
+    let mut head = String::new();
+    for (i, line) in text.split("\r\n").enumerate() {
+        let name = line.split(':').next().unwrap_or("").trim();
+        if line.is_empty()
+            || (i > 0
+                && (name.eq_ignore_ascii_case("content-length") || name.eq_ignore_ascii_case("transfer-encoding")))
+        {
+            continue;
+        }
+        head.push_str(line);
+        head.push_str("\r\n");
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    Some((Message { head: head.into_bytes(), body }, removed))
 }

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 pub mod ensemble;
 pub mod faultproxy;
+pub mod ops;
 pub mod reliability;
+pub mod tcpproxy;
 pub mod workers;
 
 use squall::kinesis::KinesisEndpoint;

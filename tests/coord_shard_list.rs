@@ -1,0 +1,183 @@
+//! A malformed `shards` znode under a running leader, then resharding. The Malformed error tells
+//! the operator to delete the znode (or reset), and reliability_input corrupts it under a running
+//! worker; this test follows what happens next. Two workers read a 2-shard stream with the initial
+//! position LATEST (it applies at the topology's first start only; shards found later start at
+//! TRIM_HORIZON). The shards znode is overwritten with invalid JSON, then:
+//! - split A: its children are discovered (their checkpoints appear, the znode stays malformed:
+//!   the fault took effect) and must be read and delivered while the znode is malformed;
+//! - split B while ListShards is held back by the fault proxy (so its children's records are
+//!   written before any listing can see them): its children must start at TRIM_HORIZON;
+//! - the operator deletes the znode as advised: the leader rewrites it and nothing is lost.
+//!
+//! Every expectation is checked after the whole scenario ran, and all failures are reported
+//! together.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use squall::kinesis::{self, ShardDescription, payload::Manifest};
+use support::TestStream;
+use support::faultproxy::{FaultPlan, FaultProxy};
+use support::ops::{
+    list_shards, listed_shards, log_lines, put_to_shard, squall_run, wait_for, znode_exists, znode_json,
+};
+use support::workers::{Cluster, read_log_entries, scratch};
+
+const GUARD: Duration = Duration::from_secs(90);
+
+async fn children_of(s: &TestStream, parent: &str) -> Vec<ShardDescription> {
+    let all = list_shards(&s.client, &s.name).await;
+    let c: Vec<ShardDescription> = all.into_iter().filter(|c| c.parent_shard_id.as_deref() == Some(parent)).collect();
+    assert_eq!(c.len(), 2, "children of {parent}: {c:?}");
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_while_the_shard_list_znode_is_malformed() {
+    let s = TestStream::create("shardlist", 2).await;
+    let dir = scratch("shardlist");
+    let mut cluster = Cluster::new(&s.name, &dir);
+    cluster.initial_position = "latest".into();
+    let proxy = FaultProxy::start(&support::kinesis_endpoint().endpoint, FaultPlan::default()).await;
+    let url = proxy.url();
+    let args = ["--endpoint", url.as_str()];
+    let zk = support::zk_client().await;
+    let mut w1 = cluster.start_with("w1", 1, &args);
+    let mut w2 = cluster.start_with("w2", 1, &args);
+    let stream_path = cluster.stream_path();
+    let list_path = format!("{stream_path}/shards");
+    let shards = list_shards(&s.client, &s.name).await;
+    let mut failures: Vec<String> = Vec::new();
+
+    // Both shards are read (LATEST: records written once their readers started).
+    wait_for(&cluster, "both shards acquired", GUARD, || async {
+        let e = read_log_entries(&cluster.read_logs());
+        shards.iter().all(|sh| e.iter().any(|x| x.shard == sh.shard_id && x.event == "acquire")).then_some(())
+    })
+    .await;
+    let mut manifests: Vec<Manifest> = Vec::new();
+    for sh in &shards {
+        manifests
+            .push(put_to_shard(&s.client, &s.name, &sh.starting_hash_key, &format!("a-{}-", sh.shard_id), 20, 4).await);
+    }
+    let r = cluster.wait_delivered(&manifests, GUARD).await;
+    assert_eq!(r.lost, 0, "before the fault: {r:?}\n{}", cluster.logs());
+
+    // 1. The fault: the shards znode is malformed. Split A of shard 0.
+    zk.set_data(&list_path, b"[1, 2", None).await.unwrap();
+    let a = shards[0].shard_id.clone();
+    kinesis::split_shard(&s.client, &s.label(), &s.name, &a).await.unwrap();
+    let a_children = children_of(&s, &a).await;
+    let mut a_manifests = Vec::new();
+    for c in &a_children {
+        a_manifests
+            .push(put_to_shard(&s.client, &s.name, &c.starting_hash_key, &format!("ca-{}-", c.shard_id), 20, 4).await);
+    }
+    wait_for(&cluster, "split A's children discovered (checkpoints created)", GUARD, || async {
+        let mut all = true;
+        for c in &a_children {
+            all &= znode_exists(&zk, &format!("{stream_path}/checkpoints/{}", c.shard_id)).await;
+        }
+        all.then_some(())
+    })
+    .await;
+    let raw = zk.get_data(&list_path).await.map(|(d, _)| String::from_utf8_lossy(&d).to_string());
+    assert_eq!(raw.as_deref().ok(), Some("[1, 2"), "the leader rewrote the malformed list: the fault did not last");
+    eprintln!(
+        "split A's children {:?} discovered; {list_path} still malformed",
+        a_children.iter().map(|c| &c.shard_id).collect::<Vec<_>>()
+    );
+    let (rc, out, err) = squall_run(&cluster, &["status", &cluster.topology, "--json"]);
+    eprintln!(
+        "`squall status --json` while the list is malformed: exit {rc}: {}{}",
+        &out[..out.len().min(200)],
+        err.trim()
+    );
+    let started = Instant::now();
+    let listings = proxy.requests_of("ListShards");
+    let r = cluster.wait_delivered(&a_manifests, Duration::from_secs(30)).await;
+    let listings = proxy.requests_of("ListShards") - listings;
+    eprintln!(
+        "split A's children while the list is malformed: {} of {} delivered after {:?}; the leader called ListShards {listings} times meanwhile ({:.1}/s)",
+        r.distinct,
+        r.produced,
+        started.elapsed(),
+        listings as f64 / started.elapsed().as_secs_f64()
+    );
+    if r.lost > 0 {
+        let assignment = znode_json(&zk, &format!("{stream_path}/assignment")).await;
+        failures.push(format!(
+            "split A's children were not read within 30 s while {list_path} was malformed ({} of {} records lost); assignment: {assignment:?}",
+            r.lost, r.produced
+        ));
+    }
+    let logged = log_lines(&cluster, &["malformed", &list_path]);
+    eprintln!("log lines naming the malformed list: {}", logged.len());
+    if logged.is_empty() {
+        failures.push(format!("no worker logged that {list_path} is malformed"));
+    }
+
+    // 2. Split B of shard 1 while ListShards is held back: its children's records are written
+    // before any listing can see the children.
+    proxy.set_plan(FaultPlan { throttle: 1.0, only_ops: vec!["ListShards".into()], ..FaultPlan::default() });
+    let held = proxy.counters().throttled;
+    wait_for(&cluster, "the leader's ListShards held back", GUARD, || async {
+        (proxy.counters().throttled >= held + 2).then_some(())
+    })
+    .await;
+    let b = shards[1].shard_id.clone();
+    kinesis::split_shard(&s.client, &s.label(), &s.name, &b).await.unwrap();
+    let b_children = children_of(&s, &b).await;
+    let mut b_manifests = Vec::new();
+    for c in &b_children {
+        b_manifests
+            .push(put_to_shard(&s.client, &s.name, &c.starting_hash_key, &format!("cb-{}-", c.shard_id), 20, 4).await);
+    }
+    proxy.set_plan(FaultPlan::default());
+    eprintln!("split B: {} ListShards calls held back", proxy.counters().throttled);
+    let b_positions = wait_for(&cluster, "split B's children discovered (checkpoints created)", GUARD, || async {
+        let mut out = Vec::new();
+        for c in &b_children {
+            let cp = znode_json(&zk, &format!("{stream_path}/checkpoints/{}", c.shard_id)).await?;
+            out.push((c.shard_id.clone(), cp["position"].clone()));
+        }
+        Some(out)
+    })
+    .await;
+    eprintln!("split B's children start at {b_positions:?}");
+    for (c, pos) in &b_positions {
+        if pos["type"] != "TRIM_HORIZON" {
+            failures.push(format!(
+                "child {c} of split B, discovered after the topology's first start, starts at {pos} instead of TRIM_HORIZON"
+            ));
+        }
+    }
+
+    // 3. The operator's fix as the error advises: delete the znode. The leader writes it again.
+    zk.delete(&list_path, None).await.unwrap();
+    let fixed = Instant::now();
+    wait_for(&cluster, "the leader rewriting the deleted shard list", GUARD, || async {
+        let listed = listed_shards(&zk, &cluster).await;
+        b_children.iter().all(|c| listed.contains(&c.shard_id)).then_some(())
+    })
+    .await;
+    eprintln!("shard list rewritten {:?} after its deletion", fixed.elapsed());
+    let all: Vec<Manifest> = manifests.iter().chain(&a_manifests).chain(&b_manifests).cloned().collect();
+    let r = cluster.wait_delivered(&all, GUARD).await;
+    eprintln!("COORD shard-list: {}", serde_json::to_string(&r).unwrap());
+    let lost_b = cluster.audit(&b_manifests);
+    if r.lost > 0 {
+        failures.push(format!(
+            "{} of {} records lost ({} of split B's children's {}): {:?}",
+            r.lost, r.produced, lost_b.lost, lost_b.produced, r.lost_examples
+        ));
+    }
+
+    assert!(w1.is_running() && w2.is_running(), "a worker died\n{}", cluster.logs());
+    assert_eq!(w1.stop(Duration::from_secs(30)), Some(0));
+    assert_eq!(w2.stop(Duration::from_secs(30)), Some(0));
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    s.delete().await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -1,0 +1,167 @@
+//! Operating a test cluster from the outside, as an operator or a producer would: the `squall`
+//! binary (status, activate, deactivate, checkpoints reset), records aimed at one shard (explicit
+//! hash keys, so each shard gets its own manifest), raw znode reads, and polling with a "never
+//! happened" guard.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+use squall::kinesis::payload::{AuditPayload, Manifest};
+
+use super::workers::Cluster;
+
+/// The `squall` binary, pointed at the cluster's ZooKeeper root and the Kinesis engine.
+pub fn squall(cluster: &Cluster) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_squall"));
+    c.env("SQUALL_ZK", super::zk_connect())
+        .env("SQUALL_ZK_ROOT", &cluster.zk_root)
+        .env("SQUALL_KINESIS_ENDPOINT", super::kinesis_endpoint().endpoint)
+        .env_remove("RUST_LOG");
+    c
+}
+
+/// Runs `squall ARGS`: exit code, stdout, stderr.
+pub fn squall_run(cluster: &Cluster, args: &[&str]) -> (i32, String, String) {
+    let out = squall(cluster).args(args).output().expect("run the squall binary");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs `squall ARGS` and panics (with the worker logs) unless it exits 0. Returns stdout.
+pub fn squall_ok(cluster: &Cluster, args: &[&str]) -> String {
+    let (rc, out, err) = squall_run(cluster, args);
+    assert_eq!(rc, 0, "`squall {}` failed: {out}{err}\n{}", args.join(" "), cluster.logs());
+    out
+}
+
+/// `squall status TOPOLOGY --json`, parsed.
+pub fn status_json(cluster: &Cluster) -> serde_json::Value {
+    let out = squall_ok(cluster, &["status", &cluster.topology, "--json"]);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("`squall status --json` printed no JSON ({e}): {out}"))
+}
+
+/// The shard entry `shard` of the first stream in a status report.
+pub fn status_shard<'a>(status: &'a serde_json::Value, shard: &str) -> Option<&'a serde_json::Value> {
+    status["streams"][0]["shards"].as_array()?.iter().find(|s| s["shard_id"] == shard)
+}
+
+/// Polls `f` every 200 ms until it returns `Some`, and returns that. Panics after `guard` (a
+/// "never happened" guard, not a timing assertion) with `what` and the cluster's logs.
+pub async fn wait_for<T, F, Fut>(cluster: &Cluster, what: &str, guard: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(start.elapsed() < guard, "{what}: never happened within {guard:?}\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Writes `count` audit records over `keys` partition keys (`{prefix}0`..), every one with the
+/// explicit hash key `hash_key`, so all of them land in the shard whose range holds it. Per-key
+/// sequences are in order (one PutRecords call holds at most one record per key).
+pub async fn put_to_shard(
+    client: &aws_sdk_kinesis::Client,
+    stream: &str,
+    hash_key: &str,
+    prefix: &str,
+    count: u64,
+    keys: u64,
+) -> Manifest {
+    let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+    let names: Vec<String> = (0..keys).map(|i| format!("{prefix}{i}")).collect();
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    let mut written = 0;
+    let mut failures = 0;
+    while written < count {
+        let batch: Vec<(String, u64)> = (written..count.min(written + keys))
+            .map(|n| {
+                let key = names[(n % keys) as usize].clone();
+                let seq = counts.get(&key).copied().unwrap_or(0);
+                (key, seq)
+            })
+            .collect();
+        let entries: Vec<PutRecordsRequestEntry> = batch
+            .iter()
+            .map(|(key, seq)| {
+                PutRecordsRequestEntry::builder()
+                    .partition_key(key.clone())
+                    .explicit_hash_key(hash_key)
+                    .data(Blob::new(AuditPayload::new(&run, key, *seq, 0).to_bytes()))
+                    .build()
+                    .expect("record entry")
+            })
+            .collect();
+        let out = client.put_records().stream_name(stream).set_records(Some(entries)).send().await;
+        let ok = out.as_ref().is_ok_and(|o| o.failed_record_count().unwrap_or(0) == 0);
+        if !ok {
+            failures += 1;
+            assert!(failures < 10, "putting records to {stream} (hash key {hash_key}) keeps failing: {out:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        for (key, _) in batch {
+            *counts.entry(key).or_default() += 1;
+            written += 1;
+        }
+    }
+    Manifest { run, stream: stream.to_string(), counts, total: written }
+}
+
+/// The shards of a stream (open and closed), sorted by id.
+pub async fn list_shards(client: &aws_sdk_kinesis::Client, stream: &str) -> Vec<squall::kinesis::ShardDescription> {
+    squall::kinesis::list_shards(client, "test", stream).await.unwrap_or_else(|e| panic!("listing {stream}: {e}"))
+}
+
+/// A znode's data as JSON (None when it does not exist or is not JSON).
+pub async fn znode_json(zk: &zookeeper_client::Client, path: &str) -> Option<serde_json::Value> {
+    let (data, _) = zk.get_data(path).await.ok()?;
+    serde_json::from_slice(&data).ok()
+}
+
+/// Whether a znode exists.
+pub async fn znode_exists(zk: &zookeeper_client::Client, path: &str) -> bool {
+    matches!(zk.check_stat(path).await, Ok(Some(_)))
+}
+
+/// The shard ids named in the stream's `shards` znode.
+pub async fn listed_shards(zk: &zookeeper_client::Client, cluster: &Cluster) -> Vec<String> {
+    let list = znode_json(zk, &format!("{}/shards", cluster.stream_path())).await;
+    list.and_then(|l| {
+        l["shards"].as_array().map(|a| a.iter().filter_map(|s| s["shard_id"].as_str().map(str::to_string)).collect())
+    })
+    .unwrap_or_default()
+}
+
+/// Every worker status znode of the topology, parsed.
+pub async fn worker_statuses(zk: &zookeeper_client::Client, cluster: &Cluster) -> Vec<serde_json::Value> {
+    let dir = format!("{}/topologies/{}/workers", cluster.zk_root, cluster.topology);
+    let mut out = Vec::new();
+    for w in zk.list_children(&dir).await.unwrap_or_default() {
+        if let Some(v) = znode_json(zk, &format!("{dir}/{w}")).await {
+            out.push(v);
+        }
+    }
+    out
+}
+
+/// Lines of the worker logs of the cluster's directory containing every needle.
+pub fn log_lines(cluster: &Cluster, needles: &[&str]) -> Vec<String> {
+    super::reliability::grep_logs(&cluster.dir, needles[0])
+        .into_iter()
+        .filter(|l| needles.iter().all(|n| l.contains(n)))
+        .collect()
+}

@@ -1,0 +1,121 @@
+//! A worker and a ZooKeeper it loses, through a TCP proxy the test cuts (the shared server is not
+//! touched). With `--zk-session-timeout-ms 2000 --zk-give-up-after-ms 3000` and the proxy cut for
+//! good, the worker's session expires (its task registration vanishes from ZooKeeper: the fault
+//! happened), it fails to build a new one and exits with a non-zero code, logging that it "gave up
+//! on ZooKeeper". A worker whose ZooKeeper comes back within the give-up time instead builds a new
+//! session after the expiry, re-registers under a new task name, keeps running and delivers every
+//! record, including those put during the outage.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::TestStream;
+use support::ops::{list_shards, put_to_shard, wait_for};
+use support::reliability::{Proc, spawn_worker};
+use support::tcpproxy::TcpProxy;
+use support::workers::{Cluster, live_tasks, scratch};
+
+const GUARD: Duration = Duration::from_secs(90);
+
+/// A 1-shard stream, a cluster with a 2 s session, one worker reaching ZooKeeper through `proxy`,
+/// settled (registered and delivering).
+async fn setup(name: &str, proxy: &TcpProxy, give_up_ms: u64) -> (TestStream, Cluster, Proc, Vec<String>) {
+    let s = TestStream::create(name, 1).await;
+    let dir = scratch(name);
+    let mut cluster = Cluster::new(&s.name, &dir);
+    cluster.session_timeout_ms = 2000;
+    let give_up = give_up_ms.to_string();
+    let w = spawn_worker(&cluster, "w1", 1, &["--zk", proxy.addr.as_str(), "--zk-give-up-after-ms", &give_up], &[]);
+    let zk = support::zk_client().await;
+    let hash = list_shards(&s.client, &s.name).await[0].starting_hash_key.clone();
+    let m = put_to_shard(&s.client, &s.name, &hash, "before-", 20, 4).await;
+    let r = cluster.wait_delivered(std::slice::from_ref(&m), GUARD).await;
+    assert_eq!(r.lost, 0, "the worker never delivered: {r:?}\n{}", cluster.logs());
+    let tasks = wait_for(&cluster, "the worker's task registration", GUARD, || async {
+        let t = live_tasks(&zk, &cluster).await;
+        (t.len() == 1).then_some(t)
+    })
+    .await;
+    (s, cluster, w, tasks)
+}
+
+/// Cut for good: the session expires, no new one can be built, the worker exits non-zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_that_gives_up_on_zookeeper_exits_non_zero() {
+    let proxy = TcpProxy::start(&support::zk_connect()).await;
+    let (s, cluster, mut w, tasks) = setup("exit-giveup", &proxy, 3000).await;
+    let zk = support::zk_client().await;
+
+    proxy.cut();
+    let cut = Instant::now();
+    // The fault: the server expires the worker's session, so its registration vanishes.
+    let expired = wait_for(&cluster, "the worker's session expiring on the server", GUARD, || async {
+        live_tasks(&zk, &cluster).await.is_empty().then(|| cut.elapsed())
+    })
+    .await;
+    eprintln!("registration {tasks:?} gone {expired:?} after the cut");
+    let code = w.wait_exit(Duration::from_secs(120));
+    let exited = cut.elapsed();
+    let log = w.log_text();
+    eprintln!(
+        "WORKER give-up: exit {code:?} {exited:?} after the cut ({} reconnect attempts refused)",
+        proxy.refused()
+    );
+    assert!(code.is_some(), "the worker still runs {exited:?} after losing ZooKeeper for good\n{log}");
+    assert_ne!(code, Some(0), "the worker exited 0 after giving up on ZooKeeper\n{log}");
+    let line = log.lines().find(|l| l.contains("gave up on ZooKeeper"));
+    assert!(line.is_some(), "no 'gave up on ZooKeeper' in the log\n{log}");
+    eprintln!("{}", line.unwrap());
+    assert!(proxy.refused() > 0, "the worker never tried to reconnect");
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    s.delete().await;
+}
+
+/// Cut until the session expired and a rebuild failed, then restored well within the give-up time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_whose_zookeeper_comes_back_within_the_give_up_time_recovers() {
+    let proxy = TcpProxy::start(&support::zk_connect()).await;
+    let (s, cluster, mut w, tasks) = setup("exit-recover", &proxy, 60_000).await;
+    let zk = support::zk_client().await;
+    let hash = list_shards(&s.client, &s.name).await[0].starting_hash_key.clone();
+    let mut manifests = Vec::new();
+
+    proxy.cut();
+    let cut = Instant::now();
+    // The fault: the session expires on the server, and the worker fails to build a new one.
+    let expired = wait_for(&cluster, "the worker's session expiring on the server", GUARD, || async {
+        live_tasks(&zk, &cluster).await.is_empty().then(|| cut.elapsed())
+    })
+    .await;
+    manifests.push(put_to_shard(&s.client, &s.name, &hash, "during-", 20, 4).await);
+    wait_for(&cluster, "a failed attempt to build a new session", GUARD, || async {
+        w.log_text().contains("building a new ZooKeeper session failed").then_some(())
+    })
+    .await;
+    let down_for = cut.elapsed();
+    proxy.restore();
+    let restored = Instant::now();
+    eprintln!("registration {tasks:?} gone {expired:?} after the cut; ZooKeeper restored after {down_for:?}");
+
+    let new_tasks = wait_for(&cluster, "the worker re-registering", GUARD, || async {
+        let t = live_tasks(&zk, &cluster).await;
+        (t.len() == 1 && t != tasks).then_some(t)
+    })
+    .await;
+    let reregistered = restored.elapsed();
+    manifests.push(put_to_shard(&s.client, &s.name, &hash, "after-", 20, 4).await);
+    let r = cluster.wait_delivered(&manifests, GUARD).await;
+    eprintln!(
+        "WORKER recover: re-registered as {new_tasks:?} {reregistered:?} after ZooKeeper came back; {}",
+        serde_json::to_string(&r).unwrap()
+    );
+    assert_eq!(r.lost, 0, "{r:?}\n{}", cluster.logs());
+    let log = w.log_text();
+    assert!(log.contains("new ZooKeeper session"), "no new session in the log\n{log}");
+    assert!(!log.contains("gave up on ZooKeeper"), "it gave up although ZooKeeper came back\n{log}");
+    assert!(w.is_running(), "the worker exited\n{log}");
+    assert_eq!(w.stop(Duration::from_secs(30)), Some(0), "{}", w.log_text());
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    s.delete().await;
+}
