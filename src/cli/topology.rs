@@ -355,7 +355,7 @@ pub struct ShardReport {
     pub error: Option<String>,
     /// False when retrying cannot fix the error (an operator must act).
     pub retryable: bool,
-    /// The kind of the last read error (`access_denied`, `kms`, `not_found`, ...), or
+    /// The kind of the last read error (`access_denied`, `kms_key`, `not_found`, ...), or
     /// `malformed_checkpoint`.
     pub error_kind: Option<String>,
     /// Since when (ms since the epoch) the shard has been failing.

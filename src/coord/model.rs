@@ -183,7 +183,7 @@ pub struct ShardRuntime {
     /// Since when (ms since the epoch) the shard has been failing, if it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_since_ms: Option<i64>,
-    /// The kind of the last error (`access_denied`, `kms`, `not_found`, `throttled`, ...).
+    /// The kind of the last error (`access_denied`, `kms_key`, `not_found`, `throttled`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_kind: Option<String>,
 }
