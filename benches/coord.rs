@@ -21,14 +21,16 @@
 //! Needs ZooKeeper and kinesis-local on loopback (`make bench` starts them) with room for 200 more
 //! shards (`SQUALL_KINESIS_SHARD_LIMIT`, 1000 by default in `localstack/up`).
 
+mod common;
+
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use common::{unique, zk_client, zk_delete_tree};
 use squall::coord::{Assignment, moved, now_ms};
 use squall::kinesis::{KinesisEndpoint, PutOptions};
 use squall::topology::{Bolt, BoltOutput, ComponentError, Tuple};
@@ -89,12 +91,6 @@ impl Env {
             dir,
         })
     }
-}
-
-fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}-{}-{n}-{:04x}", std::process::id(), rand::random::<u16>())
 }
 
 /// A topology under test: name, root, stream, and its worker processes.
@@ -209,28 +205,6 @@ fn zk_packets(connect: &str) -> anyhow::Result<u64> {
         std::thread::sleep(Duration::from_millis(100));
     }
     bail!("no `mntr` answer from ZooKeeper at {addr} (4lw.commands.whitelist must allow mntr)")
-}
-
-async fn zk_client(connect: &str) -> anyhow::Result<zookeeper_client::Client> {
-    zookeeper_client::Client::connector()
-        .with_session_timeout(Duration::from_secs(20))
-        .connect(connect)
-        .await
-        .with_context(|| format!("connecting to ZooKeeper at {connect}"))
-}
-
-async fn zk_delete_tree(zk: &zookeeper_client::Client, root: &str) {
-    let mut stack = vec![root.to_string()];
-    let mut order = Vec::new();
-    while let Some(p) = stack.pop() {
-        for c in zk.list_children(&p).await.unwrap_or_default() {
-            stack.push(format!("{p}/{c}"));
-        }
-        order.push(p);
-    }
-    for p in order.iter().rev() {
-        let _ = zk.delete(p, None).await;
-    }
 }
 
 /// Sum of the versions of every checkpoint znode: each checkpoint write adds one.

@@ -21,6 +21,8 @@
 //! built in the same profile (`cargo build --release --examples`). `SQUALL_BENCH_REPS` sets the
 //! throughput repetitions (default 5).
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -31,6 +33,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::types::ShardIteratorType;
+use common::{unique, zk_client, zk_delete_tree};
 use squall::audit::Delivery;
 use squall::kinesis::{KinesisEndpoint, PutOptions};
 use squall::spout::{KinesisSpout, KinesisSpoutConfig, ReadLogEntry, WorkerIdentity};
@@ -40,12 +43,6 @@ const REGION: &str = "us-east-1";
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
-
-fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}-{}-{n}-{:04x}", std::process::id(), rand::random::<u16>())
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -103,29 +100,6 @@ async fn client(endpoint: &str) -> anyhow::Result<Client> {
 
 async fn reachable(client: &Client) -> bool {
     tokio::time::timeout(Duration::from_secs(3), client.list_streams().send()).await.is_ok_and(|r| r.is_ok())
-}
-
-async fn zk_client(connect: &str) -> anyhow::Result<zookeeper_client::Client> {
-    zookeeper_client::Client::connector()
-        .with_session_timeout(Duration::from_secs(10))
-        .connect(connect)
-        .await
-        .with_context(|| format!("connecting to ZooKeeper at {connect}"))
-}
-
-/// Deletes a znode tree (best effort): the bench's own ZooKeeper roots.
-async fn zk_delete_tree(zk: &zookeeper_client::Client, root: &str) {
-    let mut stack = vec![root.to_string()];
-    let mut order = Vec::new();
-    while let Some(p) = stack.pop() {
-        for c in zk.list_children(&p).await.unwrap_or_default() {
-            stack.push(format!("{p}/{c}"));
-        }
-        order.push(p);
-    }
-    for p in order.iter().rev() {
-        let _ = zk.delete(p, None).await;
-    }
 }
 
 /// Sum of `version` and `cversion` of every znode under `root`, and the versions of the nodes

@@ -32,12 +32,7 @@ pub async fn create_stream(client: &Client, endpoint: &str, stream: &str, shards
 pub async fn wait_active(client: &Client, endpoint: &str, stream: &str, timeout: Duration) -> Result<(), KinesisError> {
     let start = Instant::now();
     loop {
-        let out = client
-            .describe_stream_summary()
-            .stream_name(stream)
-            .send()
-            .await
-            .map_err(|e| KinesisError::from_sdk("DescribeStreamSummary", stream, endpoint, e))?;
+        let out = describe_summary(client, endpoint, stream).await?;
         if let Some(d) = out.stream_description_summary() {
             if d.stream_status() == &StreamStatus::Active {
                 return Ok(());
@@ -74,13 +69,21 @@ pub async fn list_shards(client: &Client, endpoint: &str, stream: &str) -> Resul
 /// The stream's creation time (DescribeStreamSummary), ms since the epoch. A stream deleted and
 /// re-created under the same name keeps its shard ids but gets a new creation time.
 pub async fn stream_created_ms(client: &Client, endpoint: &str, stream: &str) -> Result<Option<i64>, KinesisError> {
-    let out = client
+    let out = describe_summary(client, endpoint, stream).await?;
+    Ok(out.stream_description_summary().and_then(|d| d.stream_creation_timestamp().to_millis().ok()))
+}
+
+async fn describe_summary(
+    client: &Client,
+    endpoint: &str,
+    stream: &str,
+) -> Result<aws_sdk_kinesis::operation::describe_stream_summary::DescribeStreamSummaryOutput, KinesisError> {
+    client
         .describe_stream_summary()
         .stream_name(stream)
         .send()
         .await
-        .map_err(|e| KinesisError::from_sdk("DescribeStreamSummary", stream, endpoint, e))?;
-    Ok(out.stream_description_summary().and_then(|d| d.stream_creation_timestamp().to_millis().ok()))
+        .map_err(|e| KinesisError::from_sdk("DescribeStreamSummary", stream, endpoint, e))
 }
 
 /// Same as [`list_shards`]: the stream's shards with parents, hash ranges and open/closed.

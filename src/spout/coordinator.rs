@@ -357,14 +357,7 @@ impl Coordinator {
                         None => continue,
                         Some(watcher) => {
                             tracing::debug!(shard = %shard, holder = %holder_path, "shard still held by its previous owner; waiting for its release");
-                            let token = CancellationToken::new();
-                            let (t, tx, id) = (token.clone(), wake_tx.clone(), shard.clone());
-                            self.tasks.spawn(async move {
-                                tokio::select! {
-                                    _ = t.cancelled() => {}
-                                    _ = watcher.changed() => { let _ = tx.send(Wake::Shard(id)); }
-                                }
-                            });
+                            let token = self.wake_on(watcher, shard, wake_tx);
                             block(s, shard, Duration::from_secs(3600), Some(token));
                             return Ok(());
                         }
@@ -406,20 +399,7 @@ impl Coordinator {
                         entry.retryable = Some(false);
                         entry.error_since_ms.get_or_insert(now_ms());
                     }
-                    let watch = match s.store.watch_checkpoint(shard).await {
-                        Ok(watcher) => {
-                            let token = CancellationToken::new();
-                            let (t, tx, id) = (token.clone(), wake_tx.clone(), shard.clone());
-                            self.tasks.spawn(async move {
-                                tokio::select! {
-                                    _ = t.cancelled() => {}
-                                    _ = watcher.changed() => { let _ = tx.send(Wake::Shard(id)); }
-                                }
-                            });
-                            Some(token)
-                        }
-                        Err(_) => None,
-                    };
+                    let watch = s.store.watch_checkpoint(shard).await.ok().map(|w| self.wake_on(w, shard, wake_tx));
                     // Look again every 30 s even without a change (the watch is one-shot).
                     block(s, shard, Duration::from_secs(30), watch);
                     return Ok(());
@@ -462,6 +442,25 @@ impl Coordinator {
         }
         block(s, shard, Duration::from_millis(200), None);
         Ok(())
+    }
+
+    /// Wakes the shard when `watcher` fires (a lease went, a checkpoint changed); the returned
+    /// token cancels the wait.
+    fn wake_on(
+        &self,
+        watcher: zookeeper_client::OneshotWatcher,
+        shard: &Arc<str>,
+        wake_tx: &mpsc::UnboundedSender<Wake>,
+    ) -> CancellationToken {
+        let token = CancellationToken::new();
+        let (t, tx, id) = (token.clone(), wake_tx.clone(), shard.clone());
+        self.tasks.spawn(async move {
+            tokio::select! {
+                _ = t.cancelled() => {}
+                _ = watcher.changed() => { let _ = tx.send(Wake::Shard(id)); }
+            }
+        });
+        token
     }
 
     /// Deletes a lease; on failure it is retried by [`Coordinator::clean_up`] until it is gone.
