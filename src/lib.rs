@@ -7,9 +7,11 @@
 //! Layout:
 //! - [`topology`]: the engine (re-export of `squall-topology`): spouts, bolts, groupings, acking,
 //!   watermarks, drain, windows.
-//! - [`spout`]: the Kinesis spout: per-task coordinator (leases, assignment, fenced checkpoints,
-//!   resharding), shard readers, in-flight tracking, low watermarks.
-//! - [`coord`]: ZooKeeper access: layout, task registry, shard list, checkpoints, leases, watches.
+//! - [`spout`]: the Kinesis spout: the worker's stream coordinator (the leader's discovery, sticky
+//!   assignment and garbage collection), the task coordinator (leases, fenced checkpoints,
+//!   handoff, resharding), shard readers, in-flight tracking, low watermarks.
+//! - [`coord`]: ZooKeeper access: the worker's shared session, layout, task registry, shard list,
+//!   assignment, checkpoints, leases, watches.
 //! - [`worker`]: [`run`] and [`WorkerArgs`], the entry point of user worker binaries.
 //! - [`kinesis`]: Kinesis client construction, shard listing, stream helpers and the test producer.
 //! - [`audit`]: delivery logs and the produced/delivered/lost/duplicates/order comparison.

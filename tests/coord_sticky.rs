@@ -3,6 +3,7 @@
 //!   ends up owned by the task the leader's assignment names;
 //! - a task leaving moves only its own shards;
 //! - a parent shard finishing after a split moves nothing but where its children go;
+//! - `squall rebalance` recomputes from scratch: round-robin over the sorted tasks and shards;
 //! - nothing is lost, nothing delivered twice, per-key order holds, through all of it.
 //!
 //! Moves are counted on the leader's `assignment` znode (before and after), and the ownership
@@ -14,7 +15,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use squall::coord::{Assignment, moved, now_ms};
+use squall::coord::{Assignment, assign, moved, now_ms};
 use squall::kinesis::{self, PutOptions};
 use support::TestStream;
 use support::workers::{Cluster, live_tasks, owners, scratch};
@@ -137,6 +138,21 @@ async fn join_leave_and_split_move_only_what_they_must() {
         "STICKY split of {parent}: children placed, nothing else moved; every shard owned as assigned {:?} after the parent finished",
         ms(finished, at)
     );
+
+    // `squall rebalance`: from scratch, round-robin over the sorted live tasks and readable shards.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_squall"))
+        .args(["rebalance", &cluster.topology])
+        .env("SQUALL_ZK", support::zk_connect())
+        .env("SQUALL_ZK_ROOT", &cluster.zk_root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "rebalance: {}", String::from_utf8_lossy(&out.stderr));
+    let (a4, _) = settled(&zk, &cluster, 3, N + 1, "rebalance").await;
+    let tasks: Vec<String> = a4.tasks.keys().cloned().collect();
+    let shards: Vec<String> = a4.tasks.values().flatten().cloned().collect();
+    assert_eq!(a4.tasks, assign(&tasks, &shards), "rebalance is round-robin from scratch: {a4:?}");
+    eprintln!("STICKY rebalance: round-robin over {} tasks", tasks.len());
+    manifests.push(put(300).await);
 
     let report = cluster.wait_delivered(&manifests, Duration::from_secs(90)).await;
     eprintln!("STICKY audit: {}", serde_json::to_string(&report).unwrap());

@@ -1,24 +1,34 @@
-//! ZooKeeper coordination for the Kinesis spout: task registry, shard list, checkpoints,
-//! per-shard leases with fenced checkpoint writes, and change notifications.
+//! ZooKeeper coordination for the Kinesis spout: the worker's shared session, task registry,
+//! shard list, the leader's assignment, checkpoints, finished markers, per-shard leases with fenced
+//! checkpoint writes, and change notifications.
 //!
 //! # Layout
 //! - [`config`] – [`ZkConfig`] / [`ZkAuth`] (password redacted in `Debug`/`Display`).
+//! - [`session`] – [`ZkSession`] (one connected session) and [`SharedSession`] (the one session of
+//!   a worker process: health, rebuild after expiry, give-up; [`Liveness`] for paused processes).
 //! - [`paths`] – [`TopologyPaths`], the znode layout (see there).
-//! - [`model`] – the JSON documents stored in znodes.
-//! - [`logic`] – pure functions every task evaluates identically: [`readable_shards`], [`assign`],
+//! - [`model`] – the JSON documents stored in znodes ([`Assignment`], [`Checkpoint`], ...).
+//! - [`logic`] – pure functions: [`readable`], [`sticky_assign`], [`assign`] (round-robin),
 //!   [`leader`], [`sequence_cmp`].
-//! - [`store`] – [`ZkStore`], all ZooKeeper I/O.
+//! - [`store`] – [`ZkStore`], all ZooKeeper I/O for one topology and stream, over a shared session.
 //! - [`watch`] – [`ChangeEvent`] and [`SessionWatch`].
+//! - [`admin`] – [`Admin`], topology-level access for the CLI.
 //! - [`error`] – [`CoordError`].
 //!
 //! # Safety argument in one paragraph
-//! A task reads a shard only while it holds the lowest `owners/{shard}/lease-N` znode, which is
-//! ephemeral to its session. Each checkpoint write is one transaction that checks that exact lease
-//! znode still exists and that the checkpoint is at the version the writer read. When the session
-//! expires, ZooKeeper deletes the lease, so a zombie's later write fails as
+//! A task reads a shard only while it holds the lowest `owners/{shard}/lease-{task}-N` znode, which
+//! is ephemeral to its worker's session. Each checkpoint write is one transaction that checks that
+//! exact lease znode still exists and that the checkpoint is at the version the writer last read or
+//! wrote. When the session expires, ZooKeeper deletes the lease, so a zombie's later write fails as
 //! [`CoordError::Fenced`]; a new owner's lease has another path, so it cannot be confused with the
-//! old one. A worker disconnected longer than half its session timeout must stop fetching
-//! ([`SessionWatch::wait_unsafe`]).
+//! old one, and two tasks of one worker (one session) never pass for each other because the holder
+//! is named in the lease. A worker disconnected longer than half its session timeout, or paused,
+//! stops handing records on ([`SharedSession`], [`Liveness`]).
+//!
+//! # Cost
+//! Checkpoints are watched by nobody: a write is one request. Only cold znodes are watched
+//! (`tasks/`, `assignment`, `finished/` by the leader, `state`, `drain`), with one-shot watches
+//! re-armed on each event. See ARCHITECTURE.md (cost model) and BENCHMARKS.md (coordination).
 //!
 //! The `shards` znode holds the whole shard list in one JSON document, so it must stay under
 //! ZooKeeper's 1 MB `jute.maxbuffer`: [`MAX_SHARD_LIST_BYTES`] (900 KB, a few thousand shards).
