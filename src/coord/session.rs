@@ -82,11 +82,6 @@ impl ZkSession {
         &self.name
     }
 
-    /// The session id.
-    pub fn id(&self) -> i64 {
-        self.client.session_id().0
-    }
-
     /// The session timeout the server granted (it clamps the requested one).
     pub fn timeout(&self) -> Duration {
         self.client.session_timeout()
@@ -199,7 +194,6 @@ pub struct Liveness {
     last_tick_ms: AtomicU64,
     suspect: AtomicBool,
     stale_after_ms: u64,
-    pauses: AtomicU64,
 }
 
 fn mono_ms() -> u64 {
@@ -213,7 +207,6 @@ impl Liveness {
             last_tick_ms: AtomicU64::new(mono_ms()),
             suspect: AtomicBool::new(false),
             stale_after_ms: (session_timeout.as_millis() as u64 / 3).max(300),
-            pauses: AtomicU64::new(0),
         }
     }
 
@@ -221,21 +214,6 @@ impl Liveness {
     pub fn trusted(&self) -> bool {
         !self.suspect.load(Ordering::Acquire)
             && mono_ms().saturating_sub(self.last_tick_ms.load(Ordering::Acquire)) < self.stale_after_ms
-    }
-
-    /// Pauses noticed so far.
-    pub fn pauses(&self) -> u64 {
-        self.pauses.load(Ordering::Relaxed)
-    }
-
-    /// A liveness for a session nobody watches (always trusted while ticked).
-    pub fn always() -> Arc<Self> {
-        Arc::new(Self {
-            last_tick_ms: AtomicU64::new(u64::MAX / 2),
-            suspect: AtomicBool::new(false),
-            stale_after_ms: u64::MAX,
-            pauses: AtomicU64::new(0),
-        })
     }
 }
 
@@ -253,7 +231,6 @@ async fn tick_liveness(live: Arc<Liveness>, view: watch::Sender<SessionView>, ca
             // Suspect first, then the fresh heartbeat: a reader never sees one without the other.
             live.suspect.store(true, Ordering::Release);
             live.last_tick_ms.store(now, Ordering::Release);
-            live.pauses.fetch_add(1, Ordering::Relaxed);
             warn!(paused_ms = gap, "this process was paused: verifying the ZooKeeper session before reading on");
         } else {
             live.last_tick_ms.store(now, Ordering::Release);

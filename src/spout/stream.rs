@@ -342,6 +342,28 @@ impl StreamCoordinator {
         });
     }
 
+    /// Reads the stored assignment and publishes it. A malformed one is reported and the last good
+    /// assignment stays in force, at the broken znode's version, so that the leader overwrites it.
+    async fn reload_assignment(&mut self, store: &ZkStore) -> Result<(), CoordError> {
+        match store.read_assignment().await {
+            Ok(a) => {
+                self.assignment = a;
+                self.assignment_broken = false;
+                self.publish_assignment();
+            }
+            Err(e @ CoordError::Malformed { .. }) => {
+                self.warn(&format!("{e}; the leader rewrites it"));
+                if let Ok(Some(stat)) = store.client().check_stat(store.paths().assignment()).await {
+                    let last = self.assignment.take().map(|a| a.value).unwrap_or_default();
+                    self.assignment = Some(Versioned { value: last, version: stat.version });
+                    self.assignment_broken = true;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
     fn publish_assignment(&self) {
         let a = self.assignment.as_ref().map(|a| Arc::new(a.value.clone()));
         self.view.send_modify(|v| Arc::make_mut(v).assignment = a);
@@ -363,25 +385,7 @@ impl StreamCoordinator {
             }
         }
         if std::mem::take(&mut dirty.assignment) {
-            match store.read_assignment().await {
-                Ok(a) => {
-                    self.assignment = a;
-                    self.assignment_broken = false;
-                    self.publish_assignment();
-                }
-                Err(e @ CoordError::Malformed { .. }) => {
-                    // Keep reading what was assigned last; the leader overwrites the broken znode
-                    // (at the version it has now).
-                    self.warn(&format!("{e}; the leader rewrites it"));
-                    let version = store.client().check_stat(store.paths().assignment()).await.ok().flatten();
-                    if let Some(stat) = version {
-                        let last = self.assignment.take().map(|a| a.value).unwrap_or_default();
-                        self.assignment = Some(Versioned { value: last, version: stat.version });
-                        self.assignment_broken = true;
-                    }
-                }
-                Err(e) => return Err(e),
-            }
+            self.reload_assignment(store).await?;
             if let Some(l) = self.leader.as_mut() {
                 l.recompute = true;
             }
@@ -677,17 +681,7 @@ impl StreamCoordinator {
             Err(CoordError::VersionConflict { .. }) => {
                 tracing::debug!("assignment changed under the leader: reading it and computing again");
                 // Changed under us (a rebalance deleted it, an old leader): read and recompute.
-                match store.read_assignment().await {
-                    Ok(a) => self.assignment = a,
-                    Err(CoordError::Malformed { .. }) => {
-                        if let Ok(Some(stat)) = store.client().check_stat(store.paths().assignment()).await {
-                            let last = self.assignment.take().map(|a| a.value).unwrap_or_default();
-                            self.assignment = Some(Versioned { value: last, version: stat.version });
-                            self.assignment_broken = true;
-                        }
-                    }
-                    Err(e) => return Err(e),
-                }
+                self.reload_assignment(store).await?;
                 l.recompute = true;
                 Ok(())
             }
