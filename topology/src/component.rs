@@ -258,6 +258,15 @@ pub trait Spout: Send + 'static {
         async { Ok(()) }
     }
 
+    /// The task's current low watermark (event time in ms), polled by the executor while it
+    /// does not call `next_tuple`: at `max_spout_pending`, and while waiting for acks or work.
+    /// This keeps watermarks flowing when every in-flight tuple is held downstream (a window
+    /// that acks its inputs when it fires). Same rules as [`SpoutOutput::watermark`]: lower
+    /// values than before are ignored. `None` (the default): no opinion.
+    fn low_watermark(&mut self) -> Option<u64> {
+        None
+    }
+
     /// Called once when the task stops.
     fn close(&mut self) -> impl Future<Output = ()> + Send {
         async {}

@@ -151,6 +151,16 @@ impl<S: Spout> SpoutTask<S> {
                 self.publish();
                 continue;
             }
+            // not calling next_tuple (at max pending, inactive or out of work): the spout may
+            // still move its watermark, e.g. while a window downstream holds every input
+            if !self.draining {
+                if let Some(w) = self.spout.low_watermark() {
+                    self.out.watermark(w);
+                }
+                if self.send_watermark_if_advanced().await.is_err() {
+                    return Ok(());
+                }
+            }
             // idle: flush everything, then wait for something to do
             if self.flush_all().await.is_err() {
                 return Ok(());
