@@ -8,6 +8,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use crate::component::{Bolt, Spout, TaskContext};
+use crate::config::{ComponentConfig, ConfigError};
 use crate::executor::{self, BoltWiring, SpoutWiring, TaskFailure};
 use crate::grouping::{All, Direct, FieldsGrouping, Global, Grouping, LocalOrShuffle, Shuffle};
 use crate::tuple::{DEFAULT_STREAM, Fields};
@@ -119,6 +120,33 @@ pub enum BuildError {
         /// The stream.
         stream: String,
     },
+    /// A direct grouping on a plain stream, or another grouping on a direct stream: the tuples
+    /// would reach no task.
+    #[error(
+        "bolt `{bolt}` subscribes to {kind} stream `{stream}` of `{component}` with {grouping} grouping: {fix}"
+    )]
+    DirectMismatch {
+        /// The subscribing bolt.
+        bolt: String,
+        /// The source component.
+        component: String,
+        /// The stream.
+        stream: String,
+        /// "direct" or "plain".
+        kind: &'static str,
+        /// The grouping's name.
+        grouping: &'static str,
+        /// How to fix it.
+        fix: &'static str,
+    },
+    /// A component's configuration is invalid.
+    #[error("component `{component}`: {source}")]
+    Config {
+        /// The component.
+        component: String,
+        /// What is wrong.
+        source: ConfigError,
+    },
     /// The subscriptions form a cycle.
     #[error("the topology has a cycle: {} -> {}; topologies must be acyclic", path.join(" -> "), path.first().map(String::as_str).unwrap_or(""))]
     Cycle {
@@ -171,8 +199,10 @@ struct ComponentDecl {
     id: String,
     parallelism: usize,
     kind: Kind,
-    streams: Vec<(String, Vec<String>)>,
+    /// (name, fields, direct)
+    streams: Vec<(String, Vec<String>, bool)>,
     inputs: Vec<InputDecl>,
+    config: ComponentConfig,
 }
 
 /// One subscription, resolved to indices.
@@ -189,8 +219,10 @@ pub(crate) struct ComponentSpec {
     pub(crate) id: Arc<str>,
     pub(crate) parallelism: usize,
     pub(crate) kind: Kind,
-    pub(crate) streams: Vec<(Arc<str>, Fields)>,
+    /// (name, fields, direct)
+    pub(crate) streams: Vec<(Arc<str>, Fields, bool)>,
     pub(crate) inputs: Vec<InputSpec>,
+    pub(crate) config: Arc<ComponentConfig>,
 }
 
 /// A validated topology, ready to run with [`crate::run_local`] or a [`crate::LocalCluster`].
@@ -259,20 +291,114 @@ pub struct BoltDeclarer<'a> {
     decl: &'a mut ComponentDecl,
 }
 
-fn declare_output(decl: &mut ComponentDecl, stream: &str, fields: &[&str]) {
-    decl.streams.push((stream.to_owned(), fields.iter().map(|f| (*f).to_owned()).collect()));
+fn declare_output<S: AsRef<str>>(decl: &mut ComponentDecl, stream: &str, fields: &[S], direct: bool) {
+    decl.streams.push((stream.to_owned(), fields.iter().map(|f| f.as_ref().to_owned()).collect(), direct));
+}
+
+macro_rules! outputs {
+    () => {
+        /// Declares a named output stream with its fields.
+        pub fn output<S: AsRef<str>>(&mut self, stream: &str, fields: &[S]) -> &mut Self {
+            declare_output(self.decl, stream, fields, false);
+            self
+        }
+
+        /// Declares the `"default"` stream's fields.
+        pub fn fields<S: AsRef<str>>(&mut self, fields: &[S]) -> &mut Self {
+            self.output(DEFAULT_STREAM, fields)
+        }
+
+        /// Declares a direct stream (Storm's `declareStream(id, true, fields)`): the component
+        /// emits on it only with `emit_direct`, naming the task, and bolts subscribe to it only
+        /// with `direct_grouping`. A mismatch is a build error (or an emit error), never a tuple
+        /// that reaches no task.
+        pub fn direct_output<S: AsRef<str>>(&mut self, stream: &str, fields: &[S]) -> &mut Self {
+            declare_output(self.decl, stream, fields, true);
+            self
+        }
+
+        /// Sets this component's configuration (overrides, timers, its own settings).
+        pub fn config(&mut self, config: ComponentConfig) -> &mut Self {
+            self.decl.config = config;
+            self
+        }
+
+        /// The component's id, as a handle for subscriptions ([`Source`]).
+        pub fn id(&self) -> ComponentId {
+            ComponentId(Arc::from(self.decl.id.as_str()))
+        }
+
+        /// A handle on one of this component's streams, for subscriptions ([`Source`]).
+        pub fn stream(&self, stream: &str) -> StreamId {
+            StreamId { component: Arc::from(self.decl.id.as_str()), stream: Arc::from(stream) }
+        }
+    };
 }
 
 impl SpoutDeclarer<'_> {
-    /// Declares a named output stream with its fields.
-    pub fn output(&mut self, stream: &str, fields: &[&str]) -> &mut Self {
-        declare_output(self.decl, stream, fields);
-        self
+    outputs!();
+}
+
+/// A component's id, from its declarer's [`SpoutDeclarer::id`] / [`BoltDeclarer::id`]: a typed
+/// handle for subscriptions instead of a string.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ComponentId(Arc<str>);
+
+impl ComponentId {
+    /// The id.
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 
-    /// Declares the `"default"` stream's fields.
-    pub fn fields(&mut self, fields: &[&str]) -> &mut Self {
-        self.output(DEFAULT_STREAM, fields)
+    /// A handle on one of the component's streams.
+    pub fn stream(&self, stream: &str) -> StreamId {
+        StreamId { component: self.0.clone(), stream: Arc::from(stream) }
+    }
+}
+
+/// A component's stream, from [`SpoutDeclarer::stream`] / [`BoltDeclarer::stream`] or
+/// [`ComponentId::stream`]: a typed handle for subscriptions.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StreamId {
+    component: Arc<str>,
+    stream: Arc<str>,
+}
+
+impl StreamId {
+    /// The emitting component's id.
+    pub fn component(&self) -> &str {
+        &self.component
+    }
+
+    /// The stream's name.
+    pub fn stream(&self) -> &str {
+        &self.stream
+    }
+}
+
+/// What a grouping subscribes to: a component's default stream (a `&str` id or a
+/// [`ComponentId`]) or a given stream ([`StreamId`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    component: String,
+    stream: String,
+}
+
+impl From<&str> for Source {
+    fn from(component: &str) -> Self {
+        Source { component: component.to_owned(), stream: DEFAULT_STREAM.to_owned() }
+    }
+}
+
+impl From<&ComponentId> for Source {
+    fn from(c: &ComponentId) -> Self {
+        Source { component: c.0.to_string(), stream: DEFAULT_STREAM.to_owned() }
+    }
+}
+
+impl From<&StreamId> for Source {
+    fn from(s: &StreamId) -> Self {
+        Source { component: s.component.to_string(), stream: s.stream.to_string() }
     }
 }
 
@@ -280,8 +406,9 @@ macro_rules! groupings {
     ($( $(#[$doc:meta])* $name:ident, $from:ident => $g:expr ;)*) => {
         $(
             $(#[$doc])*
-            pub fn $name(&mut self, component: &str) -> &mut Self {
-                self.grouping(component, DEFAULT_STREAM, $g)
+            pub fn $name(&mut self, source: impl Into<Source>) -> &mut Self {
+                let s = source.into();
+                self.grouping(&s.component, &s.stream, $g)
             }
             $(#[$doc])*
             /// (Subscribes to a named stream.)
@@ -293,16 +420,7 @@ macro_rules! groupings {
 }
 
 impl BoltDeclarer<'_> {
-    /// Declares a named output stream with its fields.
-    pub fn output(&mut self, stream: &str, fields: &[&str]) -> &mut Self {
-        declare_output(self.decl, stream, fields);
-        self
-    }
-
-    /// Declares the `"default"` stream's fields.
-    pub fn fields(&mut self, fields: &[&str]) -> &mut Self {
-        self.output(DEFAULT_STREAM, fields)
-    }
+    outputs!();
 
     /// Subscribes to `stream` of `component` with any grouping strategy.
     pub fn grouping(&mut self, component: &str, stream: &str, grouping: impl Grouping) -> &mut Self {
@@ -328,8 +446,9 @@ impl BoltDeclarer<'_> {
     }
 
     /// Sends tuples with equal values of `fields` to the same task.
-    pub fn fields_grouping(&mut self, component: &str, fields: &[&str]) -> &mut Self {
-        self.grouping(component, DEFAULT_STREAM, FieldsGrouping::new(fields))
+    pub fn fields_grouping(&mut self, source: impl Into<Source>, fields: &[&str]) -> &mut Self {
+        let s = source.into();
+        self.grouping(&s.component, &s.stream, FieldsGrouping::new(fields))
     }
 
     /// Fields grouping on a named stream.
@@ -356,6 +475,7 @@ impl TopologyBuilder {
             kind: Kind::Spout(Arc::new(TypedSpout(factory, PhantomData))),
             streams: Vec::new(),
             inputs: Vec::new(),
+            config: ComponentConfig::default(),
         });
         let decl = self.components.last_mut().expect("just pushed");
         SpoutDeclarer { decl }
@@ -373,6 +493,7 @@ impl TopologyBuilder {
             kind: Kind::Bolt(Arc::new(TypedBolt(factory, PhantomData))),
             streams: Vec::new(),
             inputs: Vec::new(),
+            config: ComponentConfig::default(),
         });
         let decl = self.components.last_mut().expect("just pushed");
         BoltDeclarer { decl }
@@ -392,8 +513,9 @@ impl TopologyBuilder {
             if c.parallelism == 0 {
                 return Err(BuildError::ZeroParallelism { component: c.id.clone() });
             }
+            c.config.validate().map_err(|source| BuildError::Config { component: c.id.clone(), source })?;
             let mut seen = HashSet::new();
-            for (s, fields) in &c.streams {
+            for (s, fields, _) in &c.streams {
                 if !seen.insert(s.as_str()) {
                     return Err(BuildError::DuplicateStream { component: c.id.clone(), stream: s.clone() });
                 }
@@ -413,15 +535,16 @@ impl TopologyBuilder {
             .iter()
             .map(|c| {
                 // the default stream first: the common emit finds it with one compare
-                let mut streams: Vec<(Arc<str>, Fields)> =
-                    c.streams.iter().map(|(s, f)| (Arc::from(s.as_str()), Fields::new(f))).collect();
-                streams.sort_by_key(|(s, _)| &**s != DEFAULT_STREAM);
+                let mut streams: Vec<(Arc<str>, Fields, bool)> =
+                    c.streams.iter().map(|(s, f, d)| (Arc::from(s.as_str()), Fields::new(f), *d)).collect();
+                streams.sort_by_key(|(s, _, _)| &**s != DEFAULT_STREAM);
                 ComponentSpec {
                     id: Arc::from(c.id.as_str()),
                     parallelism: c.parallelism,
                     kind: c.kind.clone(),
                     streams,
                     inputs: Vec::new(),
+                    config: Arc::new(c.config.clone()),
                 }
             })
             .collect();
@@ -441,12 +564,12 @@ impl TopologyBuilder {
                         known: comps.iter().map(|c| c.id.clone()).collect(),
                     });
                 };
-                let Some(stream) = specs[src].streams.iter().position(|(s, _)| **s == *input.stream) else {
+                let Some(stream) = specs[src].streams.iter().position(|(s, _, _)| **s == *input.stream) else {
                     return Err(BuildError::UnknownStream {
                         bolt: c.id.clone(),
                         component: input.component.clone(),
                         stream: input.stream.clone(),
-                        declared: comps[src].streams.iter().map(|(s, _)| s.clone()).collect(),
+                        declared: comps[src].streams.iter().map(|(s, _, _)| s.clone()).collect(),
                     });
                 };
                 if !subs.insert((src, stream)) {
@@ -456,7 +579,25 @@ impl TopologyBuilder {
                         stream: input.stream.clone(),
                     });
                 }
-                let fields = &specs[src].streams[stream].1;
+                let (_, fields, direct) = &specs[src].streams[stream];
+                if input.grouping.is_direct() != *direct {
+                    let (kind, fix) = if *direct {
+                        ("direct", "subscribe to a direct stream with `direct_grouping`")
+                    } else {
+                        (
+                            "plain",
+                            "declare the stream with `.direct_output(..)` on the source, or use another grouping",
+                        )
+                    };
+                    return Err(BuildError::DirectMismatch {
+                        bolt: c.id.clone(),
+                        component: input.component.clone(),
+                        stream: input.stream.clone(),
+                        kind,
+                        grouping: input.grouping.name(),
+                        fix,
+                    });
+                }
                 if let Err(field) = input.grouping.check_fields(fields) {
                     return Err(if field.is_empty() {
                         BuildError::EmptyGroupingFields {
@@ -601,6 +742,29 @@ mod tests {
         assert!(matches!(e, BuildError::DuplicateField { .. }), "{e}");
         let e = TopologyBuilder::new("empty").build().unwrap_err();
         assert!(matches!(e, BuildError::NoSpouts { .. }));
+        // direct grouping on a plain stream: its tuples would reach no task
+        let e = err(|b| {
+            b.set_bolt("x", 1, |_| B).direct_grouping_from("s", "side");
+        });
+        assert!(matches!(&e, BuildError::DirectMismatch { kind: "plain", .. }), "{e}");
+        assert!(e.to_string().contains("direct_output"), "{e}");
+        // and another grouping on a direct stream
+        let mut b = base();
+        b.set_spout("d", 1, |_| S).direct_output("to", &["v"]);
+        b.set_bolt("x", 1, |_| B).shuffle_grouping_from("d", "to");
+        let e = b.build().unwrap_err();
+        assert!(matches!(&e, BuildError::DirectMismatch { kind: "direct", grouping: "shuffle", .. }), "{e}");
+        let mut b = base();
+        b.set_spout("d", 1, |_| S).direct_output("to", &["v"]);
+        b.set_bolt("x", 1, |_| B).direct_grouping_from("d", "to");
+        assert!(b.build().is_ok());
+        // component config is validated and named
+        let e = err(|b| {
+            b.set_bolt("x", 1, |_| B)
+                .shuffle_grouping("s")
+                .config(ComponentConfig { tick_interval_ms: Some(0), ..ComponentConfig::default() });
+        });
+        assert!(e.to_string().contains("component `x`") && e.to_string().contains("tick_interval_ms"), "{e}");
     }
 
     #[test]

@@ -9,8 +9,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::TopologyConfig;
-use crate::output::{BoltOutput, EmitError, SpoutOutput};
+use crate::config::{ComponentConfig, TopologyConfig};
+use crate::output::{BoltOutput, EmitError, Inputs, SpoutOutput, Timer};
 use crate::tuple::{Tuple, TupleError};
 
 /// A low watermark in milliseconds since the epoch: no later tuple is expected to carry an
@@ -133,6 +133,7 @@ pub struct TaskContext {
     pub(crate) parallelism: usize,
     pub(crate) task_id: usize,
     pub(crate) config: Arc<TopologyConfig>,
+    pub(crate) component_config: Arc<ComponentConfig>,
     pub(crate) wakeup: Wakeup,
     pub(crate) cancel: CancellationToken,
     pub(crate) tracker: TaskTracker,
@@ -169,6 +170,12 @@ impl TaskContext {
         &self.config
     }
 
+    /// This component's own configuration (set with `.config(..)` on its declarer): its
+    /// overrides of the topology's settings and its own `settings`.
+    pub fn component_config(&self) -> &ComponentConfig {
+        &self.component_config
+    }
+
     /// The handle that wakes this task's executor (spouts).
     pub fn wakeup(&self) -> Wakeup {
         self.wakeup.clone()
@@ -198,6 +205,7 @@ impl TaskContext {
             parallelism,
             task_id: task_index,
             config: Arc::new(TopologyConfig::default()),
+            component_config: Arc::new(ComponentConfig::default()),
             wakeup: Wakeup::default(),
             cancel: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -291,6 +299,41 @@ pub trait Bolt: Send + 'static {
         input: Tuple,
         out: &mut BoltOutput,
     ) -> impl Future<Output = Result<(), ComponentError>> + Send;
+
+    /// Processes a batch of inputs (the tuples of one channel message, up to `batch_size`).
+    /// The default takes each input with [`Inputs::next`] and calls [`Bolt::execute`]; override
+    /// it to work on a whole batch at once (one write to an external store per batch, or a
+    /// tighter loop than one `execute` future per tuple).
+    ///
+    /// Acking is per input: [`Inputs::next`] acks the input taken before (unless failed with
+    /// [`Inputs::fail_current`] or held with [`BoltOutput::defer_ack`]), and emits are anchored
+    /// to the input taken last. An `Err` or a panic fails the input being executed; inputs not
+    /// taken yet are handed to another `execute_batch` call (or, if it takes none, to
+    /// `execute` one by one).
+    fn execute_batch(
+        &mut self,
+        inputs: &mut Inputs,
+        out: &mut BoltOutput,
+    ) -> impl Future<Output = Result<(), ComponentError>> + Send {
+        async move {
+            while let Some(t) = inputs.next(out).await {
+                if let Err(e) = self.execute(t, out).await {
+                    inputs.fail_current(out, &e);
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// A timer fired: the component's periodic tick (`tick_interval_ms` in its
+    /// [`ComponentConfig`], Storm's tick tuple) or a wake-up scheduled with
+    /// [`BoltOutput::schedule_after`]. Emits here are unanchored unless anchored to held inputs;
+    /// held inputs may be acked or failed (flush a batch to an external store, then ack it).
+    /// Errors and panics are counted; the task keeps running.
+    fn on_timer(&mut self, timer: Timer, out: &mut BoltOutput) -> impl Future<Output = Result<(), ComponentError>> + Send {
+        let _ = (timer, out);
+        async { Ok(()) }
+    }
 
     /// The combined low watermark of all inputs advanced to `wm`. It is forwarded downstream
     /// after this returns.

@@ -53,12 +53,58 @@ impl Default for TopologyConfig {
     }
 }
 
+/// Settings of one component, set with `.config(..)` on its declarer: overrides of the
+/// topology's settings, timers, and the component's own settings (read them with
+/// [`crate::TaskContext::component_config`]). Unknown keys are rejected.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ComponentConfig {
+    /// A bolt's tick: `Bolt::on_timer(Timer::Tick)` every this many milliseconds. Default: no tick.
+    pub tick_interval_ms: Option<u64>,
+    /// A spout's own `max_spout_pending` (per task). Default: the topology's.
+    pub max_spout_pending: Option<usize>,
+    /// The component's own settings, free-form (e.g. a table name, a batch size).
+    pub settings: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+impl ComponentConfig {
+    /// Checks the values; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.tick_interval_ms == Some(0) {
+            return Err(ConfigError::Invalid {
+                key: "tick_interval_ms",
+                value: "0".into(),
+                expected: ">= 1 (or unset for no tick)",
+            });
+        }
+        if self.max_spout_pending == Some(0) {
+            return Err(ConfigError::Invalid {
+                key: "max_spout_pending",
+                value: "0".into(),
+                expected: ">= 1 (or unset for the topology's)",
+            });
+        }
+        Ok(())
+    }
+
+    /// Ticks every `every` (rounded to milliseconds, at least 1).
+    pub fn with_tick(mut self, every: Duration) -> Self {
+        self.tick_interval_ms = Some(u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1));
+        self
+    }
+
+    /// A setting by key, deserialized into `T`.
+    pub fn setting<T: serde::de::DeserializeOwned>(&self, key: &str) -> Option<Result<T, serde_json::Error>> {
+        self.settings.get(key).map(|v| T::deserialize(v))
+    }
+}
+
 /// A configuration value out of range; names the key and the allowed range.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// A key is out of range.
-    #[error("invalid topology config `{key}` = {value}: {expected}")]
+    #[error("invalid config `{key}` = {value}: {expected}")]
     Invalid {
         /// The config key.
         key: &'static str,

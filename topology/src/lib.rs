@@ -11,7 +11,7 @@
 //! - [`grouping`]: the [`Grouping`]/[`Router`] strategy traits and the built-in groupings.
 //! - [`builder`]: [`TopologyBuilder`] and its validation ([`BuildError`]) into a [`Topology`].
 //! - [`config`]: [`TopologyConfig`] (serde, validated).
-//! - [`acker`]: Storm's XOR ack trees, kept by the spout task that owns each root.
+//! - `acker` (private): Storm's XOR ack trees, kept by the spout task that owns each root.
 //! - `executor` (private): one tokio task per component instance, bounded channels, backpressure.
 //! - [`metrics`]: per-component counters ([`TopologyMetrics`]).
 //! - [`local`]: the in-process runner, [`run_local`] / [`LocalCluster`] and [`RunningTopology`].
@@ -75,7 +75,7 @@
 //! # }
 //! ```
 
-pub mod acker;
+mod acker;
 pub mod builder;
 pub mod component;
 pub mod config;
@@ -88,14 +88,15 @@ pub mod tuple;
 pub mod value;
 pub mod window;
 
-pub use acker::{EdgeRng, PendingTrees};
-pub use builder::{BoltDeclarer, BuildError, SpoutDeclarer, Topology, TopologyBuilder};
+pub use builder::{
+    BoltDeclarer, BuildError, ComponentId, Source, SpoutDeclarer, StreamId, Topology, TopologyBuilder,
+};
 pub use component::{Bolt, ComponentError, ErrorDomain, Spout, TaskContext, Wakeup, Watermark};
-pub use config::{ConfigError, TopologyConfig};
+pub use config::{ComponentConfig, ConfigError, TopologyConfig};
 pub use executor::TopologyError;
 pub use grouping::{All, Direct, FieldsGrouping, Global, Grouping, LocalOrShuffle, RouteContext, Router, Shuffle};
 pub use local::{LocalCluster, RunningTopology, run_local};
 pub use metrics::{ComponentKind, ComponentMetrics, LatencySummary, TopologyMetrics};
-pub use output::{AckHandle, BoltOutput, EmitError, SpoutOutput};
+pub use output::{AckHandle, BoltOutput, EmitError, Inputs, SpoutOutput, Timer};
 pub use tuple::{DEFAULT_STREAM, Fields, Tuple, TupleError};
 pub use value::{Value, Values};

@@ -11,7 +11,11 @@ use smallvec::SmallVec;
 ///
 /// 24 bytes: byte strings are boxed so that the common variants (numbers, strings) keep tuples
 /// small; building one from [`Bytes`] or `Vec<u8>` goes through `Value::from`.
-#[derive(Clone, Debug, PartialEq, Default)]
+///
+/// Equality and the grouping hash treat integers by value: `Int(1) == UInt(1)`, and both go to
+/// the same task under fields grouping (a key read as `i64` in one place and `u64` in another
+/// is still one key). Other types never equal each other (`Float(1.0) != Int(1)`).
+#[derive(Clone, Debug, Default)]
 pub enum Value {
     /// No value.
     #[default]
@@ -44,7 +48,8 @@ impl Value {
         }
     }
 
-    /// Feeds the value into a hasher; used by fields grouping. Stable within one build.
+    /// Feeds the value into a hasher; used by fields grouping. Stable within one build. Equal
+    /// values hash equally: a non-negative `Int` hashes as the `UInt` of the same value.
     #[inline(always)]
     pub fn hash_into<H: Hasher>(&self, h: &mut H) {
         match self {
@@ -52,6 +57,10 @@ impl Value {
             Value::Bool(b) => {
                 h.write_u8(1);
                 h.write_u8(u8::from(*b));
+            }
+            Value::Int(i) if *i >= 0 => {
+                h.write_u8(3);
+                h.write_u64(*i as u64);
             }
             Value::Int(i) => {
                 h.write_u8(2);
@@ -73,6 +82,22 @@ impl Value {
                 h.write_u8(6);
                 b.hash(h);
             }
+        }
+    }
+}
+
+impl PartialEq for Value {
+    fn eq(&self, other: &Value) -> bool {
+        match (self, other) {
+            (Value::Null, Value::Null) => true,
+            (Value::Bool(a), Value::Bool(b)) => a == b,
+            (Value::Int(a), Value::Int(b)) => a == b,
+            (Value::UInt(a), Value::UInt(b)) => a == b,
+            (Value::Int(i), Value::UInt(u)) | (Value::UInt(u), Value::Int(i)) => u64::try_from(*i) == Ok(*u),
+            (Value::Float(a), Value::Float(b)) => a == b,
+            (Value::Str(a), Value::Str(b)) => a == b,
+            (Value::Bytes(a), Value::Bytes(b)) => a == b,
+            _ => false,
         }
     }
 }
@@ -211,14 +236,31 @@ mod tests {
     }
 
     #[test]
-    fn hashing_distinguishes_types() {
+    fn equal_integers_are_one_key_other_types_are_not() {
         use std::collections::hash_map::DefaultHasher;
         let h = |v: &Value| {
             let mut s = DefaultHasher::new();
             v.hash_into(&mut s);
             s.finish()
         };
-        assert_ne!(h(&Value::Int(1)), h(&Value::UInt(1)));
+        assert_eq!(Value::Int(1), Value::UInt(1));
+        assert_eq!(h(&Value::Int(1)), h(&Value::UInt(1)));
+        assert_eq!(h(&Value::Int(0)), h(&Value::UInt(0)));
+        assert_eq!(h(&Value::Int(i64::MAX)), h(&Value::UInt(i64::MAX as u64)));
+        assert_ne!(Value::Int(-1), Value::UInt(u64::MAX));
+        assert_ne!(h(&Value::Int(-1)), h(&Value::UInt(u64::MAX)));
+        assert_ne!(Value::Float(1.0), Value::Int(1));
+        assert_ne!(h(&Value::Int(1)), h(&Value::Float(1.0)));
+        assert_ne!(h(&Value::Null), h(&Value::Bool(false)));
         assert_eq!(h(&Value::from("k")), h(&Value::from(String::from("k"))));
+        // the grouping hash routes them to one task
+        for n in [1usize, 2, 7, 64] {
+            for i in 0..1000i64 {
+                assert_eq!(
+                    crate::grouping::fields_task(&[&Value::Int(i)], n),
+                    crate::grouping::fields_task(&[&Value::UInt(i as u64)], n)
+                );
+            }
+        }
     }
 }

@@ -1054,12 +1054,13 @@ mod tests {
         let mut put = |k: Values| s.add(k, 0, None, || 0, incr).unwrap();
         put(values!["x", 1i64]);
         put(values!["x", 1i64]);
-        put(values!["x", 1u64]); // another type, another key
+        put(values!["x", 1u64]); // the same integer as another type: the same key
+        put(values!["x", 1.0f64]); // a float is another key
         put(values![f64::NAN]);
         put(values![f64::NAN]);
         put(Values::new());
         let fired = s.flush();
-        assert_eq!(fired.iter().map(|f| f.acc).collect::<Vec<_>>(), [2, 1, 2, 1]);
+        assert_eq!(fired.iter().map(|f| f.acc).collect::<Vec<_>>(), [3, 1, 2, 1]);
         assert!(fired.iter().all(|f| f.inputs.is_empty()));
     }
 

@@ -31,6 +31,8 @@ struct FaultyBolt {
     plan: Arc<dyn Fn(u64, u32) -> Fault + Send + Sync>,
     forward: bool,
     seen: Arc<Mutex<Vec<u64>>>,
+    /// inputs held forever (Fault::Hang)
+    hung: Vec<AckHandle>,
 }
 
 impl Bolt for FaultyBolt {
@@ -47,7 +49,7 @@ impl Bolt for FaultyBolt {
             Fault::Panic => panic!("injected panic for {id}"),
             Fault::Hang => {
                 // hold the input and never ack it: the message timeout fails the tree
-                let _held = out.defer_ack()?;
+                self.hung.push(out.defer_ack()?);
                 return Ok(());
             }
             Fault::None => {}
@@ -75,6 +77,7 @@ fn faulty_topology(
         plan: p1.clone(),
         forward: true,
         seen: s1.clone(),
+        hung: Vec::new(),
     })
     .shuffle_grouping("spout")
     .fields(&["id"]);
@@ -83,6 +86,7 @@ fn faulty_topology(
         plan: Arc::new(|_, _| Fault::None),
         forward: false,
         seen: seen.clone(),
+        hung: Vec::new(),
     })
     .fields_grouping("first", &["id"]);
     b.build().unwrap()
@@ -426,6 +430,14 @@ impl Spout for Multi {
         assert!(matches!(e, EmitError::FieldCount { expected: 2, got: 1, .. }), "{e}");
         let e = out.emit_direct(9, "direct", [1u64], None).unwrap_err();
         assert!(matches!(e, EmitError::DirectTaskOutOfRange { task: 9, parallelism: 3, .. }), "{e}");
+        // a plain emit on a direct stream would reach no task: an error, not a silent ack
+        let e = out.emit_to("direct", [1u64], Some(99)).unwrap_err();
+        assert!(matches!(e, EmitError::DirectStream { .. }), "{e}");
+        assert!(e.to_string().contains("emit_direct"), "{e}");
+        // and emit_direct on a plain stream likewise
+        let e = out.emit_direct(0, "pairs", values![1u64, "x"], Some(98)).unwrap_err();
+        assert!(matches!(e, EmitError::NotDirectStream { .. }), "{e}");
+        assert!(e.to_string().contains("direct_output"), "{e}");
         for i in 0..6u64 {
             out.emit_direct((i % 3) as usize, "direct", [i], Some(i as u32))?;
             out.emit_to("pairs", values![i, "x"], None)?;
@@ -453,7 +465,7 @@ impl Bolt for Record {
 async fn streams_and_direct_all_global_groupings() {
     let rec = Arc::new(Mutex::new(Vec::new()));
     let mut b = TopologyBuilder::new("groupings");
-    b.set_spout("m", 1, |_| Multi(false)).fields(&["n"]).output("pairs", &["k", "v"]).output("direct", &["d"]);
+    b.set_spout("m", 1, |_| Multi(false)).fields(&["n"]).output("pairs", &["k", "v"]).direct_output("direct", &["d"]);
     let r = rec.clone();
     b.set_bolt("direct", 3, move |c| Record(r.clone(), c.task_index())).direct_grouping_from("m", "direct");
     let r = rec.clone();

@@ -1,4 +1,5 @@
-//! Property tests (256 cases each): ack trees, replay under faults, fields grouping, max pending.
+//! Property tests (256 cases each): replay under faults, fields grouping, max pending (the ack-tree
+//! property is a unit test of the private `acker` module).
 
 mod common;
 
@@ -9,117 +10,10 @@ use std::time::Duration;
 
 use common::*;
 use proptest::prelude::*;
-use squall_topology::acker::{self, Anchors};
 use squall_topology::*;
 
 fn paused_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap()
-}
-
-/// A tuple in a random ack DAG: spout roots or children of up to three earlier nodes.
-#[derive(Debug, Clone)]
-enum Node {
-    Root(usize),
-    Child(Vec<usize>),
-}
-
-fn dag() -> impl Strategy<Value = (usize, Vec<Node>)> {
-    // every root has at least one tuple (a tracked emit that reaches no task is acked at once)
-    (1usize..4).prop_flat_map(|roots| (Just(roots), roots..40usize)).prop_flat_map(|(roots, n)| {
-        let nodes: Vec<BoxedStrategy<Node>> = (0..n)
-            .map(|i| {
-                if i < roots {
-                    Just(Node::Root(i)).boxed()
-                } else {
-                    prop_oneof![
-                        (0..roots).prop_map(Node::Root),
-                        proptest::collection::vec(0..i, 1..4).prop_map(Node::Child),
-                    ]
-                    .boxed()
-                }
-            })
-            .collect();
-        (Just(roots), nodes)
-    })
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
-
-    /// A root's tree completes exactly when the last anchored tuple of it is acked, and never if
-    /// one of them is left unacked.
-    #[test]
-    fn ack_tree_completes_iff_every_edge_is_acked(
-        (roots, nodes) in dag(),
-        seed in any::<u64>(),
-        skip in proptest::collection::vec(any::<bool>(), 40),
-        order_seed in any::<u64>(),
-    ) {
-        let mut rng = EdgeRng::new(seed);
-        let now = tokio::time::Instant::now();
-        let mut pending = PendingTrees::default();
-        let mut root_xor = vec![0u64; roots];
-        let root_id = |r: usize| acker::make_root(0, r as u64);
-        let mut anchors: Vec<Anchors> = Vec::new();
-        let mut ack_vals: Vec<u64> = Vec::new();
-        for node in &nodes {
-            let a = match node {
-                Node::Root(r) => {
-                    let e = rng.next_edge();
-                    root_xor[*r] ^= e;
-                    let mut a = Anchors::new();
-                    a.push((root_id(*r), e));
-                    a
-                }
-                Node::Child(parents) => {
-                    let mut uniq = parents.clone();
-                    uniq.sort_unstable();
-                    uniq.dedup();
-                    let mut vals: Vec<u64> = uniq.iter().map(|&p| ack_vals[p]).collect();
-                    let a = acker::anchor_child(
-                        uniq.iter().map(|&p| &anchors[p]).zip(vals.iter_mut()),
-                        &mut rng,
-                    );
-                    for (p, v) in uniq.iter().zip(vals) {
-                        ack_vals[*p] = v;
-                    }
-                    a
-                }
-            };
-            anchors.push(a);
-            ack_vals.push(0);
-        }
-        for (r, x) in root_xor.iter().enumerate() {
-            pending.insert(root_id(r), r, *x, now + Duration::from_secs(30));
-        }
-        // which nodes belong to each root's tree
-        let members: Vec<HashSet<usize>> = (0..roots)
-            .map(|r| (0..nodes.len()).filter(|&i| anchors[i].iter().any(|(x, _)| *x == root_id(r))).collect())
-            .collect();
-        // ack the non-skipped nodes in a shuffled order
-        let mut order: Vec<usize> = (0..nodes.len()).filter(|&i| !skip[i]).collect();
-        let mut orng = EdgeRng::new(order_seed);
-        for i in (1..order.len()).rev() {
-            let j = (orng.next_edge() % (i as u64 + 1)) as usize;
-            order.swap(i, j);
-        }
-        let mut acked: HashSet<usize> = HashSet::new();
-        let mut completed: HashSet<usize> = HashSet::new();
-        for &i in &order {
-            acked.insert(i);
-            for (root, x) in acker::ack_updates(&anchors[i], ack_vals[i]) {
-                if let Some(r) = pending.apply(root, x) {
-                    prop_assert!(members[r].is_subset(&acked), "root {r} completed before all its tuples were acked");
-                    prop_assert!(completed.insert(r), "root {r} completed twice");
-                }
-            }
-        }
-        for (r, m) in members.iter().enumerate() {
-            let all = m.is_subset(&acked);
-            prop_assert_eq!(completed.contains(&r), all, "root {} complete={} but all-acked={}", r, completed.contains(&r), all);
-        }
-        prop_assert_eq!(pending.len(), roots - completed.len());
-    }
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -1,6 +1,6 @@
-//! The bolt executor: receives batches in order per upstream task, executes each tuple with panic
-//! isolation, acks or fails inputs, combines watermarks (min over upstream tasks, never
-//! backwards), and finishes once every upstream task has drained.
+//! The bolt executor: receives batches in order per upstream task, hands them to
+//! `execute_batch` with panic isolation, acks or fails inputs, fires timers, combines watermarks
+//! (min over upstream tasks, never backwards), and finishes once every upstream task has drained.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -9,27 +9,19 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::{BoltWiring, TaskFailure, TopologyError};
-use crate::acker::AckBatch;
-use crate::component::{Bolt, ComponentError, TaskContext, Watermark};
+use crate::component::{Bolt, TaskContext, Watermark};
 use crate::metrics::TaskMetrics;
-use crate::output::{BoltOutput, Envelope, Message};
+use crate::output::route::{Cancelled, Control, Envelope, Message};
+use crate::output::{BoltOutput, Inputs, Timer};
 use crate::tuple::Tuple;
-
-struct Cancelled;
-
-/// Busy time of a batch, excluding sends.
-struct Timing {
-    busy: Duration,
-    t0: std::time::Instant,
-}
 
 struct BoltTask<B: Bolt> {
     bolt: B,
     out: BoltOutput,
-    ack_txs: Arc<[mpsc::Sender<AckBatch>]>,
     metrics: Arc<TaskMetrics>,
     cancel: CancellationToken,
     ctx: TaskContext,
@@ -39,16 +31,16 @@ struct BoltTask<B: Bolt> {
     combined: Option<u64>,
     drained: Vec<bool>,
     drained_count: usize,
-    executed: u64,
-    errors: u64,
+    tick: Option<Duration>,
+    next_tick: Option<Instant>,
 }
 
 pub(crate) async fn run<B: Bolt>(bolt: B, ctx: TaskContext, w: BoltWiring) -> Result<(), TaskFailure> {
     let n_up = w.upstream.len();
+    let tick = w.tick;
     let mut task = BoltTask {
         bolt,
-        out: BoltOutput::new(w.outbox, w.spout_tasks),
-        ack_txs: w.ack_txs,
+        out: BoltOutput::new(w.outbox, w.ack_txs, ctx.cancel.clone(), ctx.task_index),
         metrics: w.metrics,
         cancel: ctx.cancel.clone(),
         upstream: w.upstream.iter().enumerate().map(|(i, &id)| (id, i)).collect(),
@@ -56,8 +48,8 @@ pub(crate) async fn run<B: Bolt>(bolt: B, ctx: TaskContext, w: BoltWiring) -> Re
         combined: None,
         drained: vec![false; n_up],
         drained_count: 0,
-        executed: 0,
-        errors: 0,
+        tick,
+        next_tick: tick.map(|t| Instant::now() + t),
         ctx,
     };
     let mut rx = w.rx;
@@ -72,24 +64,60 @@ pub(crate) async fn run<B: Bolt>(bolt: B, ctx: TaskContext, w: BoltWiring) -> Re
     }
     let _ = task.main_loop(&mut rx).await;
     task.publish();
-    task.bolt.cleanup().await;
+    if let Err(p) = AssertUnwindSafe(task.bolt.cleanup()).catch_unwind().await {
+        task.out.note_panic("cleanup", &*p);
+    }
+    // inputs still held at the end are failed (their handles go with the bolt)
+    let BoltTask { bolt, mut out, metrics, .. } = task;
+    drop(bolt);
+    out.reap_dropped();
+    let _ = out.send_acks().await;
+    publish(&metrics, &out);
     Ok(())
 }
 
+fn publish(m: &TaskMetrics, out: &BoltOutput) {
+    TaskMetrics::set(&m.executed, out.executed);
+    TaskMetrics::set(&m.emitted, out.outbox.emitted);
+    TaskMetrics::set(&m.acked, out.acked);
+    TaskMetrics::set(&m.failed, out.failed);
+    TaskMetrics::set(&m.errors, out.errors);
+}
+
 impl<B: Bolt> BoltTask<B> {
+    /// The next timer or tick due.
+    fn next_deadline(&self) -> Option<Instant> {
+        match (self.out.next_timer(), self.next_tick) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     async fn main_loop(&mut self, rx: &mut mpsc::Receiver<Envelope>) -> Result<(), Cancelled> {
         loop {
             // fast path without registering a cancellation waiter
             let env = match rx.try_recv() {
-                Ok(env) if !self.cancel.is_cancelled() => env,
-                _ => tokio::select! {
-                    biased;
-                    _ = self.cancel.cancelled() => return Err(Cancelled),
-                    m = rx.recv() => match m {
-                        Some(env) => env,
-                        None => return Ok(()),
-                    },
-                },
+                Ok(env) if !self.cancel.is_cancelled() => Some(env),
+                _ => None,
+            };
+            let env = match env {
+                Some(env) => env,
+                None => {
+                    let deadline = self.next_deadline();
+                    tokio::select! {
+                        biased;
+                        _ = self.cancel.cancelled() => return Err(Cancelled),
+                        m = rx.recv() => match m {
+                            Some(env) => env,
+                            None => return Ok(()),
+                        },
+                        _ = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                            self.fire_timers().await?;
+                            self.publish();
+                            continue;
+                        }
+                    }
+                }
             };
             match env.msg {
                 Message::Tuples(batch) => self.on_batch(batch).await?,
@@ -100,107 +128,101 @@ impl<B: Bolt> BoltTask<B> {
                     }
                 }
             }
+            // timers due while the task was busy
+            if self.next_deadline().is_some_and(|d| d <= Instant::now()) {
+                self.fire_timers().await?;
+            }
             self.publish();
+            // a bolt whose input never runs dry still lets the runtime run other tasks
+            tokio::task::consume_budget().await;
         }
     }
 
     fn publish(&self) {
-        let m = &self.metrics;
-        TaskMetrics::set(&m.executed, self.executed);
-        TaskMetrics::set(&m.emitted, self.out.outbox.emitted);
-        TaskMetrics::set(&m.acked, self.out.acked);
-        TaskMetrics::set(&m.failed, self.out.failed);
-        TaskMetrics::set(&m.errors, self.errors);
-    }
-
-    fn note_error(
-        &mut self,
-        hook: &str,
-        r: &Result<Result<(), ComponentError>, Box<dyn std::any::Any + Send>>,
-    ) -> bool {
-        match r {
-            Ok(Ok(())) => true,
-            Ok(Err(e)) => {
-                self.errors += 1;
-                tracing::debug!(component = %self.ctx.component, task = self.ctx.task_index, hook, error = %e, "bolt hook failed");
-                false
-            }
-            Err(p) => {
-                self.errors += 1;
-                tracing::warn!(component = %self.ctx.component, task = self.ctx.task_index, hook, panic = %super::panic_message(&**p), "bolt hook panicked; the task keeps running");
-                false
-            }
-        }
+        publish(&self.metrics, &self.out);
     }
 
     async fn on_batch(&mut self, batch: Vec<Tuple>) -> Result<(), Cancelled> {
-        // Timed per batch, excluding sends; std's clock (tokio's, with test-util, takes a lock).
-        let mut timing = Timing { busy: Duration::ZERO, t0: std::time::Instant::now() };
+        // Timed per batch, excluding waits for room downstream; std's clock (tokio's, with
+        // test-util, takes a lock).
+        let t0 = std::time::Instant::now();
+        self.out.blocked = Duration::ZERO;
         let n = batch.len() as u64;
-        let mut rest = batch.into_iter();
-        // One panic guard per batch rather than per tuple; after a panic the tuple that was
-        // executing is failed and the rest of the batch runs under a new guard.
-        let mut executing = false;
+        let mut inputs = Inputs::new(batch);
         loop {
-            let r = AssertUnwindSafe(self.execute_all(&mut rest, &mut executing, &mut timing)).catch_unwind().await;
-            match r {
-                Ok(r) => {
-                    r?;
-                    break;
+            let before = inputs.len();
+            let r = AssertUnwindSafe(self.bolt.execute_batch(&mut inputs, &mut self.out)).catch_unwind().await;
+            let ok = match r {
+                Ok(Ok(())) => true,
+                Ok(Err(e)) => {
+                    self.out.note_error("execute", &e);
+                    false
                 }
                 Err(p) => {
-                    self.errors += 1;
-                    tracing::warn!(component = %self.ctx.component, task = self.ctx.task_index, hook = "execute", panic = %super::panic_message(&*p), "bolt hook panicked; the task keeps running");
-                    if std::mem::take(&mut executing) {
-                        self.out.finish(false);
-                        self.executed += 1;
-                    }
+                    self.out.note_panic("execute", &*p);
+                    false
                 }
+            };
+            // the input being executed when execute_batch returned, failed or panicked
+            if self.out.in_input() {
+                self.out.finish(ok);
+            }
+            self.out.reap_dropped();
+            if inputs.is_empty() || self.cancel.is_cancelled() {
+                break;
+            }
+            if inputs.len() == before {
+                // execute_batch returned without taking an input: run the rest one by one
+                self.execute_rest(&mut inputs).await;
             }
         }
-        timing.busy += timing.t0.elapsed();
-        self.metrics.record_latency_batch(timing.busy, n);
-        self.flush_all().await?;
-        self.send_acks().await
+        let busy = t0.elapsed().saturating_sub(self.out.blocked);
+        self.metrics.record_latency_batch(busy, n);
+        self.out.flush_inner().await
     }
 
-    /// Executes the tuples of `rest` in order, flushing full send buffers on the way.
-    /// `executing` is true while a tuple is inside `execute` (for the caller's panic handling).
-    async fn execute_all(
-        &mut self,
-        rest: &mut std::vec::IntoIter<Tuple>,
-        executing: &mut bool,
-        timing: &mut Timing,
-    ) -> Result<(), Cancelled> {
-        for tuple in rest {
-            self.out.begin(&tuple);
-            *executing = true;
-            let r = self.bolt.execute(tuple, &mut self.out).await;
-            *executing = false;
+    /// Executes the remaining inputs with `execute`, each under its own panic guard.
+    async fn execute_rest(&mut self, inputs: &mut Inputs) {
+        while let Some(t) = inputs.next(&mut self.out).await {
+            let r = AssertUnwindSafe(self.bolt.execute(t, &mut self.out)).catch_unwind().await;
             let ok = match r {
-                Ok(()) => true,
-                Err(e) => {
-                    self.note_execute_error(&e);
+                Ok(Ok(())) => true,
+                Ok(Err(e)) => {
+                    self.out.note_error("execute", &e);
+                    false
+                }
+                Err(p) => {
+                    self.out.note_panic("execute", &*p);
                     false
                 }
             };
             self.out.finish(ok);
-            self.executed += 1;
-            if !self.out.outbox.full.is_empty() {
-                let t1 = std::time::Instant::now();
-                timing.busy += t1.duration_since(timing.t0);
-                self.flush_full().await?;
-                timing.t0 = std::time::Instant::now();
-            }
         }
-        Ok(())
     }
 
-    #[cold]
-    #[inline(never)]
-    fn note_execute_error(&mut self, e: &ComponentError) {
-        self.errors += 1;
-        tracing::debug!(component = %self.ctx.component, task = self.ctx.task_index, hook = "execute", error = %e, "bolt hook failed");
+    /// Fires the tick and the wake-ups that are due, each with panic isolation.
+    async fn fire_timers(&mut self) -> Result<(), Cancelled> {
+        let now = Instant::now();
+        if let (Some(at), Some(every)) = (self.next_tick, self.tick) {
+            if at <= now {
+                // missed ticks are not made up: one tick, then the next a period later
+                self.next_tick = Some(now + every);
+                self.on_timer(Timer::Tick).await;
+            }
+        }
+        while let Some(token) = self.out.pop_due(now) {
+            self.on_timer(Timer::Wakeup(token)).await;
+        }
+        self.out.flush_inner().await
+    }
+
+    async fn on_timer(&mut self, timer: Timer) {
+        match AssertUnwindSafe(self.bolt.on_timer(timer, &mut self.out)).catch_unwind().await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.out.note_error("on_timer", &e),
+            Err(p) => self.out.note_panic("on_timer", &*p),
+        }
+        self.out.reap_dropped();
     }
 
     async fn on_watermark(&mut self, from: usize, wm: Watermark) -> Result<(), Cancelled> {
@@ -220,11 +242,14 @@ impl<B: Bolt> BoltTask<B> {
             return Ok(());
         }
         self.combined = Some(min);
-        let r = AssertUnwindSafe(self.bolt.on_watermark(Watermark(min), &mut self.out)).catch_unwind().await;
-        self.note_error("on_watermark", &r);
-        self.flush_all().await?;
-        self.broadcast(Message::Watermark(Watermark(min))).await?;
-        self.send_acks().await
+        match AssertUnwindSafe(self.bolt.on_watermark(Watermark(min), &mut self.out)).catch_unwind().await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.out.note_error("on_watermark", &e),
+            Err(p) => self.out.note_panic("on_watermark", &*p),
+        }
+        self.out.reap_dropped();
+        self.out.send_watermark(Watermark(min)).await?;
+        self.out.send_acks().await
     }
 
     /// Returns true when every upstream task has drained (and the drain was forwarded).
@@ -237,90 +262,18 @@ impl<B: Bolt> BoltTask<B> {
         if self.drained_count < self.drained.len() {
             return Ok(false);
         }
-        let r = AssertUnwindSafe(self.bolt.on_drain(&mut self.out)).catch_unwind().await;
-        self.note_error("on_drain", &r);
-        self.flush_all().await?;
+        match AssertUnwindSafe(self.bolt.on_drain(&mut self.out)).catch_unwind().await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.out.note_error("on_drain", &e),
+            Err(p) => self.out.note_panic("on_drain", &*p),
+        }
+        self.out.reap_dropped();
         if self.combined != Some(u64::MAX) {
             self.combined = Some(u64::MAX);
-            self.broadcast(Message::Watermark(Watermark::MAX)).await?;
+            self.out.send_watermark(Watermark::MAX).await?;
         }
-        self.broadcast(Message::Drain).await?;
-        self.send_acks().await?;
+        self.out.broadcast(Control::Drain).await?;
+        self.out.send_acks().await?;
         Ok(true)
-    }
-
-    async fn broadcast(&mut self, msg: Message) -> Result<(), Cancelled> {
-        for i in 0..self.out.outbox.targets.len() {
-            let m = match &msg {
-                Message::Watermark(w) => Message::Watermark(*w),
-                Message::Drain => Message::Drain,
-                Message::Tuples(_) => continue,
-            };
-            self.send(i, m).await?;
-        }
-        Ok(())
-    }
-
-    async fn flush_full(&mut self) -> Result<(), Cancelled> {
-        let mut full = std::mem::take(&mut self.out.outbox.full);
-        for &i in &full {
-            if !self.out.outbox.targets[i].buf.is_empty() {
-                let batch = self.out.outbox.take(i);
-                self.send(i, Message::Tuples(batch)).await?;
-            }
-        }
-        full.clear();
-        self.out.outbox.full = full;
-        Ok(())
-    }
-
-    async fn flush_all(&mut self) -> Result<(), Cancelled> {
-        self.out.outbox.full.clear();
-        for i in 0..self.out.outbox.targets.len() {
-            if !self.out.outbox.targets[i].buf.is_empty() {
-                let batch = self.out.outbox.take(i);
-                self.send(i, Message::Tuples(batch)).await?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn send(&mut self, target: usize, msg: Message) -> Result<(), Cancelled> {
-        let env = Envelope { from: self.out.outbox.from, msg };
-        let tx = &self.out.outbox.targets[target].tx;
-        let env = match tx.try_send(env) {
-            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return Ok(()),
-            Err(mpsc::error::TrySendError::Full(env)) => env,
-        };
-        tokio::select! {
-            biased;
-            _ = self.cancel.cancelled() => Err(Cancelled),
-            // a closed channel means the receiver stopped (shutdown); tracked tuples time out
-            _ = tx.send(env) => Ok(()),
-        }
-    }
-
-    /// Sends the ack-tree updates gathered since the last call to their spout tasks.
-    async fn send_acks(&mut self) -> Result<(), Cancelled> {
-        let dirty = std::mem::take(&mut self.out.acks_dirty);
-        for &slot in &dirty {
-            // the next batch starts with room for as many updates (no regrowing per batch)
-            let next = AckBatch { xors: Vec::with_capacity(self.out.acks[slot].xors.len()), fails: Vec::new() };
-            let batch = std::mem::replace(&mut self.out.acks[slot], next);
-            let tx = &self.ack_txs[slot];
-            let batch = match tx.try_send(batch) {
-                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => continue,
-                Err(mpsc::error::TrySendError::Full(b)) => b,
-            };
-            tokio::select! {
-                biased;
-                _ = self.cancel.cancelled() => return Err(Cancelled),
-                _ = tx.send(batch) => {}
-            }
-        }
-        let mut dirty = dirty;
-        dirty.clear();
-        self.out.acks_dirty = dirty;
-        Ok(())
     }
 }

@@ -25,7 +25,7 @@ use crate::component::{ComponentError, TaskContext, Wakeup};
 use crate::config::{ConfigError, TopologyConfig};
 use crate::grouping::{AnyRouter, RouteContext};
 use crate::metrics::{ComponentKind, MetricsRegistry, TaskMetrics};
-use crate::output::{Envelope, OutStream, Outbox, Route, Target};
+use crate::output::route::{Envelope, OutStream, Outbox, Route, Target};
 use crate::tuple::StreamMeta;
 
 /// Why a topology stopped or could not start. `Clone`, so every waiter sees it.
@@ -118,6 +118,7 @@ pub(crate) enum SpoutCommand {
 pub(crate) struct SpoutWiring {
     pub(crate) outbox: Outbox,
     pub(crate) slot: usize,
+    pub(crate) max_pending: usize,
     pub(crate) ack_rx: mpsc::Receiver<AckBatch>,
     pub(crate) ctrl_rx: mpsc::Receiver<SpoutCommand>,
     pub(crate) metrics: Arc<TaskMetrics>,
@@ -128,8 +129,8 @@ pub(crate) struct BoltWiring {
     pub(crate) rx: mpsc::Receiver<Envelope>,
     pub(crate) upstream: Vec<usize>,
     pub(crate) ack_txs: Arc<[mpsc::Sender<AckBatch>]>,
-    pub(crate) spout_tasks: usize,
     pub(crate) metrics: Arc<TaskMetrics>,
+    pub(crate) tick: Option<std::time::Duration>,
 }
 
 /// State shared by a running topology's tasks and its handle.
@@ -253,9 +254,10 @@ pub(crate) fn start(
                 .streams
                 .iter()
                 .enumerate()
-                .map(|(si, (name, fields))| OutStream {
+                .map(|(si, (name, fields, direct))| OutStream {
                     meta: StreamMeta { component: c.id.clone(), task, stream: name.clone(), fields: fields.clone() }
                         .intern(),
+                    direct: *direct,
                     routes: subs[ci]
                         .iter()
                         .filter(|(s, _, _)| *s == si)
@@ -266,7 +268,6 @@ pub(crate) fn start(
                                 fields,
                                 RouteContext { source_task: task, target_tasks: comps[*b].parallelism },
                             ),
-                            direct: g.is_direct(),
                             tasks: (0..comps[*b].parallelism).map(|t| target_of[&(*b, t)]).collect(),
                         })
                         .collect(),
@@ -286,6 +287,7 @@ pub(crate) fn start(
                 parallelism: c.parallelism,
                 task_id,
                 config: config.clone(),
+                component_config: c.config.clone(),
                 wakeup: Wakeup::default(),
                 cancel: cancel.clone(),
                 tracker: tracker.clone(),
@@ -298,7 +300,8 @@ pub(crate) fn start(
                     let ack_rx = ack_rxs[slot]
                         .take()
                         .ok_or_else(|| TopologyError::Stopped { topology: topology.name.to_string() })?;
-                    let wiring = SpoutWiring { outbox, slot, ack_rx, ctrl_rx, metrics };
+                    let max_pending = c.config.max_spout_pending.unwrap_or(config.max_spout_pending);
+                    let wiring = SpoutWiring { outbox, slot, max_pending, ack_rx, ctrl_rx, metrics };
                     let f = f.clone();
                     let c2 = ctx.clone();
                     std::panic::catch_unwind(AssertUnwindSafe(move || f.spawn(c2, wiring)))
@@ -313,8 +316,8 @@ pub(crate) fn start(
                         rx,
                         upstream: upstream.clone(),
                         ack_txs: ack_txs.clone(),
-                        spout_tasks,
                         metrics,
+                        tick: c.config.tick_interval_ms.map(std::time::Duration::from_millis),
                     };
                     let f = f.clone();
                     let c2 = ctx.clone();

@@ -1,5 +1,6 @@
 //! The spout executor: calls `next_tuple` in bursts, routes and flushes, keeps the pending ack
-//! trees of its tuples, delivers ack/fail/timeout to the spout, and obeys control commands.
+//! trees of its tuples, delivers ack/fail/timeout to the spout in bulk, and obeys control
+//! commands.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -10,51 +11,41 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::{SpoutCommand, SpoutWiring, TaskFailure, TopologyError};
-use crate::acker::AckBatch;
-use crate::component::{Spout, TaskContext, Watermark};
+use crate::component::{Spout, TaskContext};
 use crate::metrics::TaskMetrics;
-use crate::output::{Envelope, Message, SpoutOutput};
+use crate::output::route::Cancelled;
+use crate::output::{SpoutAcks, SpoutOutput};
 
 struct SpoutTask<S: Spout> {
     spout: S,
     out: SpoutOutput<S::MsgId>,
-    ack_rx: mpsc::Receiver<AckBatch>,
     ctrl_rx: mpsc::Receiver<SpoutCommand>,
     metrics: Arc<TaskMetrics>,
     cancel: CancellationToken,
     ctx: TaskContext,
     active: bool,
     draining: bool,
-    sent_watermark: Option<u64>,
-    next_timeout_check: Instant,
-    expired: Vec<S::MsgId>,
     // counters published to `metrics`
     acked: u64,
     failed: u64,
-    timed_out: u64,
+    errors: u64,
 }
-
-/// Marks that the task was cancelled while waiting.
-struct Cancelled;
 
 pub(crate) async fn run<S: Spout>(spout: S, ctx: TaskContext, w: SpoutWiring) -> Result<(), TaskFailure> {
     let cfg = ctx.config.clone();
-    let out = SpoutOutput::new(w.outbox, cfg.acking, w.slot, cfg.message_timeout(), cfg.max_spout_pending);
+    let acks = SpoutAcks::new(w.ack_rx, cfg.timeout_check_interval(), ctx.cancel.clone());
+    let out = SpoutOutput::new(w.outbox, acks, cfg.acking, w.slot, cfg.message_timeout(), w.max_pending);
     let mut task = SpoutTask {
         spout,
         out,
-        ack_rx: w.ack_rx,
         ctrl_rx: w.ctrl_rx,
         metrics: w.metrics,
         cancel: ctx.cancel.clone(),
         active: false,
         draining: false,
-        sent_watermark: None,
-        next_timeout_check: Instant::now() + cfg.timeout_check_interval(),
-        expired: Vec::new(),
         acked: 0,
         failed: 0,
-        timed_out: 0,
+        errors: 0,
         ctx,
     };
     let opened = tokio::select! {
@@ -68,11 +59,14 @@ pub(crate) async fn run<S: Spout>(spout: S, ctx: TaskContext, w: SpoutWiring) ->
     }
     if cfg.start_active {
         task.active = true;
-        task.spout.activate().await;
+        let r = AssertUnwindSafe(task.spout.activate()).catch_unwind().await;
+        task.isolate("activate", r);
     }
     let result = task.main_loop().await;
     task.publish();
-    task.spout.close().await;
+    let r = AssertUnwindSafe(task.spout.close()).catch_unwind().await;
+    task.isolate("close", r);
+    task.publish();
     result
 }
 
@@ -80,7 +74,7 @@ impl<S: Spout> SpoutTask<S> {
     async fn main_loop(&mut self) -> Result<(), TaskFailure> {
         let cfg = self.ctx.config.clone();
         let burst = cfg.batch_size.max(1);
-        let max_pending = cfg.max_spout_pending;
+        let max_pending = self.out.max_pending;
         let max_delay = cfg.max_batch_delay();
         let idle_sleep = cfg.idle_sleep();
         let wakeup = self.ctx.wakeup.0.clone();
@@ -93,9 +87,11 @@ impl<S: Spout> SpoutTask<S> {
             let mut retry_later = false;
             if self.active && !self.draining {
                 self.out.now = Instant::now();
+                // completions applied while waiting reach the spout before it is called
+                self.deliver().await;
                 let mut calls = 0u64;
                 for _ in 0..burst {
-                    if self.out.pending.len() >= max_pending {
+                    if self.out.acks.pending.len() >= max_pending {
                         break;
                     }
                     let before = self.out.outbox.emitted;
@@ -104,71 +100,82 @@ impl<S: Spout> SpoutTask<S> {
                     match r {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) if e.is_retryable() => {
-                            TaskMetrics::add(&self.metrics.errors, 1);
+                            self.errors += 1;
                             tracing::warn!(component = %self.ctx.component, task = self.ctx.task_index, error = %e, "next_tuple failed; retrying after the idle sleep");
                             retry_later = true;
                         }
                         Ok(Err(e)) => return Err(TopologyError::failed(&self.ctx, "next_tuple", &e)),
                         Err(p) => return Err(TopologyError::panicked(&self.ctx, &*p)),
                     }
-                    self.ack_immediate().await;
+                    if self.out.finished {
+                        if self.start_drain(false).await.is_err() {
+                            return Ok(());
+                        }
+                        break;
+                    }
                     if self.out.outbox.emitted == before || retry_later {
                         break;
                     }
                     emitted_any = true;
-                    if !self.out.outbox.full.is_empty() && self.flush_full().await.is_err() {
+                    if !self.out.outbox.ready.is_empty() && self.out.send_ready().await.is_err() {
                         return Ok(());
                     }
+                    // trees that completed meanwhile reach the spout before it is called again
+                    self.deliver().await;
                 }
                 TaskMetrics::add(&self.metrics.executed, calls);
-                if self.send_watermark_if_advanced().await.is_err() {
+                self.deliver().await;
+                if !self.draining && self.out.send_watermark_if_advanced().await.is_err() {
                     return Ok(());
                 }
             }
             // acks and commands that arrived meanwhile
-            while let Ok(batch) = self.ack_rx.try_recv() {
-                self.on_acks(batch).await;
-            }
+            self.out.acks.apply_queued();
             while let Ok(cmd) = self.ctrl_rx.try_recv() {
                 if self.on_command(cmd).await.is_err() {
                     return Ok(());
                 }
             }
             let now = Instant::now();
-            if now >= self.next_timeout_check {
-                self.check_timeouts(now).await;
+            if now >= self.out.acks.next_check {
+                self.out.acks.expire(now);
             }
-            if self.draining && self.out.pending.is_empty() {
+            self.deliver().await;
+            if self.draining && self.out.acks.pending.is_empty() {
                 return Ok(());
             }
             if emitted_any && !retry_later {
                 if now.duration_since(last_flush) >= max_delay {
-                    if self.flush_all().await.is_err() {
+                    if self.out.flush_inner().await.is_err() {
                         return Ok(());
                     }
                     last_flush = now;
                 }
                 self.publish();
+                // a spout that never has to wait still lets the runtime run other tasks
+                tokio::task::consume_budget().await;
                 continue;
             }
             // not calling next_tuple (at max pending, inactive or out of work): the spout may
             // still move its watermark, e.g. while a window downstream holds every input
             if !self.draining {
-                if let Some(w) = self.spout.low_watermark() {
-                    self.out.watermark(w);
+                match std::panic::catch_unwind(AssertUnwindSafe(|| self.spout.low_watermark())) {
+                    Ok(Some(w)) => self.out.watermark(w),
+                    Ok(None) => {}
+                    Err(p) => self.isolate::<()>("low_watermark", Err(p)),
                 }
-                if self.send_watermark_if_advanced().await.is_err() {
+                if self.out.send_watermark_if_advanced().await.is_err() {
                     return Ok(());
                 }
             }
             // idle: flush everything, then wait for something to do
-            if self.flush_all().await.is_err() {
+            if self.out.flush_inner().await.is_err() {
                 return Ok(());
             }
             last_flush = Instant::now();
             self.publish();
-            let can_call = self.active && !self.draining && self.out.pending.len() < max_pending;
-            let deadline = self.next_timeout_check;
+            let can_call = self.active && !self.draining && self.out.acks.pending.len() < max_pending;
+            let deadline = self.out.acks.next_check;
             tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => return Ok(()),
@@ -177,7 +184,7 @@ impl<S: Spout> SpoutTask<S> {
                         return Ok(());
                     }
                 }
-                Some(batch) = self.ack_rx.recv() => self.on_acks(batch).await,
+                Some(batch) = self.out.acks.rx.recv() => self.out.acks.apply(batch),
                 _ = wakeup.notified(), if can_call && !retry_later => {}
                 _ = sleep(idle_sleep), if can_call => {}
                 _ = sleep_until(deadline) => {}
@@ -191,159 +198,79 @@ impl<S: Spout> SpoutTask<S> {
         TaskMetrics::set(&m.emitted, self.out.outbox.emitted);
         TaskMetrics::set(&m.acked, self.acked);
         TaskMetrics::set(&m.failed, self.failed);
-        TaskMetrics::set(&m.timed_out, self.timed_out);
-        TaskMetrics::set(&m.pending, self.out.pending.len() as u64);
+        TaskMetrics::set(&m.timed_out, self.out.acks.timed_out);
+        TaskMetrics::set(&m.pending, self.out.acks.pending.len() as u64);
+        TaskMetrics::set(&m.errors, self.errors);
     }
 
-    async fn ack_immediate(&mut self) {
-        if self.out.immediate_acks.is_empty() {
+    /// Counts and logs a panic (or error) of a hook the task survives.
+    fn isolate<T>(&mut self, hook: &'static str, r: Result<T, Box<dyn std::any::Any + Send>>) {
+        if let Err(p) = r {
+            self.errors += 1;
+            tracing::warn!(component = %self.ctx.component, task = self.ctx.task_index, hook, panic = %super::panic_message(&*p), "spout hook panicked; the task keeps running");
+        }
+    }
+
+    /// Delivers the completed and failed trees to the spout, in bulk. A panic in `ack` or `fail`
+    /// is counted and logged; the task keeps running.
+    async fn deliver(&mut self) {
+        if !self.out.acks.has_completions() {
             return;
         }
-        for id in std::mem::take(&mut self.out.immediate_acks) {
+        let mut acked = std::mem::take(&mut self.out.acks.acked);
+        for id in acked.drain(..) {
             self.acked += 1;
-            self.spout.ack(id).await;
+            let r = AssertUnwindSafe(self.spout.ack(id)).catch_unwind().await;
+            self.isolate("ack", r);
         }
-    }
-
-    async fn on_acks(&mut self, batch: AckBatch) {
-        // fails first: a failed tuple's tree must not be reported complete
-        for root in batch.fails {
-            if let Some(id) = self.out.pending.fail(root) {
-                self.failed += 1;
-                self.spout.fail(id).await;
-            }
-        }
-        for (root, x) in batch.xors {
-            if let Some(id) = self.out.pending.apply(root, x) {
-                self.acked += 1;
-                self.spout.ack(id).await;
-            }
-        }
-    }
-
-    async fn check_timeouts(&mut self, now: Instant) {
-        self.next_timeout_check = now + self.ctx.config.timeout_check_interval();
-        self.out.pending.expire(now, &mut self.expired);
-        for id in std::mem::take(&mut self.expired) {
-            self.timed_out += 1;
+        self.out.acks.acked = acked;
+        let mut failed = std::mem::take(&mut self.out.acks.failed);
+        for id in failed.drain(..) {
             self.failed += 1;
-            self.spout.fail(id).await;
+            let r = AssertUnwindSafe(self.spout.fail(id)).catch_unwind().await;
+            self.isolate("fail", r);
         }
+        self.out.acks.failed = failed;
+    }
+
+    /// Stops calling `next_tuple`: runs the drain hook (unless the spout finished on its own),
+    /// then sends the +infinity watermark and the drain marker behind the last tuple (Samza).
+    async fn start_drain(&mut self, run_hook: bool) -> Result<(), Cancelled> {
+        if self.draining {
+            return Ok(());
+        }
+        self.draining = true;
+        if run_hook {
+            self.out.now = Instant::now();
+            match AssertUnwindSafe(self.spout.drain(&mut self.out)).catch_unwind().await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    self.errors += 1;
+                    tracing::warn!(component = %self.ctx.component, task = self.ctx.task_index, error = %e, "spout drain hook failed");
+                }
+                Err(p) => self.isolate::<()>("drain", Err(p)),
+            }
+        }
+        self.deliver().await;
+        self.out.send_watermark_if_advanced().await?;
+        self.out.send_drain().await
     }
 
     async fn on_command(&mut self, cmd: SpoutCommand) -> Result<(), Cancelled> {
         match cmd {
             SpoutCommand::Activate if !self.active => {
                 self.active = true;
-                self.spout.activate().await;
+                let r = AssertUnwindSafe(self.spout.activate()).catch_unwind().await;
+                self.isolate("activate", r);
             }
             SpoutCommand::Deactivate if self.active => {
                 self.active = false;
-                self.spout.deactivate().await;
+                let r = AssertUnwindSafe(self.spout.deactivate()).catch_unwind().await;
+                self.isolate("deactivate", r);
             }
-            SpoutCommand::Drain if !self.draining => {
-                self.draining = true;
-                self.out.now = Instant::now();
-                match AssertUnwindSafe(self.spout.drain(&mut self.out)).catch_unwind().await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        TaskMetrics::add(&self.metrics.errors, 1);
-                        tracing::warn!(component = %self.ctx.component, task = self.ctx.task_index, error = %e, "spout drain hook failed");
-                    }
-                    Err(p) => {
-                        TaskMetrics::add(&self.metrics.errors, 1);
-                        tracing::warn!(component = %self.ctx.component, task = self.ctx.task_index, panic = %super::panic_message(&*p), "spout drain hook panicked");
-                    }
-                }
-                self.ack_immediate().await;
-                self.send_watermark_if_advanced().await?;
-                self.flush_all().await?;
-                // Samza: a +infinity watermark, then the drain marker, to every downstream task
-                if self.sent_watermark != Some(u64::MAX) {
-                    self.sent_watermark = Some(u64::MAX);
-                    self.broadcast(Message::Watermark(Watermark::MAX)).await?;
-                }
-                self.broadcast(Message::Drain).await?;
-            }
+            SpoutCommand::Drain => self.start_drain(true).await?,
             _ => {}
         }
         Ok(())
-    }
-
-    async fn send_watermark_if_advanced(&mut self) -> Result<(), Cancelled> {
-        match self.out.watermark {
-            Some(w) if self.sent_watermark.is_none_or(|s| w > s) => {
-                self.sent_watermark = Some(w);
-                self.flush_all().await?;
-                self.broadcast(Message::Watermark(Watermark(w))).await
-            }
-            _ => Ok(()),
-        }
-    }
-
-    async fn broadcast(&mut self, msg: Message) -> Result<(), Cancelled> {
-        for i in 0..self.out.outbox.targets.len() {
-            let m = match &msg {
-                Message::Watermark(w) => Message::Watermark(*w),
-                Message::Drain => Message::Drain,
-                Message::Tuples(_) => continue,
-            };
-            self.send(i, m).await?;
-        }
-        Ok(())
-    }
-
-    async fn flush_full(&mut self) -> Result<(), Cancelled> {
-        let full = std::mem::take(&mut self.out.outbox.full);
-        for &i in &full {
-            if !self.out.outbox.targets[i].buf.is_empty() {
-                let batch = self.out.outbox.take(i);
-                self.send(i, Message::Tuples(batch)).await?;
-            }
-        }
-        let mut full = full;
-        full.clear();
-        self.out.outbox.full = full;
-        Ok(())
-    }
-
-    async fn flush_all(&mut self) -> Result<(), Cancelled> {
-        self.out.outbox.full.clear();
-        for i in 0..self.out.outbox.targets.len() {
-            if !self.out.outbox.targets[i].buf.is_empty() {
-                let batch = self.out.outbox.take(i);
-                self.send(i, Message::Tuples(batch)).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Sends to one target, draining acks (and checking timeouts) while the target is full so
-    /// bolts blocked on this task's ack channel can make progress.
-    async fn send(&mut self, target: usize, msg: Message) -> Result<(), Cancelled> {
-        let env = Envelope { from: self.out.outbox.from, msg };
-        let tx = self.out.outbox.targets[target].tx.clone();
-        // fast path: room in the channel
-        let env = match tx.try_send(env) {
-            Ok(()) => return Ok(()),
-            Err(mpsc::error::TrySendError::Closed(_)) => return Ok(()),
-            Err(mpsc::error::TrySendError::Full(env)) => env,
-        };
-        loop {
-            let deadline = self.next_timeout_check;
-            tokio::select! {
-                biased;
-                _ = self.cancel.cancelled() => return Err(Cancelled),
-                permit = tx.reserve() => {
-                    // a closed channel means the receiver stopped (shutdown); its tuples time out
-                    if let Ok(p) = permit {
-                        p.send(env);
-                    }
-                    return Ok(());
-                }
-                Some(batch) = self.ack_rx.recv() => self.on_acks(batch).await,
-                _ = sleep_until(deadline) => self.check_timeouts(Instant::now()).await,
-            }
-        }
     }
 }

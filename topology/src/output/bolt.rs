@@ -1,0 +1,570 @@
+//! [`BoltOutput`]: where a bolt emits, holds inputs past `execute` ([`AckHandle`]), schedules
+//! timers ([`Timer`]) and flushes; [`Inputs`]: the batch handed to `Bolt::execute_batch`.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::EmitError;
+use super::route::{Backpressure, Cancelled, Control, Outbox};
+use crate::acker::{self, AckBatch, U64Map};
+use crate::component::{ComponentError, Watermark};
+use crate::tuple::{Anchors, DEFAULT_STREAM, Tuple};
+use crate::value::Values;
+
+/// Handles dropped without `ack` or `fail`: their inputs are failed at the next chance.
+#[derive(Debug, Default)]
+struct DropBox {
+    any: AtomicBool,
+    ids: Mutex<Vec<u64>>,
+}
+
+/// An input held past `execute` with [`BoltOutput::defer_ack`]; ack or fail it later, and anchor
+/// later emits to it with [`BoltOutput::emit_anchored`]. Not cloneable: acked or failed once.
+/// A handle dropped without either fails its input (its spout tuples are replayed), so a held
+/// input is never leaked, also when the code holding it panics.
+pub struct AckHandle {
+    id: u64,
+    drops: Option<Arc<DropBox>>,
+}
+
+impl AckHandle {
+    /// The handle's id (unique within the task).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn disarm(mut self) -> u64 {
+        self.drops = None;
+        self.id
+    }
+}
+
+impl Drop for AckHandle {
+    fn drop(&mut self) {
+        if let Some(d) = self.drops.take() {
+            d.ids.lock().unwrap_or_else(|p| p.into_inner()).push(self.id);
+            d.any.store(true, Ordering::Release);
+        }
+    }
+}
+
+impl PartialEq for AckHandle {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for AckHandle {}
+
+impl std::hash::Hash for AckHandle {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl std::fmt::Debug for AckHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AckHandle({})", self.id)
+    }
+}
+
+/// A timer that fired, handed to [`crate::Bolt::on_timer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timer {
+    /// The periodic tick of the component's `tick_interval_ms` (Storm's tick tuple).
+    Tick,
+    /// A wake-up scheduled with [`BoltOutput::schedule_after`] or [`BoltOutput::schedule_at`],
+    /// with the token given there.
+    Wakeup(u64),
+}
+
+#[derive(Debug)]
+struct Held {
+    anchors: Anchors,
+    ack_val: u64,
+}
+
+#[derive(Debug, Default)]
+enum Current {
+    #[default]
+    None,
+    /// An input outside every ack tree: emits are unanchored, ending it only counts it.
+    Untracked,
+    Input {
+        anchors: Anchors,
+        ack_val: u64,
+    },
+    Deferred(u64),
+}
+
+/// A bolt task's waiting strategy while a send is blocked: nothing else to do.
+pub(crate) struct BoltWaiter {
+    cancel: CancellationToken,
+}
+
+impl Backpressure for BoltWaiter {
+    fn cancel(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    fn meanwhile(&mut self) -> impl std::future::Future<Output = ()> + Send {
+        std::future::pending()
+    }
+}
+
+/// Where a bolt emits. Emits are anchored to the current input unless said otherwise; outside
+/// an input (in `on_watermark`, `on_drain`, `on_timer`) they are unanchored unless
+/// [`BoltOutput::emit_anchored`] names held inputs.
+pub struct BoltOutput {
+    pub(crate) outbox: Outbox,
+    waiter: BoltWaiter,
+    current: Current,
+    held: U64Map<Held>,
+    drops: Arc<DropBox>,
+    next_handle: u64,
+    /// Ack updates per spout task (indexed by ack slot).
+    acks: Vec<AckBatch>,
+    acks_dirty: Vec<usize>,
+    ack_txs: Arc<[mpsc::Sender<AckBatch>]>,
+    timers: BinaryHeap<Reverse<(Instant, u64, u64)>>,
+    timer_seq: u64,
+    /// Inputs executed, acked and failed; errors returned or raised by hooks.
+    pub(crate) executed: u64,
+    pub(crate) acked: u64,
+    pub(crate) failed: u64,
+    pub(crate) errors: u64,
+    /// Time spent waiting for room downstream inside `Inputs::next` (excluded from latency).
+    pub(crate) blocked: Duration,
+    component: Arc<str>,
+    task: usize,
+}
+
+impl BoltOutput {
+    pub(crate) fn new(
+        outbox: Outbox,
+        ack_txs: Arc<[mpsc::Sender<AckBatch>]>,
+        cancel: CancellationToken,
+        task: usize,
+    ) -> Self {
+        let component = outbox.component.clone();
+        BoltOutput {
+            outbox,
+            waiter: BoltWaiter { cancel },
+            current: Current::None,
+            held: U64Map::default(),
+            drops: Arc::new(DropBox::default()),
+            next_handle: 0,
+            acks: (0..ack_txs.len()).map(|_| AckBatch::default()).collect(),
+            acks_dirty: Vec::new(),
+            ack_txs,
+            timers: BinaryHeap::new(),
+            timer_seq: 0,
+            executed: 0,
+            acked: 0,
+            failed: 0,
+            errors: 0,
+            blocked: Duration::ZERO,
+            component,
+            task,
+        }
+    }
+
+    /// Emits on the default stream, anchored to the current input (unanchored outside execute).
+    #[inline]
+    pub fn emit(&mut self, values: impl Into<Values>) -> Result<(), EmitError> {
+        let s = self.outbox.default_index()?;
+        self.emit_current(s, values.into(), None)
+    }
+
+    /// Emits on a named stream, anchored to the current input.
+    pub fn emit_to(&mut self, stream: &str, values: impl Into<Values>) -> Result<(), EmitError> {
+        let s = self.outbox.stream_index(stream)?;
+        self.emit_current(s, values.into(), None)
+    }
+
+    /// Emits to task `task` of every subscriber of `stream` (declared with `direct_output`),
+    /// anchored to the current input.
+    pub fn emit_direct(&mut self, task: usize, stream: &str, values: impl Into<Values>) -> Result<(), EmitError> {
+        let s = self.outbox.stream_index(stream)?;
+        self.emit_current(s, values.into(), Some(task))
+    }
+
+    /// Emits an untracked tuple on the default stream.
+    pub fn emit_unanchored(&mut self, values: impl Into<Values>) -> Result<(), EmitError> {
+        self.emit_unanchored_to(DEFAULT_STREAM, values)
+    }
+
+    /// Emits an untracked tuple on a named stream.
+    pub fn emit_unanchored_to(&mut self, stream: &str, values: impl Into<Values>) -> Result<(), EmitError> {
+        let s = self.outbox.stream_index(stream)?;
+        self.outbox.dispatch(s, values.into(), None, |_| Anchors::new()).map(|_| ())
+    }
+
+    /// Emits on `stream` anchored to held inputs (multi-anchoring, e.g. a window's output).
+    pub fn emit_anchored(
+        &mut self,
+        anchors: &[&AckHandle],
+        stream: &str,
+        values: impl Into<Values>,
+    ) -> Result<(), EmitError> {
+        let s = self.outbox.stream_index(stream)?;
+        let mut parents: Vec<(u64, Anchors, u64)> = Vec::with_capacity(anchors.len());
+        for h in anchors {
+            let held = self.held.get(&h.id).ok_or(EmitError::AnchorCompleted { handle: h.id })?;
+            parents.push((h.id, held.anchors.clone(), held.ack_val));
+        }
+        self.outbox.dispatch(s, values.into(), None, |rng| {
+            acker::anchor_child(parents.iter_mut().map(|(_, a, v)| (&*a, v)), rng)
+        })?;
+        for (id, _, v) in parents {
+            if let Some(h) = self.held.get_mut(&id) {
+                h.ack_val = v;
+            }
+        }
+        Ok(())
+    }
+
+    /// Holds the current input past `execute`: it is not acked when `execute` returns; ack or
+    /// fail it later through the handle (dropping the handle fails it). If `execute` returns an
+    /// error it is failed anyway.
+    pub fn defer_ack(&mut self) -> Result<AckHandle, EmitError> {
+        let current = match std::mem::take(&mut self.current) {
+            Current::Untracked => Current::Input { anchors: Anchors::new(), ack_val: 0 },
+            other => other,
+        };
+        match current {
+            Current::Input { anchors, ack_val } => {
+                let id = self.next_handle;
+                self.next_handle += 1;
+                self.held.insert(id, Held { anchors, ack_val });
+                self.current = Current::Deferred(id);
+                Ok(AckHandle { id, drops: Some(self.drops.clone()) })
+            }
+            other => {
+                self.current = other;
+                Err(EmitError::NoCurrentInput)
+            }
+        }
+    }
+
+    /// Acks a held input.
+    pub fn ack(&mut self, handle: AckHandle) {
+        let id = handle.disarm();
+        if let Some(h) = self.held.remove(&id) {
+            self.queue_ack(&h.anchors, h.ack_val);
+        }
+    }
+
+    /// Fails a held input: its spout tuples are failed (and replayed).
+    pub fn fail(&mut self, handle: AckHandle) {
+        let id = handle.disarm();
+        if let Some(h) = self.held.remove(&id) {
+            self.queue_fail(&h.anchors);
+        }
+    }
+
+    /// Number of inputs held with `defer_ack`.
+    pub fn held_count(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Calls [`crate::Bolt::on_timer`] with [`Timer::Wakeup`]`(token)` after `delay` (or as soon
+    /// as the task is free after that). Any number of wake-ups may be pending.
+    pub fn schedule_after(&mut self, delay: Duration, token: u64) {
+        self.schedule_at(Instant::now() + delay, token);
+    }
+
+    /// Calls [`crate::Bolt::on_timer`] with [`Timer::Wakeup`]`(token)` at `at`.
+    pub fn schedule_at(&mut self, at: Instant, token: u64) {
+        self.timer_seq += 1;
+        self.timers.push(Reverse((at, self.timer_seq, token)));
+    }
+
+    /// Number of scheduled wake-ups not yet fired.
+    pub fn scheduled(&self) -> usize {
+        self.timers.len()
+    }
+
+    /// Sends everything emitted so far downstream, and the acks gathered, waiting while
+    /// downstream is full (backpressure). The engine flushes after every hook; call this inside
+    /// a hook that emits a lot (an `on_drain` writing out a whole state) to bound the memory its
+    /// output takes. Returns early when the topology stops.
+    pub async fn flush(&mut self) {
+        let _ = self.flush_inner().await;
+    }
+
+    pub(crate) async fn flush_inner(&mut self) -> Result<(), Cancelled> {
+        self.outbox.flush(&mut self.waiter).await?;
+        self.send_acks().await
+    }
+
+    pub(crate) async fn broadcast(&mut self, control: Control) -> Result<(), Cancelled> {
+        self.outbox.broadcast(&mut self.waiter, control).await
+    }
+
+    pub(crate) async fn send_watermark(&mut self, wm: Watermark) -> Result<(), Cancelled> {
+        self.broadcast(Control::Watermark(wm)).await
+    }
+
+    /// The earliest scheduled wake-up.
+    pub(crate) fn next_timer(&self) -> Option<Instant> {
+        self.timers.peek().map(|Reverse((at, _, _))| *at)
+    }
+
+    /// Pops a wake-up due at `now`.
+    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<u64> {
+        match self.timers.peek() {
+            Some(Reverse((at, _, _))) if *at <= now => self.timers.pop().map(|Reverse((_, _, t))| t),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn emit_current(&mut self, stream: usize, values: Values, direct: Option<usize>) -> Result<(), EmitError> {
+        match &mut self.current {
+            Current::Untracked | Current::None => {
+                self.outbox.dispatch(stream, values, direct, |_| Anchors::new()).map(|_| ())
+            }
+            // the usual input of one ack tree: what `anchor_child` does for a single root, inline
+            Current::Input { anchors, ack_val } if anchors.len() == 1 => {
+                let root = anchors[0].0;
+                self.outbox
+                    .dispatch(stream, values, direct, |rng| {
+                        let edge = rng.next_edge();
+                        *ack_val ^= edge;
+                        let mut child = Anchors::new();
+                        child.push((root, edge));
+                        child
+                    })
+                    .map(|_| ())
+            }
+            Current::Input { anchors, ack_val } => {
+                let a = &*anchors;
+                self.outbox
+                    .dispatch(stream, values, direct, |rng| acker::anchor_child([(a, &mut *ack_val)], rng))
+                    .map(|_| ())
+            }
+            Current::Deferred(id) => {
+                let id = *id;
+                let Some(h) = self.held.get_mut(&id) else {
+                    return Err(EmitError::AnchorCompleted { handle: id });
+                };
+                let Held { anchors, ack_val } = h;
+                let a = &*anchors;
+                self.outbox
+                    .dispatch(stream, values, direct, |rng| acker::anchor_child([(a, &mut *ack_val)], rng))
+                    .map(|_| ())
+            }
+        }
+    }
+
+    #[inline]
+    fn queue_ack(&mut self, anchors: &Anchors, ack_val: u64) {
+        self.acked += 1;
+        for (root, x) in acker::ack_updates(anchors, ack_val) {
+            let slot = acker::root_slot(root);
+            if let Some(b) = self.acks.get_mut(slot) {
+                if b.is_empty() {
+                    self.acks_dirty.push(slot);
+                }
+                // Consecutive updates of one root (e.g. the words of one sentence) are XORed
+                // together: the spout applies one update instead of several.
+                match b.xors.last_mut() {
+                    Some((r, v)) if *r == root => *v ^= x,
+                    _ => b.xors.push((root, x)),
+                }
+            }
+        }
+    }
+
+    fn queue_fail(&mut self, anchors: &Anchors) {
+        self.failed += 1;
+        for &(root, _) in anchors {
+            let slot = acker::root_slot(root);
+            if let Some(b) = self.acks.get_mut(slot) {
+                if b.is_empty() {
+                    self.acks_dirty.push(slot);
+                }
+                b.fails.push(root);
+            }
+        }
+    }
+
+    /// Fails the inputs whose handles were dropped without `ack` or `fail`.
+    pub(crate) fn reap_dropped(&mut self) {
+        if !self.drops.any.load(Ordering::Acquire) {
+            return;
+        }
+        self.drops.any.store(false, Ordering::Release);
+        let ids = std::mem::take(&mut *self.drops.ids.lock().unwrap_or_else(|p| p.into_inner()));
+        for id in ids {
+            if let Some(h) = self.held.remove(&id) {
+                tracing::debug!(component = %self.component, task = self.task, handle = id, "held input dropped without ack or fail: failing it");
+                self.queue_fail(&h.anchors);
+            }
+        }
+    }
+
+    /// True while an input is being executed (begun and not finished).
+    #[inline]
+    pub(crate) fn in_input(&self) -> bool {
+        !matches!(self.current, Current::None)
+    }
+
+    /// Starts executing an input.
+    #[inline(always)]
+    pub(crate) fn begin(&mut self, input: &Tuple) {
+        self.executed += 1;
+        self.current = match *input.anchors {
+            [] => Current::Untracked,
+            // no SmallVec clone machinery for the usual single anchor
+            [a] => {
+                let mut anchors = Anchors::new();
+                anchors.push(a);
+                Current::Input { anchors, ack_val: 0 }
+            }
+            _ => Current::Input { anchors: input.anchors.clone(), ack_val: 0 },
+        };
+    }
+
+    /// Ends executing an input: acks it on success, fails it on error (also when deferred).
+    #[inline(always)]
+    pub(crate) fn finish(&mut self, ok: bool) {
+        if let Current::Untracked = self.current {
+            self.current = Current::None;
+            if ok {
+                self.acked += 1;
+            } else {
+                self.failed += 1;
+            }
+            return;
+        }
+        self.finish_tracked(ok);
+    }
+
+    #[inline]
+    fn finish_tracked(&mut self, ok: bool) {
+        match std::mem::take(&mut self.current) {
+            Current::None | Current::Untracked => {}
+            Current::Input { anchors, ack_val } => {
+                if ok {
+                    self.queue_ack(&anchors, ack_val);
+                } else {
+                    self.queue_fail(&anchors);
+                }
+            }
+            Current::Deferred(id) => {
+                if !ok {
+                    if let Some(h) = self.held.remove(&id) {
+                        self.queue_fail(&h.anchors);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counts and logs an error returned by a hook.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn note_error(&mut self, hook: &str, e: &ComponentError) {
+        self.errors += 1;
+        tracing::debug!(component = %self.component, task = self.task, hook, error = %e, "bolt hook failed");
+    }
+
+    /// Counts and logs a panic raised by a hook.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn note_panic(&mut self, hook: &str, payload: &(dyn std::any::Any + Send)) {
+        self.errors += 1;
+        tracing::warn!(component = %self.component, task = self.task, hook, panic = %crate::executor::panic_message(payload), "bolt hook panicked; the task keeps running");
+    }
+
+    /// Sends the full batches queued so far (backpressure), leaving partial buffers.
+    pub(crate) async fn send_ready(&mut self) -> Result<(), Cancelled> {
+        self.outbox.send_ready(&mut self.waiter).await
+    }
+
+    /// Sends the ack-tree updates gathered since the last call to their spout tasks.
+    pub(crate) async fn send_acks(&mut self) -> Result<(), Cancelled> {
+        self.reap_dropped();
+        let mut dirty = std::mem::take(&mut self.acks_dirty);
+        for &slot in &dirty {
+            // the next batch starts with room for as many updates (no regrowing per batch)
+            let next = AckBatch { xors: Vec::with_capacity(self.acks[slot].xors.len()), fails: Vec::new() };
+            let batch = std::mem::replace(&mut self.acks[slot], next);
+            let tx = &self.ack_txs[slot];
+            let batch = match tx.try_send(batch) {
+                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => continue,
+                Err(mpsc::error::TrySendError::Full(b)) => b,
+            };
+            tokio::select! {
+                biased;
+                _ = self.waiter.cancel.cancelled() => return Err(Cancelled),
+                _ = tx.send(batch) => {}
+            }
+        }
+        dirty.clear();
+        self.acks_dirty = dirty;
+        Ok(())
+    }
+}
+
+/// The inputs of one batch, handed to [`crate::Bolt::execute_batch`]. Taking an input with
+/// [`Inputs::next`] ends the previous one: it is acked, unless it was failed with
+/// [`Inputs::fail_current`] or held with [`BoltOutput::defer_ack`]. Emits between two `next`
+/// calls are anchored to the input taken by the first.
+#[derive(Debug)]
+pub struct Inputs {
+    rest: std::vec::IntoIter<Tuple>,
+}
+
+impl Inputs {
+    pub(crate) fn new(batch: Vec<Tuple>) -> Self {
+        Inputs { rest: batch.into_iter() }
+    }
+
+    /// The next input, after acking the previous one (and sending full output batches
+    /// downstream, waiting for room: backpressure). `None` at the end of the batch, or when
+    /// the topology stops.
+    #[inline]
+    pub async fn next(&mut self, out: &mut BoltOutput) -> Option<Tuple> {
+        if out.in_input() {
+            out.finish(true);
+        }
+        if !out.outbox.ready.is_empty() {
+            let t0 = std::time::Instant::now();
+            let sent = out.send_ready().await;
+            out.blocked += t0.elapsed();
+            sent.ok()?;
+        }
+        let t = self.rest.next()?;
+        out.begin(&t);
+        Some(t)
+    }
+
+    /// Fails the input taken last (its spout tuples are replayed) and counts `error` against the
+    /// component. The next [`Inputs::next`] then does not ack it.
+    pub fn fail_current(&mut self, out: &mut BoltOutput, error: &ComponentError) {
+        if out.in_input() {
+            out.note_error("execute", error);
+            out.finish(false);
+        }
+    }
+
+    /// Inputs not yet taken.
+    pub fn len(&self) -> usize {
+        self.rest.len()
+    }
+
+    /// True when every input was taken.
+    pub fn is_empty(&self) -> bool {
+        self.rest.len() == 0
+    }
+}

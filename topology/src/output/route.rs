@@ -1,0 +1,310 @@
+//! The send side of a task (internal): declared streams and their subscriptions, routing into
+//! per-target buffers, and the one send/flush path both executors use.
+//!
+//! A buffer that reaches `batch_size` is queued as a ready batch at once, so a hook that emits a
+//! lot (an `on_drain` flushing a whole state, a large `next_tuple`) produces batches of at most
+//! `batch_size` tuples, sent in order with backpressure, never one unbounded message.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::EmitError;
+use crate::acker::EdgeRng;
+use crate::component::Watermark;
+use crate::grouping::AnyRouter;
+use crate::tuple::{Anchors, DEFAULT_STREAM, StreamMeta, Tuple};
+use crate::value::Values;
+
+/// What travels on a bolt task's input channel, in order per sending task.
+#[derive(Debug)]
+pub(crate) enum Message {
+    /// A batch of tuples.
+    Tuples(Vec<Tuple>),
+    /// The sender's low watermark advanced.
+    Watermark(Watermark),
+    /// The sender drained: nothing more will come from it.
+    Drain,
+}
+
+/// A message plus its sender's topology-wide task id.
+#[derive(Debug)]
+pub(crate) struct Envelope {
+    pub(crate) from: usize,
+    pub(crate) msg: Message,
+}
+
+/// The task was cancelled while it waited to send.
+#[derive(Debug)]
+pub(crate) struct Cancelled;
+
+/// What a task does while a send waits for room in a full channel.
+pub(crate) trait Backpressure {
+    /// Cancelled when the topology stops: a waiting send gives up.
+    fn cancel(&self) -> &CancellationToken;
+
+    /// Other work done while waiting (a spout keeps applying acks so the bolts that block on
+    /// its ack channel make progress). Must be cancel-safe: it is dropped when room appears.
+    fn meanwhile(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+/// A downstream task and the tuples buffered for it.
+pub(crate) struct Target {
+    pub(crate) tx: mpsc::Sender<Envelope>,
+    pub(crate) buf: Vec<Tuple>,
+}
+
+/// One subscription of a stream: a router and the target indices of the subscriber's tasks.
+pub(crate) struct Route {
+    pub(crate) consumer: Arc<str>,
+    pub(crate) router: AnyRouter,
+    pub(crate) tasks: Vec<usize>,
+}
+
+/// A declared output stream and its subscriptions (all direct, or none, see the builder).
+pub(crate) struct OutStream {
+    pub(crate) meta: &'static StreamMeta,
+    pub(crate) direct: bool,
+    pub(crate) routes: Vec<Route>,
+}
+
+/// The send side of one task: declared streams, their subscriptions, and per-target buffers.
+pub(crate) struct Outbox {
+    pub(crate) from: usize,
+    pub(crate) component: Arc<str>,
+    pub(crate) streams: Vec<OutStream>,
+    pub(crate) targets: Vec<Target>,
+    /// Full batches waiting to be sent, in emit order.
+    pub(crate) ready: VecDeque<(usize, Vec<Tuple>)>,
+    pub(crate) batch_size: usize,
+    pub(crate) rng: EdgeRng,
+    pub(crate) emitted: u64,
+    scratch: Vec<usize>,
+    default: Option<usize>,
+}
+
+impl Outbox {
+    pub(crate) fn new(
+        from: usize,
+        component: Arc<str>,
+        streams: Vec<OutStream>,
+        targets: Vec<Target>,
+        batch_size: usize,
+    ) -> Self {
+        let default = streams.iter().position(|s| &*s.meta.stream == DEFAULT_STREAM);
+        Outbox {
+            default,
+            from,
+            component,
+            streams,
+            targets,
+            ready: VecDeque::new(),
+            batch_size: batch_size.max(1),
+            rng: EdgeRng::from_entropy(from as u64),
+            emitted: 0,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The index of the default stream (cached).
+    #[inline]
+    pub(crate) fn default_index(&self) -> Result<usize, EmitError> {
+        match self.default {
+            Some(i) => Ok(i),
+            None => self.stream_index(DEFAULT_STREAM),
+        }
+    }
+
+    pub(crate) fn stream_index(&self, stream: &str) -> Result<usize, EmitError> {
+        // The default stream is declared first when present: the common case is one compare.
+        self.streams.iter().position(|s| &*s.meta.stream == stream).ok_or_else(|| EmitError::UnknownStream {
+            component: self.component.to_string(),
+            stream: stream.to_owned(),
+            declared: self.streams.iter().map(|s| s.meta.stream.to_string()).collect(),
+        })
+    }
+
+    /// Checks an emit before anything is routed.
+    #[inline]
+    fn check(&self, stream: usize, values: &Values, direct: Option<usize>) -> Result<(), EmitError> {
+        let s = &self.streams[stream];
+        if values.len() != s.meta.fields.len() || direct.is_some() || s.direct {
+            return self.check_slow(stream, values, direct);
+        }
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn check_slow(&self, stream: usize, values: &Values, direct: Option<usize>) -> Result<(), EmitError> {
+        let s = &self.streams[stream];
+        if values.len() != s.meta.fields.len() {
+            return Err(EmitError::FieldCount {
+                component: self.component.to_string(),
+                stream: s.meta.stream.to_string(),
+                expected: s.meta.fields.len(),
+                got: values.len(),
+                fields: s.meta.fields.to_vec(),
+            });
+        }
+        match (s.direct, direct) {
+            (true, None) => {
+                return Err(EmitError::DirectStream {
+                    component: self.component.to_string(),
+                    stream: s.meta.stream.to_string(),
+                });
+            }
+            (false, Some(_)) => {
+                return Err(EmitError::NotDirectStream {
+                    component: self.component.to_string(),
+                    stream: s.meta.stream.to_string(),
+                });
+            }
+            _ => {}
+        }
+        if let Some(task) = direct {
+            if let Some(r) = s.routes.iter().find(|r| task >= r.tasks.len()) {
+                return Err(EmitError::DirectTaskOutOfRange {
+                    stream: s.meta.stream.to_string(),
+                    consumer: r.consumer.to_string(),
+                    task,
+                    parallelism: r.tasks.len(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Routes one tuple to its targets, giving each copy the anchors `anchor` returns. Returns the
+    /// number of copies buffered: 0 only when the stream has no subscriber (or a custom router
+    /// chose no task).
+    #[inline]
+    pub(crate) fn dispatch(
+        &mut self,
+        stream: usize,
+        values: Values,
+        direct: Option<usize>,
+        mut anchor: impl FnMut(&mut EdgeRng) -> Anchors,
+    ) -> Result<usize, EmitError> {
+        self.check(stream, &values, direct)?;
+        self.emitted += 1;
+        let s = &mut self.streams[stream];
+        let meta = s.meta;
+        // the usual case: one subscriber with a single-target built-in grouping
+        if let ([route], None) = (&mut *s.routes, direct) {
+            if let Some(i) = route.router.route_one(&values) {
+                let Some(&target) = route.tasks.get(i) else { return Ok(0) };
+                let anchors = anchor(&mut self.rng);
+                self.push(target, Tuple { meta, values, anchors });
+                return Ok(1);
+            }
+        }
+        // target indices of every copy, then the copies: the last one takes the values
+        self.scratch.clear();
+        for route in &mut s.routes {
+            let start = self.scratch.len();
+            match direct {
+                None => route.router.route(&values, &mut self.scratch),
+                Some(task) => self.scratch.push(task),
+            }
+            let mut kept = start;
+            for i in start..self.scratch.len() {
+                if let Some(&target) = route.tasks.get(self.scratch[i]) {
+                    self.scratch[kept] = target;
+                    kept += 1;
+                }
+            }
+            self.scratch.truncate(kept);
+        }
+        let copies = self.scratch.len();
+        if copies == 0 {
+            return Ok(0);
+        }
+        for i in 0..copies - 1 {
+            let anchors = anchor(&mut self.rng);
+            self.push(self.scratch[i], Tuple { meta, values: values.clone(), anchors });
+        }
+        let anchors = anchor(&mut self.rng);
+        self.push(self.scratch[copies - 1], Tuple { meta, values, anchors });
+        Ok(copies)
+    }
+
+    #[inline(always)]
+    fn push(&mut self, target: usize, tuple: Tuple) {
+        let tgt = &mut self.targets[target];
+        tgt.buf.push(tuple);
+        if tgt.buf.len() >= self.batch_size {
+            let batch = std::mem::replace(&mut tgt.buf, Vec::with_capacity(self.batch_size));
+            self.ready.push_back((target, batch));
+        }
+    }
+
+    /// Sends the full batches queued so far, in order, waiting for room (backpressure).
+    pub(crate) async fn send_ready<B: Backpressure>(&mut self, bp: &mut B) -> Result<(), Cancelled> {
+        while let Some((target, batch)) = self.ready.pop_front() {
+            let env = Envelope { from: self.from, msg: Message::Tuples(batch) };
+            send(&self.targets[target].tx, env, bp).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends everything buffered: the full batches, then every partial buffer.
+    pub(crate) async fn flush<B: Backpressure>(&mut self, bp: &mut B) -> Result<(), Cancelled> {
+        self.send_ready(bp).await?;
+        for i in 0..self.targets.len() {
+            if !self.targets[i].buf.is_empty() {
+                let batch = std::mem::replace(&mut self.targets[i].buf, Vec::with_capacity(self.batch_size));
+                let env = Envelope { from: self.from, msg: Message::Tuples(batch) };
+                send(&self.targets[i].tx, env, bp).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes, then sends a watermark or drain marker to every downstream task (watermarks and
+    /// drain markers reach every task of every subscriber, whatever the grouping).
+    pub(crate) async fn broadcast<B: Backpressure>(&mut self, bp: &mut B, control: Control) -> Result<(), Cancelled> {
+        self.flush(bp).await?;
+        for target in &self.targets {
+            let msg = match control {
+                Control::Watermark(w) => Message::Watermark(w),
+                Control::Drain => Message::Drain,
+            };
+            send(&target.tx, Envelope { from: self.from, msg }, bp).await?;
+        }
+        Ok(())
+    }
+}
+
+/// An in-band control message.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Control {
+    Watermark(Watermark),
+    Drain,
+}
+
+/// Sends one envelope, waiting for room while doing the task's other work. A closed channel
+/// means its receiver stopped (shutdown): the message is dropped and tracked tuples time out.
+async fn send<B: Backpressure>(tx: &mpsc::Sender<Envelope>, env: Envelope, bp: &mut B) -> Result<(), Cancelled> {
+    let env = match tx.try_send(env) {
+        Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return Ok(()),
+        Err(mpsc::error::TrySendError::Full(env)) => env,
+    };
+    let cancel = bp.cancel().clone();
+    loop {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Err(Cancelled),
+            permit = tx.reserve() => {
+                if let Ok(p) = permit {
+                    p.send(env);
+                }
+                return Ok(());
+            }
+            _ = bp.meanwhile() => {}
+        }
+    }
+}
