@@ -5,6 +5,8 @@
 //!
 //! - [`value`]: [`Value`] and [`Values`], the dynamically typed fields of a tuple.
 //! - [`tuple`](mod@tuple): [`Tuple`], [`Fields`], typed accessors and [`TupleError`].
+//! - [`typed`]: serde records to and from tuples: [`to_values`], [`Tuple::decode`] /
+//!   [`from_tuple`], [`fields_of`] ([`TypedError`]).
 //! - [`component`]: the [`Spout`] and [`Bolt`] traits, [`TaskContext`], [`Watermark`],
 //!   [`ComponentError`].
 //! - [`output`]: [`SpoutOutput`] and [`BoltOutput`], where components emit; [`AckHandle`].
@@ -85,6 +87,7 @@ pub mod local;
 pub mod metrics;
 pub mod output;
 pub mod tuple;
+pub mod typed;
 pub mod value;
 pub mod window;
 
@@ -99,4 +102,5 @@ pub use local::{LocalCluster, RunningTopology, run_local};
 pub use metrics::{ComponentKind, ComponentMetrics, LatencySummary, TopologyMetrics};
 pub use output::{AckHandle, BoltOutput, EmitError, Inputs, SpoutOutput, Timer};
 pub use tuple::{DEFAULT_STREAM, Fields, Tuple, TupleError};
+pub use typed::{TypedError, fields_of, from_tuple, to_values};
 pub use value::{Value, Values};

@@ -130,6 +130,44 @@ pub enum TupleError {
         /// The type found.
         found: &'static str,
     },
+    /// Decoding the tuple into a type ([`Tuple::decode`]) found no value for a field the type
+    /// requires. The caller's fault (the type does not match the stream: declare the field on
+    /// the stream, or make it an `Option`); not retryable.
+    #[error(
+        "cannot decode stream `{stream}` of component `{component}` into `{target}`: missing field `{field}`; \
+         declared fields: {declared:?}"
+    )]
+    MissingField {
+        /// The field the type requires.
+        field: String,
+        /// The type decoded into.
+        target: &'static str,
+        /// Stream of the tuple.
+        stream: String,
+        /// Component that emitted the tuple.
+        component: String,
+        /// The fields declared on that stream.
+        declared: Vec<String>,
+    },
+    /// Decoding the tuple into a type ([`Tuple::decode`]) failed: a value out of range for its
+    /// field, an unknown enum variant, bad nested JSON, a stream with more or fewer fields than
+    /// a tuple type reads. The caller's fault; not retryable.
+    #[error(
+        "cannot decode {} of stream `{stream}` of component `{component}` into `{target}`: {message}",
+        match .field { Some(f) => format!("field `{f}`"), None => "the tuple".to_owned() }
+    )]
+    Decode {
+        /// The field being decoded, when the error is about one.
+        field: Option<String>,
+        /// The type decoded into.
+        target: &'static str,
+        /// Stream of the tuple.
+        stream: String,
+        /// Component that emitted the tuple.
+        component: String,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 /// Where a stream's tuples come from; shared by every tuple a task emits on that stream.
@@ -258,6 +296,12 @@ impl Tuple {
             expected,
             found: found.type_name(),
         }
+    }
+
+    /// Decodes the tuple into a serde type: a struct by field name, zero-copy for `&str` fields
+    /// (see [`typed`](crate::typed)).
+    pub fn decode<'de, T: serde::Deserialize<'de>>(&'de self) -> Result<T, TupleError> {
+        crate::typed::from_tuple(self)
     }
 
     /// A string field.
