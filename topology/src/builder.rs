@@ -122,9 +122,7 @@ pub enum BuildError {
     },
     /// A direct grouping on a plain stream, or another grouping on a direct stream: the tuples
     /// would reach no task.
-    #[error(
-        "bolt `{bolt}` subscribes to {kind} stream `{stream}` of `{component}` with {grouping} grouping: {fix}"
-    )]
+    #[error("bolt `{bolt}` subscribes to {kind} stream `{stream}` of `{component}` with {grouping} grouping: {fix}")]
     DirectMismatch {
         /// The subscribing bolt.
         bolt: String,
@@ -138,6 +136,16 @@ pub enum BuildError {
         grouping: &'static str,
         /// How to fix it.
         fix: &'static str,
+    },
+    /// A stream declared from a type whose fields cannot be listed.
+    #[error("component `{component}` declares stream `{stream}` from a type: {message}")]
+    Typed {
+        /// The component.
+        component: String,
+        /// The stream.
+        stream: String,
+        /// Why (names the type).
+        message: String,
     },
     /// A component's configuration is invalid.
     #[error("component `{component}`: {source}")]
@@ -203,6 +211,8 @@ struct ComponentDecl {
     streams: Vec<(String, Vec<String>, bool)>,
     inputs: Vec<InputDecl>,
     config: ComponentConfig,
+    /// Declaration errors reported by `build`.
+    errors: Vec<BuildError>,
 }
 
 /// One subscription, resolved to indices.
@@ -314,6 +324,26 @@ macro_rules! outputs {
         /// that reaches no task.
         pub fn direct_output<S: AsRef<str>>(&mut self, stream: &str, fields: &[S]) -> &mut Self {
             declare_output(self.decl, stream, fields, true);
+            self
+        }
+
+        /// Declares the `"default"` stream's fields from a record type's field names
+        /// ([`crate::typed::fields_of`]); emit it with `emit(&record)`, read it with
+        /// `tuple.decode::<T>()`. A type without named fields is a build error.
+        pub fn fields_of<T: serde::Deserialize<'static>>(&mut self) -> &mut Self {
+            self.output_of::<T>(DEFAULT_STREAM)
+        }
+
+        /// Declares a named stream's fields from a record type's field names.
+        pub fn output_of<T: serde::Deserialize<'static>>(&mut self, stream: &str) -> &mut Self {
+            match crate::typed::fields_of::<T>() {
+                Ok(fields) => declare_output(self.decl, stream, &fields, false),
+                Err(e) => self.decl.errors.push(BuildError::Typed {
+                    component: self.decl.id.clone(),
+                    stream: stream.to_owned(),
+                    message: e.to_string(),
+                }),
+            }
             self
         }
 
@@ -476,6 +506,7 @@ impl TopologyBuilder {
             streams: Vec::new(),
             inputs: Vec::new(),
             config: ComponentConfig::default(),
+            errors: Vec::new(),
         });
         let decl = self.components.last_mut().expect("just pushed");
         SpoutDeclarer { decl }
@@ -494,6 +525,7 @@ impl TopologyBuilder {
             streams: Vec::new(),
             inputs: Vec::new(),
             config: ComponentConfig::default(),
+            errors: Vec::new(),
         });
         let decl = self.components.last_mut().expect("just pushed");
         BoltDeclarer { decl }
@@ -512,6 +544,9 @@ impl TopologyBuilder {
             }
             if c.parallelism == 0 {
                 return Err(BuildError::ZeroParallelism { component: c.id.clone() });
+            }
+            if let Some(e) = c.errors.first() {
+                return Err(e.clone());
             }
             c.config.validate().map_err(|source| BuildError::Config { component: c.id.clone(), source })?;
             let mut seen = HashSet::new();
@@ -584,10 +619,7 @@ impl TopologyBuilder {
                     let (kind, fix) = if *direct {
                         ("direct", "subscribe to a direct stream with `direct_grouping`")
                     } else {
-                        (
-                            "plain",
-                            "declare the stream with `.direct_output(..)` on the source, or use another grouping",
-                        )
+                        ("plain", "declare the stream with `.direct_output(..)` on the source, or use another grouping")
                     };
                     return Err(BuildError::DirectMismatch {
                         bolt: c.id.clone(),

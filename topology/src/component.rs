@@ -69,6 +69,9 @@ pub enum ComponentError {
     /// Emitting failed (undeclared stream, wrong value count, bad direct task).
     #[error(transparent)]
     Emit(#[from] EmitError),
+    /// A typed record did not encode (see [`crate::typed`]).
+    #[error(transparent)]
+    Typed(#[from] crate::typed::TypedError),
 }
 
 impl ComponentError {
@@ -330,7 +333,11 @@ pub trait Bolt: Send + 'static {
     /// [`BoltOutput::schedule_after`]. Emits here are unanchored unless anchored to held inputs;
     /// held inputs may be acked or failed (flush a batch to an external store, then ack it).
     /// Errors and panics are counted; the task keeps running.
-    fn on_timer(&mut self, timer: Timer, out: &mut BoltOutput) -> impl Future<Output = Result<(), ComponentError>> + Send {
+    fn on_timer(
+        &mut self,
+        timer: Timer,
+        out: &mut BoltOutput,
+    ) -> impl Future<Output = Result<(), ComponentError>> + Send {
         let _ = (timer, out);
         async { Ok(()) }
     }

@@ -91,9 +91,7 @@ pub mod typed;
 pub mod value;
 pub mod window;
 
-pub use builder::{
-    BoltDeclarer, BuildError, ComponentId, Source, SpoutDeclarer, StreamId, Topology, TopologyBuilder,
-};
+pub use builder::{BoltDeclarer, BuildError, ComponentId, Source, SpoutDeclarer, StreamId, Topology, TopologyBuilder};
 pub use component::{Bolt, ComponentError, ErrorDomain, Spout, TaskContext, Wakeup, Watermark};
 pub use config::{ComponentConfig, ConfigError, TopologyConfig};
 pub use executor::TopologyError;
@@ -102,5 +100,5 @@ pub use local::{LocalCluster, RunningTopology, run_local};
 pub use metrics::{ComponentKind, ComponentMetrics, LatencySummary, TopologyMetrics};
 pub use output::{AckHandle, BoltOutput, EmitError, Inputs, SpoutOutput, Timer};
 pub use tuple::{DEFAULT_STREAM, Fields, Tuple, TupleError};
-pub use typed::{TypedError, fields_of, from_tuple, to_values};
+pub use typed::{IntoValues, TypedError, fields_of, from_tuple, to_values};
 pub use value::{Value, Values};

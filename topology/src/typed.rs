@@ -186,3 +186,46 @@ pub fn from_tuple<'de, T: Deserialize<'de>>(t: &'de Tuple) -> Result<T, TupleErr
 pub fn fields_of<'de, T: Deserialize<'de>>() -> Result<Vec<&'static str>, TypedError> {
     fields::fields_of::<T>()
 }
+
+/// What `emit` accepts: dynamic values ([`Values`], [`Value`](crate::Value), `Vec<Value>`, an
+/// array of values) or a reference to any `Serialize` record, encoded with [`to_values`]:
+/// `out.emit(&Word { .. })`.
+pub trait IntoValues {
+    /// The values of one tuple.
+    fn into_values(self) -> Result<Values, TypedError>;
+}
+
+impl IntoValues for Values {
+    #[inline(always)]
+    fn into_values(self) -> Result<Values, TypedError> {
+        Ok(self)
+    }
+}
+
+impl IntoValues for crate::Value {
+    #[inline(always)]
+    fn into_values(self) -> Result<Values, TypedError> {
+        Ok(Values::from(self))
+    }
+}
+
+impl IntoValues for Vec<crate::Value> {
+    #[inline]
+    fn into_values(self) -> Result<Values, TypedError> {
+        Ok(Values::from(self))
+    }
+}
+
+impl<T: Into<crate::Value>, const N: usize> IntoValues for [T; N] {
+    #[inline]
+    fn into_values(self) -> Result<Values, TypedError> {
+        Ok(Values::from(self))
+    }
+}
+
+impl<R: Serialize + ?Sized> IntoValues for &R {
+    #[inline]
+    fn into_values(self) -> Result<Values, TypedError> {
+        to_values(self)
+    }
+}

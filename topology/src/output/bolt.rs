@@ -16,6 +16,7 @@ use super::route::{Backpressure, Cancelled, Control, Outbox};
 use crate::acker::{self, AckBatch, U64Map};
 use crate::component::{ComponentError, Watermark};
 use crate::tuple::{Anchors, DEFAULT_STREAM, Tuple};
+use crate::typed::IntoValues;
 use crate::value::Values;
 
 /// Handles dropped without `ack` or `fail`: their inputs are failed at the next chance.
@@ -178,33 +179,33 @@ impl BoltOutput {
 
     /// Emits on the default stream, anchored to the current input (unanchored outside execute).
     #[inline]
-    pub fn emit(&mut self, values: impl Into<Values>) -> Result<(), EmitError> {
+    pub fn emit(&mut self, values: impl IntoValues) -> Result<(), EmitError> {
         let s = self.outbox.default_index()?;
-        self.emit_current(s, values.into(), None)
+        self.emit_current(s, self.outbox.encode(values)?, None)
     }
 
     /// Emits on a named stream, anchored to the current input.
-    pub fn emit_to(&mut self, stream: &str, values: impl Into<Values>) -> Result<(), EmitError> {
+    pub fn emit_to(&mut self, stream: &str, values: impl IntoValues) -> Result<(), EmitError> {
         let s = self.outbox.stream_index(stream)?;
-        self.emit_current(s, values.into(), None)
+        self.emit_current(s, self.outbox.encode(values)?, None)
     }
 
     /// Emits to task `task` of every subscriber of `stream` (declared with `direct_output`),
     /// anchored to the current input.
-    pub fn emit_direct(&mut self, task: usize, stream: &str, values: impl Into<Values>) -> Result<(), EmitError> {
+    pub fn emit_direct(&mut self, task: usize, stream: &str, values: impl IntoValues) -> Result<(), EmitError> {
         let s = self.outbox.stream_index(stream)?;
-        self.emit_current(s, values.into(), Some(task))
+        self.emit_current(s, self.outbox.encode(values)?, Some(task))
     }
 
     /// Emits an untracked tuple on the default stream.
-    pub fn emit_unanchored(&mut self, values: impl Into<Values>) -> Result<(), EmitError> {
+    pub fn emit_unanchored(&mut self, values: impl IntoValues) -> Result<(), EmitError> {
         self.emit_unanchored_to(DEFAULT_STREAM, values)
     }
 
     /// Emits an untracked tuple on a named stream.
-    pub fn emit_unanchored_to(&mut self, stream: &str, values: impl Into<Values>) -> Result<(), EmitError> {
+    pub fn emit_unanchored_to(&mut self, stream: &str, values: impl IntoValues) -> Result<(), EmitError> {
         let s = self.outbox.stream_index(stream)?;
-        self.outbox.dispatch(s, values.into(), None, |_| Anchors::new()).map(|_| ())
+        self.outbox.dispatch(s, self.outbox.encode(values)?, None, |_| Anchors::new()).map(|_| ())
     }
 
     /// Emits on `stream` anchored to held inputs (multi-anchoring, e.g. a window's output).
@@ -212,7 +213,7 @@ impl BoltOutput {
         &mut self,
         anchors: &[&AckHandle],
         stream: &str,
-        values: impl Into<Values>,
+        values: impl IntoValues,
     ) -> Result<(), EmitError> {
         let s = self.outbox.stream_index(stream)?;
         let mut parents: Vec<(u64, Anchors, u64)> = Vec::with_capacity(anchors.len());
@@ -220,7 +221,7 @@ impl BoltOutput {
             let held = self.held.get(&h.id).ok_or(EmitError::AnchorCompleted { handle: h.id })?;
             parents.push((h.id, held.anchors.clone(), held.ack_val));
         }
-        self.outbox.dispatch(s, values.into(), None, |rng| {
+        self.outbox.dispatch(s, self.outbox.encode(values)?, None, |rng| {
             acker::anchor_child(parents.iter_mut().map(|(_, a, v)| (&*a, v)), rng)
         })?;
         for (id, _, v) in parents {

@@ -6,8 +6,8 @@ pub(crate) mod route;
 mod spout;
 
 pub use bolt::{AckHandle, BoltOutput, Inputs, Timer};
-pub use spout::SpoutOutput;
 pub(crate) use spout::SpoutAcks;
+pub use spout::SpoutOutput;
 
 /// An emit the topology's declarations do not allow, or an anchor that is gone. The
 /// component's fault; not retryable.
@@ -75,6 +75,14 @@ pub enum EmitError {
         task: usize,
         /// The subscriber's parallelism.
         parallelism: usize,
+    },
+    /// A typed record could not be encoded into values (see [`crate::typed::to_values`]).
+    #[error("component `{component}` emitted a record that does not encode into tuple values: {message}")]
+    Encode {
+        /// Emitting component.
+        component: String,
+        /// What the encoder said (names the type and field).
+        message: String,
     },
     /// `defer_ack` outside `execute`.
     #[error("defer_ack called outside execute: there is no current input to hold")]

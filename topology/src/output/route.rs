@@ -127,6 +127,18 @@ impl Outbox {
         })
     }
 
+    /// The values of an emit; a record that does not encode is an emit error naming it.
+    #[inline(always)]
+    pub(crate) fn encode(&self, values: impl crate::typed::IntoValues) -> Result<Values, EmitError> {
+        values.into_values().map_err(|e| self.encode_error(e))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn encode_error(&self, e: crate::typed::TypedError) -> EmitError {
+        EmitError::Encode { component: self.component.to_string(), message: e.to_string() }
+    }
+
     /// Checks an emit before anything is routed.
     #[inline]
     fn check(&self, stream: usize, values: &Values, direct: Option<usize>) -> Result<(), EmitError> {

@@ -11,6 +11,7 @@ use super::route::{Backpressure, Cancelled, Control, Outbox};
 use crate::acker::{self, AckBatch, PendingTrees};
 use crate::component::Watermark;
 use crate::tuple::Anchors;
+use crate::typed::IntoValues;
 use crate::value::Values;
 
 /// The ack side of a spout task: pending trees, the ack channel, and the completions waiting to
@@ -136,22 +137,22 @@ impl<M: Send> SpoutOutput<M> {
 
     /// Emits an untracked tuple on the default stream (at most once).
     #[inline]
-    pub fn emit(&mut self, values: impl Into<Values>) -> Result<(), EmitError> {
+    pub fn emit(&mut self, values: impl IntoValues) -> Result<(), EmitError> {
         let s = self.outbox.default_index()?;
-        self.emit_inner(s, values.into(), None, None)
+        self.emit_inner(s, self.outbox.encode(values)?, None, None)
     }
 
     /// Emits a tracked tuple on the default stream: `ack(msg_id)` or `fail(msg_id)` follows.
     #[inline]
-    pub fn emit_tracked(&mut self, values: impl Into<Values>, msg_id: M) -> Result<(), EmitError> {
+    pub fn emit_tracked(&mut self, values: impl IntoValues, msg_id: M) -> Result<(), EmitError> {
         let s = self.outbox.default_index()?;
-        self.emit_inner(s, values.into(), None, Some(msg_id))
+        self.emit_inner(s, self.outbox.encode(values)?, None, Some(msg_id))
     }
 
     /// Emits on a named stream, tracked when `msg_id` is given.
-    pub fn emit_to(&mut self, stream: &str, values: impl Into<Values>, msg_id: Option<M>) -> Result<(), EmitError> {
+    pub fn emit_to(&mut self, stream: &str, values: impl IntoValues, msg_id: Option<M>) -> Result<(), EmitError> {
         let s = self.outbox.stream_index(stream)?;
-        self.emit_inner(s, values.into(), None, msg_id)
+        self.emit_inner(s, self.outbox.encode(values)?, None, msg_id)
     }
 
     /// Emits to task `task` of every subscriber of `stream`, a stream declared with
@@ -160,11 +161,11 @@ impl<M: Send> SpoutOutput<M> {
         &mut self,
         task: usize,
         stream: &str,
-        values: impl Into<Values>,
+        values: impl IntoValues,
         msg_id: Option<M>,
     ) -> Result<(), EmitError> {
         let s = self.outbox.stream_index(stream)?;
-        self.emit_inner(s, values.into(), Some(task), msg_id)
+        self.emit_inner(s, self.outbox.encode(values)?, Some(task), msg_id)
     }
 
     /// Advances this task's low watermark (event time in ms). Lower values than before are
