@@ -17,8 +17,17 @@ pub trait WindowAggregate: Clone + Send + Sync + 'static {
     fn init(&self) -> Self::Acc;
 
     /// Folds one input in. On error the input is failed (and replayed by a replaying spout);
-    /// `acc` must then be left as it was.
+    /// `acc` must then be left as it was. If it panics, the engine fails the input too, and the
+    /// accumulator is kept as the panic left it.
     fn add(&self, acc: &mut Self::Acc, input: &Tuple) -> Result<(), ComponentError>;
+
+    /// Folds `other` into `into`, as if `into` had also folded `other`'s inputs. Sliding windows
+    /// fold an input once and merge it into each of its windows; sessions merge when an input
+    /// bridges them. Tumbling windows never call it. Must be associative, with [`init`] as
+    /// identity: `merge(init(), x) == x`.
+    ///
+    /// [`init`]: WindowAggregate::init
+    fn merge(&self, into: &mut Self::Acc, other: &Self::Acc);
 
     /// The output values of a fired window, one per [`WindowAggregate::fields`] entry.
     fn emit(&self, acc: &Self::Acc) -> Values;
@@ -42,6 +51,10 @@ impl WindowAggregate for Count {
     fn add(&self, acc: &mut u64, _input: &Tuple) -> Result<(), ComponentError> {
         *acc += 1;
         Ok(())
+    }
+
+    fn merge(&self, into: &mut u64, other: &u64) {
+        *into = into.saturating_add(*other);
     }
 
     fn emit(&self, acc: &u64) -> Values {
@@ -86,6 +99,10 @@ impl WindowAggregate for Sum {
         Ok(())
     }
 
+    fn merge(&self, into: &mut i128, other: &i128) {
+        *into = into.saturating_add(*other);
+    }
+
     fn emit(&self, acc: &i128) -> Values {
         Values::from([saturate_i64(*acc)])
     }
@@ -106,11 +123,19 @@ mod tests {
         Count.add(&mut n, &t).unwrap();
         Count.add(&mut n, &t).unwrap();
         assert_eq!(Count.emit(&n), values![2u64]);
+        let mut m = Count.init();
+        Count.merge(&mut m, &n);
+        Count.merge(&mut m, &n);
+        assert_eq!(Count.emit(&m), values![4u64]);
         let sum = Sum::new("n");
         let mut acc = sum.init();
         sum.add(&mut acc, &t).unwrap();
         sum.add(&mut acc, &t).unwrap();
         assert_eq!(sum.emit(&acc), values![-10i64]);
+        let mut m = sum.init();
+        sum.merge(&mut m, &acc);
+        sum.merge(&mut m, &7);
+        assert_eq!(sum.emit(&m), values![-3i64]);
         let big = Sum::new("u");
         let mut acc = big.init();
         big.add(&mut acc, &t).unwrap();

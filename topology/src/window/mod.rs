@@ -115,10 +115,10 @@ mod config;
 mod state;
 
 pub use aggregate::{Count, Sum, WindowAggregate};
-pub use bolt::{TumblingWindow, TumblingWindowBolt, WindowStats};
-pub use bounds::Window;
-pub use config::{AckMode, LatePolicy, TumblingWindowConfig, WindowError};
-pub use state::{Fired, Placement, WindowState};
+pub use bolt::{TumblingWindow, TumblingWindowBolt, WindowBolt, WindowSpec, WindowStats};
+pub use bounds::{MAX_WINDOWS_PER_EVENT, Window, WindowKind};
+pub use config::{AckMode, LatePolicy, SessionWindowConfig, SlidingWindowConfig, TumblingWindowConfig, WindowError};
+pub use state::{Fired, HeldInput, Placement, WindowState};
 
 /// The emitted field holding a window's start (inclusive), in ms.
 pub const WINDOW_START_FIELD: &str = "window_start_ms";

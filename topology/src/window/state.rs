@@ -1,10 +1,27 @@
-//! The bookkeeping of open windows, free of engine types (unit- and property-tested on its own).
+//! The bookkeeping of windows, free of engine types (unit- and property-tested on its own).
+//!
+//! A *pane* is one (key, window): its accumulator, how many inputs it folded, and the inputs it
+//! still holds. Every pane is either *pending* (not fired yet, or updated by an allowed late
+//! input since it fired) or *retained* (fired, kept until the watermark passes its end plus the
+//! allowed lateness). A held input is shared ([`Arc`]) by every pane it was added to (several
+//! sliding windows); each pane gives its reference away when it fires, and the firing that gives
+//! away the last one acks (or fails) the input.
+//!
+//! # Panic safety
+//!
+//! User code runs in [`WindowState::add`] (`init`, `fold`, `merge`) and in the `eval` closure of
+//! [`WindowState::advance`], [`WindowState::flush`] and [`WindowState::fire_updated`]. A panic in
+//! any of them leaves the bookkeeping consistent (counters never underflow; a pane, its count and
+//! its held inputs agree): `add` changes the structure only after the fold succeeded, and the
+//! firing calls evaluate every due pane before changing anything, so a panic there fires nothing
+//! and leaves the state as it was. Accumulator *contents* are as the panicking code left them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
-use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use super::bounds::Window;
+use super::bounds::{Kind, Window, WindowKind};
 #[cfg(doc)]
 use crate::output::AckHandle;
 use crate::value::{Value, Values};
@@ -35,32 +52,68 @@ impl PartialEq for Key {
 
 impl Eq for Key {}
 
+/// A held input, shared by the panes it was added to. Whoever holds the last reference when the
+/// panes let go of it acks it, or fails it if [`HeldInput::fail`] was called on any reference.
+#[derive(Debug)]
+pub struct HeldInput<H> {
+    handle: H,
+    /// Panes of the state still holding a reference.
+    panes: AtomicUsize,
+    failed: AtomicBool,
+}
+
+impl<H> HeldInput<H> {
+    fn new(handle: H) -> Arc<Self> {
+        Arc::new(HeldInput { handle, panes: AtomicUsize::new(0), failed: AtomicBool::new(false) })
+    }
+
+    /// The input handle (to anchor emits to).
+    pub fn handle(&self) -> &H {
+        &self.handle
+    }
+
+    /// Marks the input failed: released, it is failed rather than acked.
+    pub fn fail(&self) {
+        self.failed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`HeldInput::fail`] was called.
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Lets go of one reference. For the last one, returns the handle and whether it failed:
+    /// ack it, or fail it.
+    pub fn release(this: Arc<Self>) -> Option<(H, bool)> {
+        Arc::into_inner(this).map(|h| (h.handle, h.failed.into_inner()))
+    }
+}
+
 /// One (key, window): its accumulator and its held inputs.
 #[derive(Debug)]
 struct Pane<Acc, H> {
+    window: Window,
     key: Values,
     acc: Acc,
-    inputs: Vec<H>,
+    /// Inputs folded in, over the pane's life.
     count: u64,
-}
-
-/// The panes of one open window, in the order their keys were first seen.
-#[derive(Debug)]
-struct OpenWindow<Acc, H> {
-    window: Window,
-    index: HashMap<Key, usize>,
-    panes: Vec<Pane<Acc, H>>,
+    /// Inputs held, not yet given away by a firing.
+    inputs: Vec<Arc<HeldInput<H>>>,
+    /// Fired at least once.
+    fired: bool,
 }
 
 /// Where [`WindowState::add`] put an input.
 #[derive(Debug, PartialEq)]
 pub enum Placement<H> {
-    /// Folded into this open window.
+    /// Folded in. The window is the input's last window: its one tumbling window, the latest of
+    /// its sliding windows, or its session (after merging).
     Open(Window),
-    /// The watermark already closed the window: nothing was recorded; the key and input are
-    /// handed back.
+    /// Every window of the input is past its allowed lateness: nothing was recorded; the key and
+    /// input are handed back.
     Late {
-        /// The (closed) window of the input's time.
+        /// The input's last (expired) window; for sessions, the session the input alone would
+        /// open, `[ts, ts + gap)`.
         window: Window,
         /// The key given to `add`.
         key: Values,
@@ -71,40 +124,75 @@ pub enum Placement<H> {
 
 /// One (key, window) that fired.
 #[derive(Debug)]
-pub struct Fired<Acc, H> {
+pub struct Fired<T, H> {
     /// The window.
     pub window: Window,
     /// The key values.
     pub key: Values,
-    /// The accumulator.
-    pub acc: Acc,
-    /// The held inputs, in arrival order.
-    pub inputs: Vec<H>,
-    /// How many inputs were folded in (also when none were held).
+    /// What `eval` made of the accumulator.
+    pub output: T,
+    /// How many inputs the pane folded in, over its life (also when none were held).
     pub count: u64,
+    /// The held inputs the pane gives away, in arrival order: every input added since it last
+    /// fired. Anchor the output to them, then [`HeldInput::release`] each.
+    pub inputs: Vec<Arc<HeldInput<H>>>,
+    /// The pane fired before: this is a refinement for late inputs within the allowed lateness.
+    pub refinement: bool,
 }
 
-/// The open tumbling windows of one task, keyed; generic over the accumulator and the held input
-/// handle `H` (an [`AckHandle`] in the bolt). No engine types: this is the logic the bolt wraps.
+/// The windows of one task, keyed; generic over the accumulator and the held input handle `H`
+/// (an [`AckHandle`] in the bolt). No engine types: this is the logic the bolt wraps.
 #[derive(Debug)]
 pub struct WindowState<Acc, H> {
-    size: NonZeroU64,
+    kind: WindowKind,
+    lateness: u64,
     watermark: Option<u64>,
-    /// Open windows by their end.
-    open: BTreeMap<i128, OpenWindow<Acc, H>>,
-    panes: usize,
+    panes: HashMap<u64, Pane<Acc, H>>,
+    /// Panes to fire once the watermark reaches their end, by (end, start, seq): by window end,
+    /// then by key arrival within the window.
+    pending: BTreeSet<(i128, i128, u64)>,
+    /// Fired panes kept for the allowed lateness, by (end + lateness, seq).
+    retained: BTreeSet<(i128, u64)>,
+    /// Tumbling and sliding: the pane of (window start, key).
+    aligned: HashMap<(i128, Key), u64>,
+    /// Sessions: the panes of a key by start.
+    sessions: HashMap<Key, BTreeMap<i128, u64>>,
+    next_seq: u64,
     held: usize,
 }
 
 impl<Acc, H> WindowState<Acc, H> {
-    /// No open window, no watermark yet.
-    pub fn new(size: NonZeroU64) -> Self {
-        WindowState { size, watermark: None, open: BTreeMap::new(), panes: 0, held: 0 }
+    /// No window, no watermark yet, no allowed lateness.
+    pub fn new(kind: WindowKind) -> Self {
+        WindowState {
+            kind,
+            lateness: 0,
+            watermark: None,
+            panes: HashMap::new(),
+            pending: BTreeSet::new(),
+            retained: BTreeSet::new(),
+            aligned: HashMap::new(),
+            sessions: HashMap::new(),
+            next_seq: 0,
+            held: 0,
+        }
     }
 
-    /// The window size in ms.
-    pub fn size(&self) -> NonZeroU64 {
-        self.size
+    /// Keeps fired windows for `ms` of event time past their end: inputs arriving meanwhile are
+    /// folded in and the window fires again.
+    pub fn with_allowed_lateness(mut self, ms: u64) -> Self {
+        self.lateness = ms;
+        self
+    }
+
+    /// How event times map to windows.
+    pub fn kind(&self) -> WindowKind {
+        self.kind
+    }
+
+    /// The allowed lateness in ms.
+    pub fn allowed_lateness(&self) -> u64 {
+        self.lateness
     }
 
     /// The highest watermark seen (`None` before the first).
@@ -112,129 +200,414 @@ impl<Acc, H> WindowState<Acc, H> {
         self.watermark
     }
 
-    /// The window of event time `ts`.
-    pub fn window_of(&self, ts: i64) -> Window {
-        Window::containing(ts, self.size)
-    }
-
-    /// Whether the watermark already closed `window`.
+    /// Whether the watermark already closed `window` (it fired, or would have had it inputs).
     pub fn is_closed(&self, window: Window) -> bool {
         self.watermark.is_some_and(|wm| window.closed_by(wm))
     }
 
-    /// Number of open (key, window) panes.
+    fn is_expired(&self, window: Window) -> bool {
+        self.watermark.is_some_and(|wm| window.expired_by(wm, self.lateness))
+    }
+
+    /// Number of (key, window) panes waiting to fire.
     pub fn open_panes(&self) -> usize {
-        self.panes
+        self.pending.len()
     }
 
-    /// Number of open windows.
+    /// Number of panes kept: waiting to fire, or fired and kept for the allowed lateness.
+    pub fn panes(&self) -> usize {
+        self.panes.len()
+    }
+
+    /// Number of windows with a pane waiting to fire.
     pub fn open_windows(&self) -> usize {
-        self.open.len()
+        self.windows().count()
     }
 
-    /// The open windows, by end.
+    /// The windows with a pane waiting to fire, by end.
     pub fn windows(&self) -> impl Iterator<Item = Window> + '_ {
-        self.open.values().map(|w| w.window)
+        let mut last = None;
+        self.pending.iter().filter_map(move |&(end, start, _)| {
+            let w = (end, start);
+            if last == Some(w) {
+                return None;
+            }
+            last = Some(w);
+            Some(Window::from_bounds(start, end))
+        })
     }
 
-    /// Number of held input handles.
+    /// Number of held input handles (each counted once, however many windows hold it).
     pub fn held(&self) -> usize {
         self.held
     }
 
-    /// Folds an input with event time `ts` into the pane of (`key`, its window): creates the pane
-    /// with `init` if needed, applies `fold` to its accumulator, and holds `input`. A late input
-    /// (its window already closed) is handed back untouched. If `fold` fails, nothing is recorded
-    /// (a pane created for it is removed) and `input` is dropped.
+    /// Folds an input with event time `ts` into the panes of (`key`, each of its windows that is
+    /// not past its allowed lateness), creating panes with `init`, and holds `input` until the
+    /// last of them fires. An input none of whose windows is open is handed back untouched
+    /// ([`Placement::Late`]).
+    ///
+    /// `fold` folds the input into an accumulator; it must leave it as it was when it fails. If
+    /// it fails, nothing is recorded and `input` is dropped. Tumbling windows fold into the pane
+    /// in place; sliding windows fold into a fresh accumulator once and `merge` it into each
+    /// window's pane; a session input folds into the session it joins (or a new one) and
+    /// `merge`s the sessions it bridges into one.
     pub fn add<E>(
         &mut self,
         key: Values,
         ts: i64,
         input: Option<H>,
-        init: impl FnOnce() -> Acc,
+        init: impl Fn() -> Acc,
         fold: impl FnOnce(&mut Acc) -> Result<(), E>,
+        merge: impl Fn(&mut Acc, &Acc),
     ) -> Result<Placement<H>, E> {
-        let window = self.window_of(ts);
-        if self.is_closed(window) {
-            return Ok(Placement::Late { window, key, input });
+        match self.kind.kind() {
+            Kind::Tumbling { size } => {
+                let window = Window::containing(ts, size);
+                if self.is_expired(window) {
+                    return Ok(Placement::Late { window, key, input });
+                }
+                self.add_tumbling(key, window, input, init, fold)?;
+                Ok(Placement::Open(window))
+            }
+            Kind::Sliding { size, slide } => {
+                let mut last = None;
+                let mut open = Vec::new();
+                for w in Window::sliding(ts, size, slide) {
+                    last = Some(w);
+                    if !self.is_expired(w) {
+                        open.push(w);
+                    }
+                }
+                let last = last.unwrap_or_else(|| Window::containing(ts, size)); // n >= 1 windows
+                if open.is_empty() {
+                    return Ok(Placement::Late { window: last, key, input });
+                }
+                let mut delta = init();
+                fold(&mut delta)?;
+                let input = input.map(HeldInput::new);
+                let key = Key(key);
+                for w in open {
+                    self.merge_aligned(&key, w, &delta, input.as_ref(), &init, &merge);
+                }
+                Ok(Placement::Open(last))
+            }
+            Kind::Session { gap } => self.add_session(key, Window::session(ts, gap), input, init, fold, merge),
         }
-        let open = self.open.entry(window.end()).or_insert_with(|| OpenWindow {
-            window,
-            index: HashMap::new(),
-            panes: Vec::new(),
-        });
-        let (i, created) = match open.index.get(&Key(key.clone())) {
-            Some(&i) => (i, false),
+    }
+
+    fn add_tumbling<E>(
+        &mut self,
+        key: Values,
+        window: Window,
+        input: Option<H>,
+        init: impl Fn() -> Acc,
+        fold: impl FnOnce(&mut Acc) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let id = (window.start(), Key(key));
+        if let Some(&seq) = self.aligned.get(&id) {
+            if let Some(pane) = self.panes.get_mut(&seq) {
+                fold(&mut pane.acc)?;
+                pane.count += 1;
+                if let Some(h) = input {
+                    Self::hold(&mut self.held, pane, HeldInput::new(h));
+                }
+                self.touch(seq);
+                return Ok(());
+            }
+        }
+        // a new pane: user code runs before anything is recorded
+        let mut acc = init();
+        fold(&mut acc)?;
+        let seq = self.insert(window, id.1.0.clone(), acc);
+        self.aligned.insert(id, seq);
+        if let Some(pane) = self.panes.get_mut(&seq) {
+            pane.count += 1;
+            if let Some(h) = input {
+                Self::hold(&mut self.held, pane, HeldInput::new(h));
+            }
+        }
+        Ok(())
+    }
+
+    fn merge_aligned(
+        &mut self,
+        key: &Key,
+        window: Window,
+        delta: &Acc,
+        input: Option<&Arc<HeldInput<H>>>,
+        init: &impl Fn() -> Acc,
+        merge: &impl Fn(&mut Acc, &Acc),
+    ) {
+        let id = (window.start(), key.clone());
+        let seq = match self.aligned.get(&id).copied().filter(|s| self.panes.contains_key(s)) {
+            Some(seq) => {
+                if let Some(pane) = self.panes.get_mut(&seq) {
+                    merge(&mut pane.acc, delta);
+                }
+                seq
+            }
             None => {
-                let i = open.panes.len();
-                open.index.insert(Key(key.clone()), i);
-                open.panes.push(Pane { key, acc: init(), inputs: Vec::new(), count: 0 });
-                (i, true)
+                let mut acc = init();
+                merge(&mut acc, delta);
+                let seq = self.insert(window, key.0.clone(), acc);
+                self.aligned.insert(id, seq);
+                seq
             }
         };
-        let pane = &mut open.panes[i];
-        if let Err(e) = fold(&mut pane.acc) {
-            if created {
-                let pane = open.panes.pop();
-                if let Some(p) = pane {
-                    open.index.remove(&Key(p.key));
-                }
-                if open.panes.is_empty() {
-                    self.open.remove(&window.end());
+        // each pane is consistent on its own: its accumulator, count and inputs agree
+        if let Some(pane) = self.panes.get_mut(&seq) {
+            pane.count += 1;
+            if let Some(h) = input {
+                Self::hold(&mut self.held, pane, h.clone());
+            }
+        }
+        self.touch(seq);
+    }
+
+    fn add_session<E>(
+        &mut self,
+        key: Values,
+        proto: Window,
+        input: Option<H>,
+        init: impl Fn() -> Acc,
+        fold: impl FnOnce(&mut Acc) -> Result<(), E>,
+        merge: impl Fn(&mut Acc, &Acc),
+    ) -> Result<Placement<H>, E> {
+        let k = Key(key);
+        // the key's sessions the input's own session overlaps, by start: sessions of one key
+        // are disjoint, so walk down from the last starting before its end
+        let mut bridged: Vec<u64> = Vec::new();
+        if let Some(by_start) = self.sessions.get(&k) {
+            for (_, &seq) in by_start.range(..proto.end()).rev() {
+                match self.panes.get(&seq) {
+                    Some(p) if p.window.overlaps(&proto) => bridged.push(seq),
+                    Some(_) => break,
+                    None => {}
                 }
             }
-            return Err(e);
         }
+        bridged.reverse();
+        let Some((&first, others)) = bridged.split_first() else {
+            if self.is_expired(proto) {
+                return Ok(Placement::Late { window: proto, key: k.0, input });
+            }
+            let mut acc = init();
+            fold(&mut acc)?;
+            let seq = self.insert(proto, k.0.clone(), acc);
+            self.sessions.entry(k).or_default().insert(proto.start(), seq);
+            if let Some(pane) = self.panes.get_mut(&seq) {
+                pane.count += 1;
+                if let Some(h) = input {
+                    Self::hold(&mut self.held, pane, HeldInput::new(h));
+                }
+            }
+            return Ok(Placement::Open(proto));
+        };
+        match self.panes.get_mut(&first) {
+            Some(pane) => fold(&mut pane.acc)?,
+            None => return Ok(Placement::Late { window: proto, key: k.0, input }), // unreachable
+        }
+        if !others.is_empty() {
+            // merge the bridged sessions into the first while all are out of the map; a panic
+            // in `merge` puts them back as they were
+            let mut out = Restore { panes: &mut self.panes, taken: Vec::new() };
+            for &seq in std::iter::once(&first).chain(others) {
+                if let Some(p) = out.panes.remove(&seq) {
+                    out.taken.push((seq, p));
+                }
+            }
+            if let Some(((_, head), rest)) = out.taken.split_first_mut() {
+                for (_, p) in rest.iter() {
+                    merge(&mut head.acc, &p.acc);
+                }
+            }
+            let mut taken = std::mem::take(&mut out.taken).into_iter();
+            drop(out);
+            let Some((seq, mut head)) = taken.next() else {
+                return Ok(Placement::Late { window: proto, key: k.0, input });
+            };
+            for (other, p) in taken {
+                self.unindex(other, &p);
+                head.window = head.window.union(p.window);
+                head.count += p.count;
+                head.inputs.extend(p.inputs);
+                head.fired |= p.fired;
+            }
+            self.panes.insert(seq, head);
+        }
+        // the survivor grows to hold the input (and what it bridged): re-index it
+        let Some(pane) = self.panes.get_mut(&first) else {
+            return Ok(Placement::Late { window: proto, key: k.0, input });
+        };
+        let old = pane.window;
+        pane.window = old.union(proto);
         pane.count += 1;
         if let Some(h) = input {
-            pane.inputs.push(h);
-            self.held += 1;
+            Self::hold(&mut self.held, pane, HeldInput::new(h));
         }
-        if created {
-            self.panes += 1;
+        let window = pane.window;
+        if let Some(by_start) = self.sessions.get_mut(&k) {
+            by_start.remove(&old.start());
+            by_start.insert(window.start(), first);
         }
+        self.pending.remove(&(old.end(), old.start(), first));
+        self.retained.remove(&(old.end() + i128::from(self.lateness), first));
+        self.pending.insert((window.end(), window.start(), first));
         Ok(Placement::Open(window))
     }
 
-    /// Advances the watermark to `wm` and returns the panes of every window it closes (`end <=
-    /// wm`), by window end, then by key arrival. A watermark not above the current one is ignored
-    /// and fires nothing.
-    pub fn advance(&mut self, wm: u64) -> Vec<Fired<Acc, H>> {
+    fn insert(&mut self, window: Window, key: Values, acc: Acc) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.panes.insert(seq, Pane { window, key, acc, count: 0, inputs: Vec::new(), fired: false });
+        self.pending.insert((window.end(), window.start(), seq));
+        seq
+    }
+
+    fn hold(held: &mut usize, pane: &mut Pane<Acc, H>, input: Arc<HeldInput<H>>) {
+        if input.panes.fetch_add(1, Ordering::Relaxed) == 0 {
+            *held += 1;
+        }
+        pane.inputs.push(input);
+    }
+
+    /// A pane that got an input: if it fired and was kept, it fires again.
+    fn touch(&mut self, seq: u64) {
+        if let Some(p) = self.panes.get(&seq) {
+            if p.fired && self.retained.remove(&(p.window.end() + i128::from(self.lateness), seq)) {
+                self.pending.insert((p.window.end(), p.window.start(), seq));
+            }
+        }
+    }
+
+    /// Removes a pane's index entries (pending, retained, the key's lookup).
+    fn unindex(&mut self, seq: u64, p: &Pane<Acc, H>) {
+        let w = p.window;
+        self.pending.remove(&(w.end(), w.start(), seq));
+        self.retained.remove(&(w.end() + i128::from(self.lateness), seq));
+        let k = Key(p.key.clone());
+        match self.kind.kind() {
+            Kind::Session { .. } => {
+                if let Some(by_start) = self.sessions.get_mut(&k) {
+                    if by_start.get(&w.start()) == Some(&seq) {
+                        by_start.remove(&w.start());
+                    }
+                    if by_start.is_empty() {
+                        self.sessions.remove(&k);
+                    }
+                }
+            }
+            _ => {
+                self.aligned.remove(&(w.start(), k));
+            }
+        }
+    }
+
+    /// Advances the watermark to `wm` and fires every pane it closes (`end <= wm`) that has not
+    /// fired or was updated since, by window end, then by key arrival within the window; then
+    /// drops the fired panes past their allowed lateness. `eval` makes each pane's output from
+    /// its window, key and accumulator. A watermark not above the current one is ignored and
+    /// fires nothing.
+    pub fn advance<T>(&mut self, wm: u64, eval: impl FnMut(&Window, &Values, &Acc) -> T) -> Vec<Fired<T, H>> {
         if self.watermark.is_some_and(|w| wm <= w) {
             return Vec::new();
         }
+        self.fire(wm, eval)
+    }
+
+    /// Fires every pane (the stream ended), drops them all and closes all windows for the future.
+    pub fn flush<T>(&mut self, eval: impl FnMut(&Window, &Values, &Acc) -> T) -> Vec<Fired<T, H>> {
+        self.fire(u64::MAX, eval)
+    }
+
+    /// Fires the closed panes that allowed late inputs updated since the last firing
+    /// (refinements), without moving the watermark. [`WindowState::add`] makes them; fire them
+    /// right after it.
+    pub fn fire_updated<T>(&mut self, eval: impl FnMut(&Window, &Values, &Acc) -> T) -> Vec<Fired<T, H>> {
+        match self.watermark {
+            Some(wm) if self.pending.first().is_some_and(|&(end, ..)| closes(end, wm)) => self.fire(wm, eval),
+            _ => Vec::new(),
+        }
+    }
+
+    fn fire<T>(&mut self, wm: u64, mut eval: impl FnMut(&Window, &Values, &Acc) -> T) -> Vec<Fired<T, H>> {
+        // evaluate first, change nothing until every output is made: a panic leaves all as it was
+        let due: Vec<(i128, i128, u64)> =
+            self.pending.iter().take_while(|&&(end, ..)| closes(end, wm)).copied().collect();
+        let mut outputs = Vec::with_capacity(due.len());
+        for &(_, _, seq) in &due {
+            if let Some(p) = self.panes.get(&seq) {
+                outputs.push((seq, eval(&p.window, &p.key, &p.acc)));
+            }
+        }
         self.watermark = Some(wm);
-        let mut fired = Vec::new();
-        while let Some(entry) = self.open.first_entry() {
-            if !entry.get().window.closed_by(wm) {
+        for entry in &due {
+            self.pending.remove(entry);
+        }
+        let lateness = i128::from(self.lateness);
+        let mut fired = Vec::with_capacity(outputs.len());
+        for (seq, output) in outputs {
+            let Some(p) = self.panes.get_mut(&seq) else { continue };
+            let refinement = std::mem::replace(&mut p.fired, true);
+            let inputs = std::mem::take(&mut p.inputs);
+            for h in &inputs {
+                if h.panes.fetch_sub(1, Ordering::Relaxed) == 1 {
+                    self.held -= 1;
+                }
+            }
+            let (window, count) = (p.window, p.count);
+            let key = if window.expired_by(wm, self.lateness) {
+                match self.panes.remove(&seq) {
+                    Some(p) => {
+                        self.unindex(seq, &p);
+                        p.key
+                    }
+                    None => continue,
+                }
+            } else {
+                self.retained.insert((window.end() + lateness, seq));
+                p.key.clone()
+            };
+            fired.push(Fired { window, key, output, count, inputs, refinement });
+        }
+        while let Some(&(expiry, seq)) = self.retained.first() {
+            if !closes(expiry, wm) {
                 break;
             }
-            let w = entry.remove();
-            self.take(w, &mut fired);
+            self.retained.pop_first();
+            if let Some(p) = self.panes.remove(&seq) {
+                self.unindex(seq, &p);
+            }
         }
         fired
     }
+}
 
-    /// Fires every open window (the stream ended) and closes all windows for the future.
-    pub fn flush(&mut self) -> Vec<Fired<Acc, H>> {
-        self.watermark = Some(u64::MAX);
-        let mut fired = Vec::new();
-        for (_, w) in std::mem::take(&mut self.open) {
-            self.take(w, &mut fired);
-        }
-        fired
-    }
+/// Whether watermark `wm` has reached `bound` (and the +infinity watermark reaches every bound).
+fn closes(bound: i128, wm: u64) -> bool {
+    wm == u64::MAX || bound <= i128::from(wm)
+}
 
-    fn take(&mut self, w: OpenWindow<Acc, H>, fired: &mut Vec<Fired<Acc, H>>) {
-        self.panes -= w.panes.len();
-        for p in w.panes {
-            self.held -= p.inputs.len();
-            fired.push(Fired { window: w.window, key: p.key, acc: p.acc, inputs: p.inputs, count: p.count });
+/// Panes taken out of the map for a merge; put back if the merge panics.
+struct Restore<'a, Acc, H> {
+    panes: &'a mut HashMap<u64, Pane<Acc, H>>,
+    taken: Vec<(u64, Pane<Acc, H>)>,
+}
+
+impl<Acc, H> Drop for Restore<'_, Acc, H> {
+    fn drop(&mut self) {
+        for (seq, p) in self.taken.drain(..) {
+            self.panes.insert(seq, p);
         }
     }
 }
+
 #[cfg(test)]
 mod tests {
+    use std::num::NonZeroU64;
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+
     use super::*;
     use crate::values;
 
@@ -247,40 +620,68 @@ mod tests {
         NonZeroU64::new(ms).unwrap()
     }
 
+    fn sum(a: &mut u64, b: &u64) {
+        *a += b;
+    }
+
+    fn tumbling(ms: u64) -> WindowKind {
+        WindowKind::tumbling(size(ms))
+    }
+
+    fn ids<H: Clone>(inputs: &[Arc<HeldInput<H>>]) -> Vec<H> {
+        inputs.iter().map(|h| h.handle().clone()).collect()
+    }
+
+    /// Fires with the accumulator as the output.
+    trait Fire<H> {
+        fn adv(&mut self, wm: u64) -> Vec<Fired<u64, H>>;
+        fn fl(&mut self) -> Vec<Fired<u64, H>>;
+    }
+
+    impl<H> Fire<H> for WindowState<u64, H> {
+        fn adv(&mut self, wm: u64) -> Vec<Fired<u64, H>> {
+            self.advance(wm, |_, _, a| *a)
+        }
+
+        fn fl(&mut self) -> Vec<Fired<u64, H>> {
+            self.flush(|_, _, a| *a)
+        }
+    }
+
     fn add(state: &mut WindowState<u64, u32>, key: &str, ts: i64, id: u32) -> Placement<u32> {
-        state.add(values![key], ts, Some(id), || 0, incr).unwrap()
+        state.add(values![key], ts, Some(id), || 0, incr, sum).unwrap()
     }
 
     #[test]
     fn state_fires_only_closed_windows_in_order() {
-        let mut s = WindowState::new(size(10));
+        let mut s = WindowState::new(tumbling(10));
         assert_eq!(add(&mut s, "b", 15, 0), Placement::Open(Window::containing(15, size(10))));
         add(&mut s, "a", 3, 1);
         add(&mut s, "b", 4, 2);
         add(&mut s, "a", 9, 3);
         add(&mut s, "a", 12, 4);
         assert_eq!((s.open_windows(), s.open_panes(), s.held()), (2, 4, 5));
-        assert!(s.advance(9).is_empty(), "no window ends at or below 9");
-        let fired = s.advance(10);
+        assert!(s.adv(9).is_empty(), "no window ends at or below 9");
+        let fired = s.adv(10);
         let got: Vec<_> =
-            fired.iter().map(|f| (f.key[0].to_string(), f.window.start(), f.acc, f.inputs.clone())).collect();
+            fired.iter().map(|f| (f.key[0].to_string(), f.window.start(), f.output, ids(&f.inputs))).collect();
         assert_eq!(got, [("a".to_owned(), 0, 2, vec![1, 3]), ("b".to_owned(), 0, 1, vec![2])], "keys in arrival order");
         assert_eq!((s.open_windows(), s.open_panes(), s.held()), (1, 2, 2));
         // backwards or equal watermarks fire nothing
-        assert!(s.advance(5).is_empty());
-        assert!(s.advance(10).is_empty());
+        assert!(s.adv(5).is_empty());
+        assert!(s.adv(10).is_empty());
         assert_eq!(s.watermark(), Some(10));
-        let fired = s.advance(25);
+        let fired = s.adv(25);
         assert_eq!(fired.iter().map(|f| (f.window.end(), f.count)).collect::<Vec<_>>(), [(20, 1), (20, 1)]);
         assert_eq!((s.open_windows(), s.open_panes(), s.held()), (0, 0, 0));
     }
 
     #[test]
     fn late_is_relative_to_closed_windows_not_the_watermark() {
-        let mut s = WindowState::new(size(10));
+        let mut s = WindowState::new(tumbling(10));
         // before any watermark, nothing is late
         assert!(matches!(add(&mut s, "a", -100, 0), Placement::Open(_)));
-        s.advance(15);
+        s.adv(15);
         // 12 < watermark 15, but its window [10, 20) is still open: counted
         assert!(matches!(add(&mut s, "a", 12, 1), Placement::Open(_)));
         match add(&mut s, "a", 9, 2) {
@@ -292,42 +693,120 @@ mod tests {
             p => panic!("expected late, got {p:?}"),
         }
         assert_eq!(s.held(), 1);
-        let fired = s.flush();
+        let fired = s.fl();
         assert_eq!(fired.len(), 1);
-        assert_eq!(fired[0].inputs, vec![1]);
+        assert_eq!(ids(&fired[0].inputs), vec![1]);
         assert!(matches!(add(&mut s, "a", i64::MAX, 3), Placement::Late { .. }), "after flush everything is late");
     }
 
     #[test]
     fn failed_fold_records_nothing() {
-        let mut s: WindowState<u64, u32> = WindowState::new(size(10));
-        let r = s.add(values!["a"], 1, Some(0), || 0, |_| Err("bad"));
+        let mut s: WindowState<u64, u32> = WindowState::new(tumbling(10));
+        let r = s.add(values!["a"], 1, Some(0), || 0, |_| Err("bad"), sum);
         assert_eq!(r, Err("bad"));
         assert_eq!((s.open_windows(), s.open_panes(), s.held()), (0, 0, 0));
         add(&mut s, "a", 1, 1);
-        let r = s.add(values!["b"], 2, Some(2), || 0, |_| Err("bad"));
+        let r = s.add(values!["b"], 2, Some(2), || 0, |_| Err("bad"), sum);
         assert_eq!(r, Err("bad"));
-        let r = s.add(values!["a"], 3, Some(3), || 0, |_| Err("bad"));
+        let r = s.add(values!["a"], 3, Some(3), || 0, |_| Err("bad"), sum);
         assert_eq!(r, Err("bad"));
         assert_eq!((s.open_windows(), s.open_panes(), s.held()), (1, 1, 1));
         add(&mut s, "b", 4, 4);
-        let fired = s.flush();
-        assert_eq!(fired.iter().map(|f| (f.acc, f.inputs.clone())).collect::<Vec<_>>(), [(1, vec![1]), (1, vec![4])]);
+        let fired = s.fl();
+        assert_eq!(fired.iter().map(|f| (f.output, ids(&f.inputs))).collect::<Vec<_>>(), [(1, vec![1]), (1, vec![4])]);
     }
 
     #[test]
     fn keys_compare_by_value_floats_by_bits() {
-        let mut s: WindowState<u64, ()> = WindowState::new(size(10));
-        let mut put = |k: Values| s.add(k, 0, None, || 0, incr).unwrap();
+        let mut s: WindowState<u64, ()> = WindowState::new(tumbling(10));
+        let mut put = |k: Values| s.add(k, 0, None, || 0, incr, sum).unwrap();
         put(values!["x", 1i64]);
         put(values!["x", 1i64]);
         put(values!["x", 1u64]); // another type, another key
         put(values![f64::NAN]);
         put(values![f64::NAN]);
         put(Values::new());
-        let fired = s.flush();
-        assert_eq!(fired.iter().map(|f| f.acc).collect::<Vec<_>>(), [2, 1, 2, 1]);
+        let fired = s.fl();
+        assert_eq!(fired.iter().map(|f| f.output).collect::<Vec<_>>(), [2, 1, 2, 1]);
         assert!(fired.iter().all(|f| f.inputs.is_empty()));
+    }
+
+    fn count_of(fired: &[Fired<u64, u32>]) -> Vec<(String, i128, u64, Vec<u32>)> {
+        fired.iter().map(|f| (f.key[0].to_string(), f.window.start(), f.output, ids(&f.inputs))).collect()
+    }
+
+    fn assert_consistent<H>(s: &WindowState<u64, H>) {
+        let held: std::collections::HashSet<*const HeldInput<H>> =
+            s.panes.values().flat_map(|p| p.inputs.iter().map(Arc::as_ptr)).collect();
+        assert_eq!(s.held(), held.len(), "held counts distinct held inputs");
+        for p in s.panes.values() {
+            assert!(p.inputs.len() as u64 <= p.count, "a pane holds no more inputs than it counted");
+        }
+        assert_eq!(s.pending.len() + s.retained.len(), s.panes.len(), "each pane pending or retained");
+    }
+
+    /// Old code: a panicking `init` left the key indexed to a pane that was never pushed (the
+    /// next key's input was then counted under it); a panicking fold on a new pane left an
+    /// uncounted pane, and the pane counter underflowed when it fired.
+    #[test]
+    fn a_panic_in_init_or_fold_records_nothing() {
+        let mut s: WindowState<u64, u32> = WindowState::new(tumbling(10));
+        let r = catch_unwind(AssertUnwindSafe(|| s.add(values!["a"], 1, Some(0), || panic!("init"), incr, sum)));
+        assert!(r.is_err());
+        assert_eq!((s.open_windows(), s.open_panes(), s.held()), (0, 0, 0));
+        let fold_panics = |_: &mut u64| -> Result<(), ()> { panic!("fold") };
+        let r = catch_unwind(AssertUnwindSafe(|| s.add(values!["c"], 2, Some(1), || 0, fold_panics, sum)));
+        assert!(r.is_err());
+        assert_eq!((s.open_windows(), s.open_panes(), s.held()), (0, 0, 0));
+        add(&mut s, "b", 2, 2);
+        add(&mut s, "a", 3, 3);
+        // on an existing pane: the count and held inputs do not move
+        let r = catch_unwind(AssertUnwindSafe(|| s.add(values!["a"], 4, Some(4), || 0, fold_panics, sum)));
+        assert!(r.is_err());
+        assert_eq!((s.open_panes(), s.held()), (2, 2));
+        assert_consistent(&s);
+        let fired = s.fl();
+        assert_eq!(count_of(&fired), [("b".to_owned(), 0, 1, vec![2]), ("a".to_owned(), 0, 1, vec![3])]);
+        assert_eq!((s.open_panes(), s.held(), s.panes()), (0, 0, 0));
+    }
+
+    /// A panic while evaluating the fired panes fires nothing and leaves the watermark where it
+    /// was: the next advance fires them all.
+    #[test]
+    fn a_panic_in_eval_fires_nothing_and_loses_nothing() {
+        let mut s: WindowState<u64, u32> = WindowState::new(tumbling(10));
+        add(&mut s, "a", 1, 0);
+        add(&mut s, "b", 2, 1);
+        add(&mut s, "a", 15, 2);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            s.advance(20, |_, k, a| if k[0] == crate::Value::from("b") { panic!("emit") } else { *a })
+        }));
+        assert!(r.is_err());
+        assert_eq!(s.watermark(), None);
+        assert_eq!((s.open_panes(), s.held()), (3, 3));
+        assert_consistent(&s);
+        let fired = s.adv(20);
+        assert_eq!(
+            count_of(&fired),
+            [("a".to_owned(), 0, 1, vec![0]), ("b".to_owned(), 0, 1, vec![1]), ("a".to_owned(), 10, 1, vec![2])]
+        );
+    }
+
+    /// A panic in `merge` while sessions are merged puts them back as they were.
+    #[test]
+    fn a_panic_in_merge_leaves_the_sessions_apart() {
+        let mut s: WindowState<u64, u32> = WindowState::new(WindowKind::session(size(10)));
+        s.add(values!["a"], 0, Some(0), || 0, incr, sum).unwrap();
+        s.add(values!["a"], 15, Some(1), || 0, incr, sum).unwrap();
+        assert_eq!(s.open_panes(), 2);
+        // 8 bridges [0, 10) and [15, 25)
+        let r = catch_unwind(AssertUnwindSafe(|| s.add(values!["a"], 8, Some(2), || 0, incr, |_, _| panic!("merge"))));
+        assert!(r.is_err());
+        assert_eq!((s.open_panes(), s.held()), (2, 2));
+        assert_consistent(&s);
+        let fired = s.fl();
+        let got: Vec<_> = fired.iter().map(|f| (f.window.start(), f.window.end(), f.count, ids(&f.inputs))).collect();
+        assert_eq!(got, [(0, 10, 1, vec![0]), (15, 25, 1, vec![1])]);
     }
 
     mod props {
@@ -383,9 +862,9 @@ mod tests {
                 );
                 prop_assert!(f.window.end() >= *last_end, "windows fire in end order");
                 *last_end = f.window.end();
-                prop_assert_eq!(f.acc as usize, f.inputs.len());
+                prop_assert_eq!(f.output as usize, f.inputs.len());
                 prop_assert_eq!(f.count as usize, f.inputs.len());
-                for id in f.inputs {
+                for id in ids(&f.inputs) {
                     let (key, ts) = events[id];
                     prop_assert_eq!((f.window.start(), f.window.end()), model_window(ts, size));
                     prop_assert_eq!(&f.key, &values![u64::from(key)]);
@@ -403,7 +882,7 @@ mod tests {
             /// watermark reaches its end, and every window is fired as soon as it does.
             #[test]
             fn every_event_in_exactly_one_window_never_early(size_ms in 1u64..200, ops in prop::collection::vec(op(), 0..200)) {
-                let mut s: WindowState<u64, usize> = WindowState::new(size(size_ms));
+                let mut s: WindowState<u64, usize> = WindowState::new(tumbling(size_ms));
                 let mut events: Vec<(u8, i64)> = Vec::new();
                 let mut late = Vec::new();
                 let mut seen: HashMap<usize, (u8, Window)> = HashMap::new();
@@ -415,7 +894,7 @@ mod tests {
                             let id = events.len();
                             events.push((key, ts));
                             let expect_late = wm.is_some_and(|w| model_closed(ts, size_ms, w));
-                            let p = s.add(values![u64::from(key)], ts, Some(id), || 0, incr).unwrap();
+                            let p = s.add(values![u64::from(key)], ts, Some(id), || 0, incr, sum).unwrap();
                             match p {
                                 Placement::Late { input, .. } => {
                                     prop_assert!(expect_late, "event {} at {} wrongly late at {:?}", id, ts, wm);
@@ -429,7 +908,7 @@ mod tests {
                             }
                         }
                         Op::Watermark(w) => {
-                            let fired = s.advance(w);
+                            let fired = s.adv(w);
                             if wm.is_none_or(|c| w > c) {
                                 wm = Some(w);
                             } else {
@@ -448,7 +927,7 @@ mod tests {
                         }
                     }
                 }
-                check_fired(s.flush(), u64::MAX, &events, &mut seen, &mut last_end, size_ms)?;
+                check_fired(s.fl(), u64::MAX, &events, &mut seen, &mut last_end, size_ms)?;
                 prop_assert_eq!(s.held(), 0);
                 prop_assert_eq!(s.open_panes(), 0);
                 prop_assert_eq!(seen.len() + late.len(), events.len(), "every event fired once or was late");
