@@ -133,7 +133,8 @@ pub struct Fired<T, H> {
     pub output: T,
     /// How many inputs the pane folded in, over its life (also when none were held).
     pub count: u64,
-    /// The held inputs the pane gives away, in arrival order: every input added since it last
+    /// The held inputs the pane gives away, in arrival order (a merged session: its parts in
+    /// order of start, then the input that bridged them): every input added since it last
     /// fired. Anchor the output to them, then [`HeldInput::release`] each.
     pub inputs: Vec<Arc<HeldInput<H>>>,
     /// The pane fired before: this is a refinement for late inputs within the allowed lateness.
@@ -404,10 +405,14 @@ impl<Acc, H> WindowState<Acc, H> {
             }
             return Ok(Placement::Open(proto));
         };
-        match self.panes.get_mut(&first) {
-            Some(pane) => fold(&mut pane.acc)?,
+        // the survivor's bounds as indexed, before it grows
+        let old = match self.panes.get_mut(&first) {
+            Some(pane) => {
+                fold(&mut pane.acc)?;
+                pane.window
+            }
             None => return Ok(Placement::Late { window: proto, key: k.0, input }), // unreachable
-        }
+        };
         if !others.is_empty() {
             // merge the bridged sessions into the first while all are out of the map; a panic
             // in `merge` puts them back as they were
@@ -440,8 +445,7 @@ impl<Acc, H> WindowState<Acc, H> {
         let Some(pane) = self.panes.get_mut(&first) else {
             return Ok(Placement::Late { window: proto, key: k.0, input });
         };
-        let old = pane.window;
-        pane.window = old.union(proto);
+        pane.window = pane.window.union(proto);
         pane.count += 1;
         if let Some(h) = input {
             Self::hold(&mut self.held, pane, HeldInput::new(h));
@@ -807,6 +811,122 @@ mod tests {
         let fired = s.fl();
         let got: Vec<_> = fired.iter().map(|f| (f.window.start(), f.window.end(), f.count, ids(&f.inputs))).collect();
         assert_eq!(got, [(0, 10, 1, vec![0]), (15, 25, 1, vec![1])]);
+    }
+
+    #[test]
+    fn sliding_counts_each_input_in_every_window_and_acks_it_after_the_last() {
+        let kind = WindowKind::sliding(size(10), size(5)).unwrap();
+        let mut s: WindowState<u64, u32> = WindowState::new(kind);
+        // 7 is in [0, 10) and [5, 15); 12 in [5, 15) and [10, 20)
+        assert_eq!(
+            add(&mut s, "a", 7, 0),
+            Placement::Open(Window::containing(7, size(5)).union(Window::session(5, size(10))))
+        );
+        add(&mut s, "a", 12, 1);
+        assert_eq!((s.open_windows(), s.open_panes(), s.held()), (3, 3, 2));
+        let fired = s.adv(10);
+        assert_eq!(count_of(&fired), [("a".to_owned(), 0, 1, vec![0])]);
+        assert!(
+            fired.into_iter().flat_map(|f| f.inputs).all(|h| HeldInput::release(h).is_none()),
+            "7 is still in [5, 15)"
+        );
+        assert_eq!(s.held(), 2);
+        let fired = s.adv(15);
+        assert_eq!(count_of(&fired), [("a".to_owned(), 5, 2, vec![0, 1])]);
+        let released: Vec<_> = fired.into_iter().flat_map(|f| f.inputs).filter_map(HeldInput::release).collect();
+        assert_eq!(released, [(0, false)], "7's last window fired: release it, not 12");
+        assert_eq!(s.held(), 1);
+        // 3 is late for [0, 10) (fired) but counted in [-5, 5)? no: [-5, 5) ended at 5 <= 15
+        assert!(matches!(add(&mut s, "a", 3, 2), Placement::Late { window, .. } if window.end() == 10));
+        // 11 is late for [5, 15) but still counted in [10, 20) (as Flink does)
+        assert!(matches!(add(&mut s, "a", 11, 3), Placement::Open(w) if w.end() == 20));
+        let fired = s.fl();
+        assert_eq!(count_of(&fired), [("a".to_owned(), 10, 2, vec![1, 3])]);
+        assert_eq!((s.held(), s.panes()), (0, 0));
+    }
+
+    #[test]
+    fn failed_marks_fail_the_input_when_its_last_window_fires() {
+        let kind = WindowKind::sliding(size(10), size(5)).unwrap();
+        let mut s: WindowState<u64, u32> = WindowState::new(kind);
+        add(&mut s, "a", 7, 0);
+        let fired = s.adv(10);
+        for f in fired {
+            for h in f.inputs {
+                h.fail(); // the emit of [0, 10) failed
+                assert!(HeldInput::release(h).is_none());
+            }
+        }
+        let fired = s.fl();
+        let released: Vec<_> = fired.into_iter().flat_map(|f| f.inputs).filter_map(HeldInput::release).collect();
+        assert_eq!(released, [(0, true)], "failed once its last window fired");
+    }
+
+    #[test]
+    fn sessions_grow_merge_and_fire_at_last_plus_gap() {
+        let mut s: WindowState<u64, u32> = WindowState::new(WindowKind::session(size(10)));
+        add(&mut s, "a", 0, 0);
+        add(&mut s, "a", 25, 1);
+        add(&mut s, "b", 5, 2);
+        add(&mut s, "a", 9, 3); // joins [0, 10): [0, 19)
+        assert_eq!(s.open_panes(), 3);
+        let fired = s.adv(18);
+        let got: Vec<_> =
+            fired.iter().map(|f| (f.key[0].to_string(), f.window.start(), f.window.end(), f.output)).collect();
+        assert_eq!(got, [("b".to_owned(), 5, 15, 1)], "[0, 19) needs watermark 19");
+        add(&mut s, "a", 17, 4); // bridges [0, 19) and [25, 35): [0, 35)
+        assert_eq!((s.open_panes(), s.held()), (1, 4));
+        assert!(s.adv(34).is_empty());
+        let fired = s.adv(35);
+        let got: Vec<_> = fired.iter().map(|f| (f.window.start(), f.window.end(), f.output, ids(&f.inputs))).collect();
+        assert_eq!(got, [(0, 35, 4, vec![0, 3, 1, 4])], "merged sessions in order, then the bridging input");
+        // 30 + 10 <= 40 and no open session: late, reported as [30, 40)
+        s.adv(40);
+        assert!(
+            matches!(add(&mut s, "a", 30, 5), Placement::Late { window, .. } if (window.start(), window.end()) == (30, 40))
+        );
+        assert!(matches!(add(&mut s, "a", 31, 6), Placement::Open(_)));
+        assert_consistent(&s);
+    }
+
+    #[test]
+    fn allowed_lateness_keeps_fired_windows_and_refines_them() {
+        let mut s: WindowState<u64, u32> = WindowState::new(tumbling(10)).with_allowed_lateness(5);
+        add(&mut s, "a", 1, 0);
+        let fired = s.adv(12);
+        assert_eq!(count_of(&fired), [("a".to_owned(), 0, 1, vec![0])]);
+        assert!(!fired[0].refinement);
+        assert_eq!((s.open_panes(), s.panes(), s.held()), (0, 1, 0), "kept, inputs given away");
+        assert!(s.fire_updated(|_, _, a| *a).is_empty());
+        // within lateness (10 + 5 > 12): counted, fires again at once
+        assert_eq!(add(&mut s, "a", 2, 1), Placement::Open(Window::containing(2, size(10))));
+        add(&mut s, "b", 3, 2); // a key the window had not seen: its first firing
+        let fired = s.fire_updated(|_, _, a| *a);
+        assert_eq!(count_of(&fired), [("a".to_owned(), 0, 2, vec![1]), ("b".to_owned(), 0, 1, vec![2])]);
+        assert_eq!(fired.iter().map(|f| f.refinement).collect::<Vec<_>>(), [true, false]);
+        s.adv(15);
+        assert_eq!(s.panes(), 0, "dropped at end + lateness");
+        assert!(matches!(add(&mut s, "a", 4, 3), Placement::Late { .. }));
+        // without lateness the same input is late at once
+        let mut s: WindowState<u64, u32> = WindowState::new(tumbling(10));
+        add(&mut s, "a", 1, 0);
+        s.adv(12);
+        assert!(matches!(add(&mut s, "a", 2, 1), Placement::Late { .. }));
+        assert_eq!(s.panes(), 0);
+    }
+
+    #[test]
+    fn a_late_input_can_reopen_a_session() {
+        let mut s: WindowState<u64, u32> = WindowState::new(WindowKind::session(size(10))).with_allowed_lateness(20);
+        add(&mut s, "a", 0, 0);
+        assert_eq!(s.adv(15).len(), 1);
+        // 8 joins the kept [0, 10) and extends it to [0, 18): open again, fires at 18
+        assert!(matches!(add(&mut s, "a", 8, 1), Placement::Open(w) if w.end() == 18));
+        assert!(s.fire_updated(|_, _, a| *a).is_empty());
+        let fired = s.adv(18);
+        let got: Vec<_> = fired.iter().map(|f| (f.window.end(), f.output, f.refinement, ids(&f.inputs))).collect();
+        assert_eq!(got, [(18, 2, true, vec![1])]);
+        assert_consistent(&s);
     }
 
     mod props {
