@@ -1056,5 +1056,214 @@ mod tests {
                 }
             }
         }
+
+        /// Releases every fired input as the bolt does; returns the ids released (the last
+        /// reference let go).
+        fn release_all(fired: Vec<Fired<u64, usize>>) -> Vec<usize> {
+            fired.into_iter().flat_map(|f| f.inputs).filter_map(HeldInput::release).map(|(id, _)| id).collect()
+        }
+
+        /// The model's sessions of one key: (start, end, ids in time order).
+        fn sessions(events: &[(i128, usize)], g: i128) -> Vec<(i128, i128, Vec<usize>)> {
+            let mut ev = events.to_vec();
+            ev.sort();
+            let mut out: Vec<(i128, i128, Vec<usize>)> = Vec::new();
+            for (t, id) in ev {
+                match out.last_mut() {
+                    Some(last) if t < last.1 => {
+                        last.1 = last.1.max(t + g);
+                        last.2.push(id);
+                    }
+                    _ => out.push((t, t + g, vec![id])),
+                }
+            }
+            out
+        }
+
+        type Panes = HashMap<(u8, i128), Vec<usize>>;
+
+        /// Checks one sliding firing at watermark `at`; records the panes and the releases.
+        fn check_sliding(
+            fired: Vec<Fired<u64, usize>>,
+            at: u64,
+            (sz, sl): (i128, i128),
+            fired_panes: &mut Panes,
+            windows_left: &mut HashMap<usize, usize>,
+            released: &mut Vec<usize>,
+        ) -> Result<(), TestCaseError> {
+            for f in &fired {
+                prop_assert!(at == u64::MAX || f.window.end() <= i128::from(at), "{:?} early at {}", f.window, at);
+                prop_assert_eq!(f.window.end() - f.window.start(), sz);
+                prop_assert_eq!(f.window.start().rem_euclid(sl), 0);
+                let Value::UInt(key) = f.key[0] else { unreachable!() };
+                let got = ids(&f.inputs);
+                prop_assert_eq!(f.output as usize, got.len());
+                prop_assert!(fired_panes.insert((key as u8, f.window.start()), got.clone()).is_none(), "fired twice");
+                for id in got {
+                    *windows_left.get_mut(&id).unwrap() -= 1;
+                }
+            }
+            for id in release_all(fired) {
+                prop_assert_eq!(windows_left[&id], 0, "event {} released before its last window fired", id);
+                prop_assert!(!released.contains(&id));
+                released.push(id);
+            }
+            Ok(())
+        }
+
+        /// Checks one session firing at watermark `at` against the model; returns how many
+        /// inputs it released.
+        fn check_sessions(
+            fired: Vec<Fired<u64, usize>>,
+            at: u64,
+            g: i128,
+            open: &mut HashMap<u8, Vec<(i128, usize)>>,
+        ) -> Result<usize, TestCaseError> {
+            let mut want: Vec<(u8, i128, i128, Vec<usize>)> = Vec::new();
+            for (key, evs) in open.iter_mut() {
+                for (st, end, mut ids) in sessions(evs, g) {
+                    if at == u64::MAX || end <= i128::from(at) {
+                        evs.retain(|(_, i)| !ids.contains(i));
+                        ids.sort_unstable();
+                        want.push((*key, st, end, ids));
+                    }
+                }
+            }
+            let mut got: Vec<(u8, i128, i128, Vec<usize>)> = Vec::new();
+            for f in &fired {
+                let Value::UInt(key) = f.key[0] else { unreachable!() };
+                let mut ids = ids(&f.inputs);
+                prop_assert_eq!(f.output as usize, ids.len());
+                ids.sort_unstable();
+                got.push((key as u8, f.window.start(), f.window.end(), ids));
+            }
+            let ends: Vec<i128> = fired.iter().map(|f| f.window.end()).collect();
+            prop_assert!(ends.windows(2).all(|w| w[0] <= w[1]), "sessions fire in end order");
+            want.sort();
+            got.sort();
+            prop_assert_eq!(&got, &want);
+            Ok(release_all(fired).len())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Sliding windows against a model written from the definition: an event is counted
+            /// in exactly the windows `[k * slide, k * slide + size)` holding it that were not
+            /// closed when it arrived (late if none), each (key, window) fires once, never before
+            /// the watermark reaches its end, and as soon as it does, with exactly its events; an
+            /// event is released (acked) exactly once, by the firing of its last window.
+            #[test]
+            fn sliding_windows_match_the_model(slide in 1u64..40, n in 1u64..5, ops in prop::collection::vec(op(), 0..150)) {
+                let size_ms = slide * n;
+                let kind = WindowKind::sliding(size(size_ms), size(slide)).unwrap();
+                let mut s: WindowState<u64, usize> = WindowState::new(kind);
+                let (sz, sl) = (i128::from(size_ms), i128::from(slide));
+                let mut expected: Panes = HashMap::new();
+                let mut fired_panes: Panes = HashMap::new();
+                let mut windows_left: HashMap<usize, usize> = HashMap::new();
+                let mut released: Vec<usize> = Vec::new();
+                let mut wm: Option<u64> = None;
+                for (id, op) in ops.into_iter().enumerate() {
+                    match op {
+                        Op::Event { key, ts } => {
+                            let t = i128::from(ts);
+                            let mut starts = Vec::new();
+                            let mut k = t.div_euclid(sl) * sl;
+                            while k + sz > t {
+                                if wm.is_none_or(|w| k + sz > i128::from(w)) {
+                                    starts.push(k);
+                                }
+                                k -= sl;
+                            }
+                            match s.add(values![u64::from(key)], ts, Some(id), || 0, incr, sum).unwrap() {
+                                Placement::Late { input, .. } => {
+                                    prop_assert!(starts.is_empty(), "event {} at {} late at {:?}", id, ts, wm);
+                                    prop_assert_eq!(input, Some(id));
+                                }
+                                Placement::Open(w) => {
+                                    prop_assert!(!starts.is_empty(), "event {} at {} accepted at {:?}", id, ts, wm);
+                                    prop_assert_eq!(w.start(), t.div_euclid(sl) * sl);
+                                    windows_left.insert(id, starts.len());
+                                    for st in starts {
+                                        expected.entry((key, st)).or_default().push(id);
+                                    }
+                                }
+                            }
+                        }
+                        Op::Watermark(w) => {
+                            let fired = s.adv(w);
+                            if wm.is_none_or(|c| w > c) {
+                                wm = Some(w);
+                            } else {
+                                prop_assert!(fired.is_empty());
+                            }
+                            let at = wm.unwrap_or(0);
+                            check_sliding(fired, at, (sz, sl), &mut fired_panes, &mut windows_left, &mut released)?;
+                            // every window the watermark closed has fired
+                            for ((key, st), ids) in &expected {
+                                if st + sz <= i128::from(at) {
+                                    prop_assert_eq!(fired_panes.get(&(*key, *st)), Some(ids));
+                                }
+                            }
+                        }
+                    }
+                }
+                check_sliding(s.fl(), u64::MAX, (sz, sl), &mut fired_panes, &mut windows_left, &mut released)?;
+                prop_assert_eq!(&fired_panes, &expected);
+                prop_assert_eq!(released.len(), windows_left.len(), "every accepted event released once");
+                prop_assert_eq!((s.held(), s.panes()), (0, 0));
+            }
+
+            /// Sessions against a brute-force model: the accepted, not yet fired events of a key,
+            /// sorted by time and cut where two neighbours are `gap` or more apart, are its open
+            /// sessions. A watermark fires exactly the model sessions with `last + gap <= wm`;
+            /// an event is late iff it overlaps no open session and `ts + gap <= wm`.
+            #[test]
+            fn sessions_match_the_brute_force_model(gap in 1u64..120, ops in prop::collection::vec(op(), 0..150)) {
+                let mut s: WindowState<u64, usize> = WindowState::new(WindowKind::session(size(gap)));
+                let g = i128::from(gap);
+                let mut open: HashMap<u8, Vec<(i128, usize)>> = HashMap::new();
+                let mut wm: Option<u64> = None;
+                let mut accepted = 0usize;
+                let mut released = 0;
+                for (id, op) in ops.into_iter().enumerate() {
+                    match op {
+                        Op::Event { key, ts } => {
+                            let t = i128::from(ts);
+                            let evs = open.entry(key).or_default();
+                            let overlaps = sessions(evs, g).iter().any(|(st, end, _)| *st < t + g && t < *end);
+                            let expect_late = !overlaps && wm.is_some_and(|w| t + g <= i128::from(w));
+                            match s.add(values![u64::from(key)], ts, Some(id), || 0, incr, sum).unwrap() {
+                                Placement::Late { window, .. } => {
+                                    prop_assert!(expect_late, "event {} at {} wrongly late at {:?}", id, ts, wm);
+                                    prop_assert_eq!((window.start(), window.end()), (t, t + g));
+                                }
+                                Placement::Open(w) => {
+                                    prop_assert!(!expect_late, "late event {} at {} accepted at {:?}", id, ts, wm);
+                                    evs.push((t, id));
+                                    accepted += 1;
+                                    let model = sessions(evs, g);
+                                    let mine = model.iter().find(|(_, _, ids)| ids.contains(&id)).unwrap();
+                                    prop_assert_eq!((w.start(), w.end()), (mine.0, mine.1));
+                                }
+                            }
+                        }
+                        Op::Watermark(w) => {
+                            let fired = s.adv(w);
+                            if wm.is_some_and(|c| w <= c) {
+                                prop_assert!(fired.is_empty());
+                                continue;
+                            }
+                            wm = Some(w);
+                            released += check_sessions(fired, w, g, &mut open)?;
+                        }
+                    }
+                }
+                released += check_sessions(s.fl(), u64::MAX, g, &mut open)?;
+                prop_assert_eq!(released, accepted, "every accepted event released once");
+                prop_assert_eq!((s.held(), s.panes()), (0, 0));
+            }
+        }
     }
 }
