@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::wait_until;
 use squall_topology::window::{
-    AckMode, Count, LatePolicy, TumblingWindowConfig, WindowAggregate, WindowBolt, WindowSpec,
+    AckMode, Count, LatePolicy, SessionWindowConfig, SlidingWindowConfig, TumblingWindowConfig, WindowAggregate,
+    WindowBolt, WindowSpec,
 };
 use squall_topology::*;
 
@@ -638,4 +639,93 @@ async fn a_panic_in_emit_fails_that_window_and_emits_the_others() {
     assert_eq!(log[5..], [agg("a", 1_000, 2_000, 1), Rec::Wm(u64::MAX)]);
     assert_eq!((win.stats().panics(), win.stats().emit_errors(), win.stats().fired()), (1, 1, 3));
     assert_eq!(win.stats().held(), 0);
+}
+
+/// Each input counts in size / slide windows and is acked once the last of them fired; each
+/// window's aggregate is anchored to its inputs, so a failed one replays them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_windows_count_each_input_in_every_window_and_ack_after_the_last() {
+    let win = SlidingWindowConfig::new(1_000, 500, "ts", &["user"]).build(Count).unwrap();
+    let rig = start_with(1, 1, win, true, true, Some("b"));
+    // 700 is in [0, 1000) and [500, 1500); 1_200 in [500, 1500) and [1000, 2000)
+    push(&rig.s, 0, [ev(0, "a", 700), ev(1, "a", 1_200), ev(2, "b", 100), Cmd::Wm(1_000)]);
+    assert!(rig.saw_wm(1_000).await);
+    // b's only aggregate is failed downstream: its input 2 replays (late for [-500, 500) and
+    // [0, 1000): to the late stream)
+    assert!(
+        wait_until(SECS, || rig.failed() == [2] && rig.acked() == [2]).await,
+        "{:?} {:?}",
+        rig.failed(),
+        rig.acked()
+    );
+    assert_eq!(rig.win.stats().held(), 2, "700 waits for [500, 1500)");
+    push(&rig.s, 0, [Cmd::Wm(1_500)]);
+    assert!(rig.saw_wm(1_500).await);
+    assert!(wait_until(SECS, || rig.acked() == [0, 2]).await, "700 acked after its last window: {:?}", rig.acked());
+    let (log, s, _, win) = rig.drain().await;
+    let mut aggs: Vec<Rec> = log.iter().filter(|r| matches!(r, Rec::Agg { .. })).cloned().collect();
+    aggs.sort_by_key(|r| if let Rec::Agg { key, start, .. } = r { (key.clone(), *start) } else { unreachable!() });
+    assert_eq!(
+        aggs,
+        [
+            agg("a", 0, 1_000, 1),
+            agg("a", 500, 1_500, 2),
+            agg("a", 1_000, 2_000, 1),
+            agg("b", -500, 500, 1),
+            agg("b", 0, 1_000, 1)
+        ]
+    );
+    assert!(log.contains(&late("b", 100, 0, 1_000)), "{log:?}");
+    check_fire_timing(&log);
+    let mut acked = s.lock().unwrap().acked.clone();
+    acked.sort_unstable();
+    assert_eq!(acked, [0, 1, 2]);
+    assert_eq!(win.stats().held(), 0);
+}
+
+/// Sessions per key: inputs less than the gap apart share one; one that bridges two merges
+/// them; a session fires when the watermark reaches its last input + gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_merge_and_fire_at_last_input_plus_gap() {
+    let win = SessionWindowConfig::new(100, "ts", &["user"]).build(Count).unwrap();
+    let rig = start_with(1, 1, win, true, true, None);
+    push(&rig.s, 0, [ev(0, "a", 0), ev(1, "a", 150), ev(2, "b", 50), ev(3, "a", 80), Cmd::Wm(200)]);
+    assert!(rig.saw_wm(200).await);
+    // a: [0, 100) and [150, 250), bridged by 80 into [0, 250); b: [50, 150) fired
+    assert_eq!(rig.aggs(), [agg("b", 50, 150, 1)]);
+    push(&rig.s, 0, [Cmd::Wm(250)]);
+    assert!(rig.saw_wm(250).await);
+    assert_eq!(rig.aggs(), [agg("b", 50, 150, 1), agg("a", 0, 250, 3)]);
+    assert!(wait_until(SECS, || rig.acked() == [0, 1, 2, 3]).await, "{:?}", rig.acked());
+    let (log, ..) = rig.drain().await;
+    check_fire_timing(&log);
+}
+
+/// With allowed lateness a fired window is kept: a late input within it is counted and the
+/// window fires again at once (a refinement); past it, the input is late as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_lateness_refines_fired_windows() {
+    let win = TumblingWindowConfig::new(1_000, "ts", &["user"]).allowed_lateness(500).build(Count).unwrap();
+    let rig = start_with(1, 1, win, true, true, None);
+    push(
+        &rig.s,
+        0,
+        [ev(0, "a", 100), Cmd::Wm(1_200), ev(1, "a", 200), ev(2, "b", 300), Cmd::Wm(1_500), ev(3, "a", 400)],
+    );
+    assert!(wait_until(SECS, || rig.log().len() == 6).await, "{:?}", rig.log());
+    assert_eq!(
+        rig.log(),
+        [
+            agg("a", 0, 1_000, 1),
+            Rec::Wm(1_200),
+            agg("a", 0, 1_000, 2), // refinement
+            agg("b", 0, 1_000, 1), // first aggregate of b, after the window's end
+            Rec::Wm(1_500),
+            late("a", 400, 0, 1_000),
+        ]
+    );
+    assert!(wait_until(SECS, || rig.acked() == [0, 1, 2, 3]).await, "{:?}", rig.acked());
+    let (_, _, _, win) = rig.drain().await;
+    assert_eq!((win.stats().fired(), win.stats().refinements(), win.stats().late()), (3, 1, 1));
+    assert_eq!((win.stats().held(), win.stats().open_panes()), (0, 0));
 }
