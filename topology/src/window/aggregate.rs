@@ -4,8 +4,8 @@ use crate::component::ComponentError;
 use crate::tuple::Tuple;
 use crate::value::{Value, Values};
 
-/// What a window computes per key: an accumulator folded over the window's inputs and turned
-/// into output values when the window fires.
+/// What a window computes per key: an accumulator folded over the window's inputs (and merged,
+/// for sliding and session windows) and turned into output values when the window fires.
 pub trait WindowAggregate: Clone + Send + Sync + 'static {
     /// The per-(key, window) state.
     type Acc: Send + 'static;
@@ -29,7 +29,9 @@ pub trait WindowAggregate: Clone + Send + Sync + 'static {
     /// [`init`]: WindowAggregate::init
     fn merge(&self, into: &mut Self::Acc, other: &Self::Acc);
 
-    /// The output values of a fired window, one per [`WindowAggregate::fields`] entry.
+    /// The output values of a fired window, one per [`WindowAggregate::fields`] entry. If it
+    /// panics, that window's aggregate is not emitted and its held inputs are failed; the other
+    /// windows firing with it are emitted (see the [module docs](super)).
     fn emit(&self, acc: &Self::Acc) -> Values;
 }
 
