@@ -17,7 +17,8 @@
 //! - `executor` (private): one tokio task per component instance, bounded channels, backpressure.
 //! - [`metrics`]: per-component counters ([`TopologyMetrics`]).
 //! - [`local`]: the in-process runner, [`run_local`] / [`LocalCluster`] and [`RunningTopology`].
-//! - [`window`]: event-time tumbling windows fired by the low watermark.
+//! - [`window`]: event-time tumbling, sliding and session windows fired by the low watermark,
+//!   with allowed lateness.
 //!
 //! # Example
 //!

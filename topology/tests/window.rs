@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::wait_until;
 use squall_topology::window::{
-    AckMode, Count, LatePolicy, TumblingWindow, TumblingWindowBolt, TumblingWindowConfig, WindowAggregate,
+    AckMode, Count, LatePolicy, SessionWindowConfig, SlidingWindowConfig, TumblingWindowConfig, WindowAggregate,
+    WindowBolt, WindowSpec,
 };
 use squall_topology::*;
 
@@ -150,7 +151,7 @@ struct Observed {
 /// no open window is already closed by the watermark (it fired, and nothing reopened it).
 /// With `apply_max == false` the +infinity watermark is not passed on, so `on_drain` must flush.
 struct Probe<A: WindowAggregate> {
-    inner: TumblingWindowBolt<A>,
+    inner: WindowBolt<A>,
     task: usize,
     obs: Arc<Mutex<Observed>>,
     apply_max: bool,
@@ -200,12 +201,12 @@ impl<A: WindowAggregate> Bolt for Probe<A> {
     }
 }
 
-struct Rig {
+struct Rig<A = Count> {
     running: RunningTopology,
     s: Shared,
     log: Log,
     obs: Arc<Mutex<Observed>>,
-    win: TumblingWindow<Count>,
+    win: WindowSpec<A>,
 }
 
 /// `spouts` script spout tasks -> window (`win_tasks`, fields grouping on user) -> sink.
@@ -216,10 +217,22 @@ fn start(
     apply_max: bool,
     fail: Option<&'static str>,
 ) -> Rig {
+    let stream_late = wcfg.late == LatePolicy::Stream;
+    start_with(spouts, win_tasks, wcfg.build(Count).unwrap(), stream_late, apply_max, fail)
+}
+
+/// [`start`] with any window spec (its aggregate must emit `count`).
+fn start_with<A: WindowAggregate>(
+    spouts: usize,
+    win_tasks: usize,
+    win: WindowSpec<A>,
+    stream_late: bool,
+    apply_max: bool,
+    fail: Option<&'static str>,
+) -> Rig<A> {
     let s = script(spouts);
     let log: Log = Arc::default();
     let obs: Arc<Mutex<Observed>> = Arc::default();
-    let win = wcfg.build(Count).unwrap();
     let mut b = TopologyBuilder::new("windows");
     let s2 = s.clone();
     b.set_spout("events", spouts, move |_| ScriptSpout { task: 0, s: s2.clone() }).fields(&["user", "ts"]);
@@ -233,14 +246,14 @@ fn start(
     let mut sink =
         b.set_bolt("sink", 1, move |_| Sink { log: l2.clone(), fail_first_of: fail, failed: failed.clone() });
     sink.shuffle_grouping("win");
-    if wcfg.late == LatePolicy::Stream {
+    if stream_late {
         sink.shuffle_grouping_from("win", "late");
     }
     let running = run_local(b.build().unwrap(), cfg()).unwrap();
     Rig { running, s, log, obs, win }
 }
 
-impl Rig {
+impl<A: WindowAggregate> Rig<A> {
     fn log(&self) -> Vec<Rec> {
         self.log.lock().unwrap().clone()
     }
@@ -265,7 +278,7 @@ impl Rig {
         wait_until(SECS, || self.log.lock().unwrap().contains(&Rec::Wm(w))).await
     }
 
-    async fn drain(self) -> (Vec<Rec>, Shared, Arc<Mutex<Observed>>, TumblingWindow<Count>) {
+    async fn drain(self) -> (Vec<Rec>, Shared, Arc<Mutex<Observed>>, WindowSpec<A>) {
         self.running.drain().await.unwrap();
         tokio::time::timeout(SECS, self.running.wait()).await.expect("drain finishes").unwrap();
         let obs = self.obs.lock().unwrap();
@@ -537,4 +550,182 @@ async fn ack_on_receive_holds_nothing() {
     assert_eq!((rig.win.stats().fired(), rig.win.stats().held(), rig.win.stats().open_panes()), (0, 0, 1));
     let (log, ..) = rig.drain().await;
     assert_eq!(log, [agg("a", 0, 1_000, 2), Rec::Wm(u64::MAX)]);
+}
+
+/// Counts like [`Count`] (emits `count`), but panics once: in `add` for the input at
+/// `panic_add_at`, or in `emit` for the first window of key `panic_emit_for`.
+#[derive(Clone, Default)]
+struct Flaky {
+    panic_add_at: Option<i64>,
+    panic_emit_for: Option<&'static str>,
+    panicked: Arc<AtomicBool>,
+}
+
+impl WindowAggregate for Flaky {
+    type Acc = (u64, String);
+
+    fn fields(&self) -> Vec<String> {
+        vec!["count".into()]
+    }
+
+    fn init(&self) -> (u64, String) {
+        (0, String::new())
+    }
+
+    fn add(&self, acc: &mut (u64, String), t: &Tuple) -> Result<(), ComponentError> {
+        if Some(t.get_i64("ts")?) == self.panic_add_at && !self.panicked.swap(true, Ordering::SeqCst) {
+            panic!("injected panic in add");
+        }
+        acc.0 += 1;
+        acc.1 = t.get_str("user")?.to_owned();
+        Ok(())
+    }
+
+    fn merge(&self, into: &mut (u64, String), other: &(u64, String)) {
+        into.0 += other.0;
+        into.1.clone_from(&other.1);
+    }
+
+    fn emit(&self, acc: &(u64, String)) -> Values {
+        if Some(acc.1.as_str()) == self.panic_emit_for && !self.panicked.swap(true, Ordering::SeqCst) {
+            panic!("injected panic in emit");
+        }
+        values![acc.0]
+    }
+}
+
+/// Old code: the panicking fold left an uncounted pane for `c`; firing it underflowed the pane
+/// counter, so the whole firing was lost and no input of the window was ever acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_add_fails_only_that_input_and_its_replay_is_counted() {
+    let flaky = Flaky { panic_add_at: Some(250), ..Default::default() };
+    let win = TumblingWindowConfig::new(1_000, "ts", &["user"]).build(flaky).unwrap();
+    let rig = start_with(1, 1, win, true, true, None);
+    push(&rig.s, 0, [ev(0, "a", 100), ev(1, "c", 250), ev(2, "b", 300), ev(3, "a", 400)]);
+    // the panicking input is failed by the engine and replayed; the window is still open
+    assert!(wait_until(SECS, || rig.failed() == [1] && rig.win.stats().inputs() == 4).await, "{:?}", rig.failed());
+    assert_eq!(rig.win.stats().held(), 4);
+    push(&rig.s, 0, [Cmd::Wm(1_000)]);
+    assert!(rig.saw_wm(1_000).await);
+    let mut aggs = rig.aggs();
+    aggs.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+    assert_eq!(aggs, [agg("a", 0, 1_000, 2), agg("b", 0, 1_000, 1), agg("c", 0, 1_000, 1)]);
+    assert!(wait_until(SECS, || rig.acked() == [0, 1, 2, 3]).await, "acked {:?}", rig.acked());
+    let (_, s, _, win) = rig.drain().await;
+    assert_eq!(s.lock().unwrap().failed, [1]);
+    assert_eq!((win.stats().held(), win.stats().open_panes(), win.stats().late()), (0, 0, 0));
+}
+
+/// Old code: the panic in `emit` for `b` dropped the rest of the firing: `c`'s aggregate was
+/// never emitted, and `b`'s and `c`'s inputs were never acked nor failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_emit_fails_that_window_and_emits_the_others() {
+    let flaky = Flaky { panic_emit_for: Some("b"), ..Default::default() };
+    let win = TumblingWindowConfig::new(1_000, "ts", &["user"]).build(flaky).unwrap();
+    let rig = start_with(1, 1, win, true, true, None);
+    push(&rig.s, 0, [ev(0, "a", 100), ev(1, "b", 200), ev(2, "c", 300), ev(3, "b", 350), ev(4, "a", 1_500)]);
+    assert!(wait_until(SECS, || rig.win.stats().inputs() == 5).await);
+    push(&rig.s, 0, [Cmd::Wm(1_000)]);
+    assert!(rig.saw_wm(1_000).await);
+    // a and c fire, before the watermark; b's inputs are failed and replayed: late
+    assert!(wait_until(SECS, || rig.acked() == [0, 1, 2, 3]).await, "acked {:?} log {:?}", rig.acked(), rig.log());
+    assert_eq!(rig.failed(), [1, 3]);
+    assert!(wait_until(SECS, || rig.log().len() == 5).await, "{:?}", rig.log());
+    let mut log = rig.log();
+    assert_eq!(log[..3], [agg("a", 0, 1_000, 1), agg("c", 0, 1_000, 1), Rec::Wm(1_000)]);
+    log[3..].sort_by_key(|r| if let Rec::Late { ts, .. } = r { *ts } else { i64::MAX });
+    assert_eq!(log[3..], [late("b", 200, 0, 1_000), late("b", 350, 0, 1_000)]);
+    let (log, _, _, win) = rig.drain().await;
+    assert_eq!(log[5..], [agg("a", 1_000, 2_000, 1), Rec::Wm(u64::MAX)]);
+    assert_eq!((win.stats().panics(), win.stats().emit_errors(), win.stats().fired()), (1, 1, 3));
+    assert_eq!(win.stats().held(), 0);
+}
+
+/// Each input counts in size / slide windows and is acked once the last of them fired; each
+/// window's aggregate is anchored to its inputs, so a failed one replays them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_windows_count_each_input_in_every_window_and_ack_after_the_last() {
+    let win = SlidingWindowConfig::new(1_000, 500, "ts", &["user"]).build(Count).unwrap();
+    let rig = start_with(1, 1, win, true, true, Some("b"));
+    // 700 is in [0, 1000) and [500, 1500); 1_200 in [500, 1500) and [1000, 2000)
+    push(&rig.s, 0, [ev(0, "a", 700), ev(1, "a", 1_200), ev(2, "b", 100), Cmd::Wm(1_000)]);
+    assert!(rig.saw_wm(1_000).await);
+    // b's only aggregate is failed downstream: its input 2 replays (late for [-500, 500) and
+    // [0, 1000): to the late stream)
+    assert!(
+        wait_until(SECS, || rig.failed() == [2] && rig.acked() == [2]).await,
+        "{:?} {:?}",
+        rig.failed(),
+        rig.acked()
+    );
+    assert_eq!(rig.win.stats().held(), 2, "700 waits for [500, 1500)");
+    push(&rig.s, 0, [Cmd::Wm(1_500)]);
+    assert!(rig.saw_wm(1_500).await);
+    assert!(wait_until(SECS, || rig.acked() == [0, 2]).await, "700 acked after its last window: {:?}", rig.acked());
+    let (log, s, _, win) = rig.drain().await;
+    let mut aggs: Vec<Rec> = log.iter().filter(|r| matches!(r, Rec::Agg { .. })).cloned().collect();
+    aggs.sort_by_key(|r| if let Rec::Agg { key, start, .. } = r { (key.clone(), *start) } else { unreachable!() });
+    assert_eq!(
+        aggs,
+        [
+            agg("a", 0, 1_000, 1),
+            agg("a", 500, 1_500, 2),
+            agg("a", 1_000, 2_000, 1),
+            agg("b", -500, 500, 1),
+            agg("b", 0, 1_000, 1)
+        ]
+    );
+    assert!(log.contains(&late("b", 100, 0, 1_000)), "{log:?}");
+    check_fire_timing(&log);
+    let mut acked = s.lock().unwrap().acked.clone();
+    acked.sort_unstable();
+    assert_eq!(acked, [0, 1, 2]);
+    assert_eq!(win.stats().held(), 0);
+}
+
+/// Sessions per key: inputs less than the gap apart share one; one that bridges two merges
+/// them; a session fires when the watermark reaches its last input + gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_merge_and_fire_at_last_input_plus_gap() {
+    let win = SessionWindowConfig::new(100, "ts", &["user"]).build(Count).unwrap();
+    let rig = start_with(1, 1, win, true, true, None);
+    push(&rig.s, 0, [ev(0, "a", 0), ev(1, "a", 150), ev(2, "b", 50), ev(3, "a", 80), Cmd::Wm(200)]);
+    assert!(rig.saw_wm(200).await);
+    // a: [0, 100) and [150, 250), bridged by 80 into [0, 250); b: [50, 150) fired
+    assert_eq!(rig.aggs(), [agg("b", 50, 150, 1)]);
+    push(&rig.s, 0, [Cmd::Wm(250)]);
+    assert!(rig.saw_wm(250).await);
+    assert_eq!(rig.aggs(), [agg("b", 50, 150, 1), agg("a", 0, 250, 3)]);
+    assert!(wait_until(SECS, || rig.acked() == [0, 1, 2, 3]).await, "{:?}", rig.acked());
+    let (log, ..) = rig.drain().await;
+    check_fire_timing(&log);
+}
+
+/// With allowed lateness a fired window is kept: a late input within it is counted and the
+/// window fires again at once (a refinement); past it, the input is late as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_lateness_refines_fired_windows() {
+    let win = TumblingWindowConfig::new(1_000, "ts", &["user"]).allowed_lateness(500).build(Count).unwrap();
+    let rig = start_with(1, 1, win, true, true, None);
+    push(
+        &rig.s,
+        0,
+        [ev(0, "a", 100), Cmd::Wm(1_200), ev(1, "a", 200), ev(2, "b", 300), Cmd::Wm(1_500), ev(3, "a", 400)],
+    );
+    assert!(wait_until(SECS, || rig.log().len() == 6).await, "{:?}", rig.log());
+    assert_eq!(
+        rig.log(),
+        [
+            agg("a", 0, 1_000, 1),
+            Rec::Wm(1_200),
+            agg("a", 0, 1_000, 2), // refinement
+            agg("b", 0, 1_000, 1), // first aggregate of b, after the window's end
+            Rec::Wm(1_500),
+            late("a", 400, 0, 1_000),
+        ]
+    );
+    assert!(wait_until(SECS, || rig.acked() == [0, 1, 2, 3]).await, "{:?}", rig.acked());
+    let (_, _, _, win) = rig.drain().await;
+    assert_eq!((win.stats().fired(), win.stats().refinements(), win.stats().late()), (3, 1, 1));
+    assert_eq!((win.stats().held(), win.stats().open_panes()), (0, 0));
 }
