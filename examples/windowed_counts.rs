@@ -1,11 +1,13 @@
 //! Event-time windows over Kinesis: records are counted per partition key in tumbling windows of
 //! their approximate arrival time. The spout emits low watermarks (MillWheel): per shard the
-//! arrival time of its oldest record still in flight, or of the newest read; per task the minimum
-//! over its shards; a shard with no new records for `watermark_idle_timeout_ms` stops holding
-//! it back. A window fires when the watermark passes its end. `squall drain` flushes the open
-//! windows (+infinity watermark, then `on_drain`) before the workers exit. Windows ack their
-//! inputs on receive: the spout's watermark waits for its in-flight records, so a window holding
-//! inputs until it fires would wait for itself.
+//! arrival time of its oldest record not yet emitted (queued, or failed and awaiting its replay),
+//! or of the newest read; per task the minimum over its shards; a shard with no new records for
+//! `watermark_idle_timeout_ms` stops holding it back. A window fires when the watermark passes its
+//! end. Windows hold their inputs until they fire (`AckMode::OnFire`, the default): a failed
+//! aggregate replays its inputs, which then arrive late and are printed as such. Records in flight
+//! do not hold the spout's watermark, so held inputs do not stop it; size `--max-spout-pending`
+//! above the records a spout task reads per window. `squall drain` flushes the open windows
+//! (+infinity watermark, then `on_drain`) before the workers exit.
 //!
 //! ```sh
 //! squall stream create clicks --shards 2
@@ -21,7 +23,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use squall::audit::{DeliveryLog, DeliverySink};
-use squall::topology::window::{AckMode, Count, TumblingWindowConfig};
+use squall::topology::window::{Count, TumblingWindowConfig};
 use squall::topology::{Bolt, BoltOutput, ComponentError, TaskContext, Tuple, Watermark};
 
 #[derive(Debug, Parser)]
@@ -95,12 +97,11 @@ async fn main() -> anyhow::Result<()> {
     let out = args.out.as_deref().map(DeliveryLog::open).transpose()?;
     let watermarks = args.watermarks.as_deref().map(DeliveryLog::open).transpose()?;
     let deliveries = args.deliveries.as_deref().map(DeliveryLog::open).transpose()?;
-    // The Kinesis spout's watermark is held by its oldest record still in flight (so a replayed
-    // record is never late). A window that held its inputs until firing (AckMode::OnFire) would
-    // therefore hold the very watermark it waits for: over a Kinesis spout, windows ack their
-    // inputs on receive.
+    // Inputs are held until their window fires (AckMode::OnFire, the default): at-least-once
+    // through the window. This works over the Kinesis spout because records in flight do not hold
+    // its watermark (only records still to be emitted do), and the spout keeps sending watermarks
+    // while it sits at max pending.
     let windows = TumblingWindowConfig::new(args.window_ms, "arrival_ms", &["partition_key"])
-        .ack(AckMode::OnReceive)
         .build(Count)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let worker = format!("{}-{}", args.worker.topology, std::process::id());

@@ -17,6 +17,20 @@
 //! `retry.max_replays` times go to [`DEAD_LETTER_STREAM`] with [`DEAD_LETTER_FIELDS`], as tracked
 //! tuples of their own ([`SpoutMsgId::DeadLetter`]): a record's checkpoint moves only once its
 //! dead-letter tuple is acked, and a failed dead-letter tuple is emitted again after a back-off.
+//!
+//! # Low watermark
+//!
+//! Each task emits a low watermark in event time (the records' approximate arrival time): per
+//! shard, the oldest record still to be emitted on the default stream (queued, or failed and
+//! awaiting its replay), else the newest read, or, for a shard idle and caught up for
+//! `watermark_idle_timeout_ms`, the time of that read minus the idle timeout; per task, the
+//! minimum over its shards. Records in flight do not hold it: a watermark travels in band behind
+//! the tuples emitted before it and cannot overtake them. So a window that holds its inputs until
+//! it fires (`AckMode::OnFire`) fires; the price is that a record failing after the watermark
+//! passed its time is replayed *late*, and a window sends it to its late stream. The watermark is
+//! computed at most every `watermark_interval_ms`, and sent from `next_tuple` and from
+//! `Spout::low_watermark`, which the engine polls while it does not call `next_tuple` (at
+//! `max_spout_pending`, idle).
 
 pub mod config;
 mod coordinator;
@@ -207,7 +221,10 @@ pub struct KinesisSpout {
     coordinator: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
     shared: SpoutShared,
     attached: bool,
+    /// When the task's watermark is computed next (at most once per `watermark_interval_ms`).
     next_watermark: Instant,
+    /// The last watermark computed, returned by `low_watermark` until the next computation.
+    last_watermark: Option<u64>,
     draining: bool,
 }
 
@@ -241,6 +258,7 @@ impl KinesisSpout {
             shared,
             attached: false,
             next_watermark: Instant::now(),
+            last_watermark: None,
             draining: false,
         }
     }
@@ -339,10 +357,11 @@ impl KinesisSpout {
 }
 
 impl KinesisSpout {
-    /// Emits this task's low watermark: the minimum over its shards (see `ShardTrack::watermark`),
-    /// or, owning no shard, the current time minus the idle timeout (so a task without shards
-    /// does not hold downstream watermarks back).
-    fn emit_watermark(&self, out: &mut SpoutOutput<SpoutMsgId>) {
+    /// This task's low watermark: the minimum over its shards (see `ShardTrack::watermark`:
+    /// records queued or awaiting a replay hold it, records in flight do not), or, owning no
+    /// shard, the current time minus the idle timeout (so a task without shards does not hold
+    /// downstream watermarks back). `None`: unknown yet.
+    fn compute_watermark(&self) -> Option<u64> {
         let idle = KinesisSpoutConfig::ms(self.cfg.watermark_idle_timeout_ms);
         let wm = {
             let t = lock(&self.tracker);
@@ -352,9 +371,18 @@ impl KinesisSpout {
                 t.watermark(idle)
             }
         };
-        if let Some(wm) = wm.filter(|w| *w > 0) {
-            out.watermark(wm as u64);
+        wm.filter(|w| *w > 0).map(|w| w as u64)
+    }
+
+    /// Recomputes the watermark when `watermark_interval_ms` has passed since the last time
+    /// (it locks the tracker and scans the owned shards); returns whether it did.
+    fn refresh_watermark(&mut self, now: Instant) -> bool {
+        if self.draining || now < self.next_watermark {
+            return false;
         }
+        self.next_watermark = now + KinesisSpoutConfig::ms(self.cfg.watermark_interval_ms);
+        self.last_watermark = self.compute_watermark();
+        true
     }
 }
 
@@ -429,9 +457,10 @@ impl Spout for KinesisSpout {
 
     async fn next_tuple(&mut self, out: &mut SpoutOutput<SpoutMsgId>) -> Result<(), ComponentError> {
         let now = Instant::now();
-        if now >= self.next_watermark && !self.draining {
-            self.next_watermark = now + KinesisSpoutConfig::ms(self.cfg.watermark_interval_ms);
-            self.emit_watermark(out);
+        if self.refresh_watermark(now) {
+            if let Some(wm) = self.last_watermark {
+                out.watermark(wm);
+            }
         }
         while let Some(id) = self.dead_letters.pop_front() {
             let rec = lock(&self.tracker).dead_letter_record(&id.shard_id, id.epoch, &id.sequence);
@@ -477,6 +506,16 @@ impl Spout for KinesisSpout {
             out.emit_tracked(Self::values(&rec), SpoutMsgId::Record(id))?;
         }
         Ok(())
+    }
+
+    /// Polled by the engine whenever it does not call `next_tuple` (at `max_spout_pending`,
+    /// idle), up to every idle loop: cheap, it recomputes at most once per
+    /// `watermark_interval_ms` and returns the last value in between (the engine ignores values
+    /// that do not advance). This is what lets a window holding every in-flight input until it
+    /// fires see the watermark that fires it.
+    fn low_watermark(&mut self) -> Option<u64> {
+        self.refresh_watermark(Instant::now());
+        self.last_watermark
     }
 
     async fn ack(&mut self, id: SpoutMsgId) {

@@ -12,6 +12,23 @@
 //!   ([`Queue::bytes`]); the reader sizes its reads to the room left.
 //! - A record that exhausted its replays is *dead-lettering*: it stays in flight (the checkpoint
 //!   waits) until its dead-letter tuple is acked, and that tuple is emitted again if it fails.
+//!
+//! # Low watermark
+//!
+//! A shard's low watermark ([`ShardTrack::watermark`]) is held by the records it has still to
+//! emit on the default stream: records queued (read, not yet emitted) and records failed and
+//! awaiting their replay. Records in flight (emitted, not yet acked) do not hold it: watermarks
+//! travel in band behind the tuples emitted before them (every bolt forwards a watermark only
+//! after the tuples that preceded it), so a later watermark cannot overtake an emitted tuple.
+//! Holding it for in-flight records would deadlock any bolt that keeps its inputs unacked until
+//! the watermark passes them (a window acking on fire) against that very watermark.
+//!
+//! The price: a record that fails after the watermark passed its time is replayed *late*: the
+//! windows over its time may already have fired. A window bolt routes it to its late stream
+//! (see `squall_topology::window`), which is how at-least-once shows through windows without
+//! checkpointed state. Dead-lettering records do not hold the watermark either: they leave the
+//! default stream. The same holds for records a handoff abandons (the next owner reads them
+//! again from the checkpoint, after its own watermark may have passed them).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -118,11 +135,22 @@ struct Entry {
     dead_lettering: bool,
     /// Failures of its dead-letter tuple.
     dead_letter_failures: u32,
+    /// Failed and to be emitted again on the default stream (replay scheduled, not yet taken by
+    /// `replay_record`): it holds the shard's watermark like a queued record.
+    awaiting_replay: bool,
 }
 
 impl Entry {
     fn new(record: Record) -> Self {
-        Entry { record, acked: false, failures: 0, abandoned: false, dead_lettering: false, dead_letter_failures: 0 }
+        Entry {
+            record,
+            acked: false,
+            failures: 0,
+            abandoned: false,
+            dead_lettering: false,
+            dead_letter_failures: 0,
+            awaiting_replay: false,
+        }
     }
 }
 
@@ -171,15 +199,20 @@ impl ShardTrack {
         }
     }
 
-    /// The shard's low watermark (ms): the arrival time of its oldest record still queued or in
-    /// flight; else of the newest record read. A shard with no new record for `idle` whose reader
-    /// is caught up with the tip stops holding the watermark back: it reports the time of its last
-    /// caught-up read minus `idle` (any later record arrives after that). `None`: unknown yet.
+    /// The shard's low watermark (ms): the arrival time of its oldest record still to be emitted
+    /// on the default stream (queued, or failed and awaiting its replay); else of the newest record
+    /// read. Records in flight do not hold it (see the module docs: an emitted tuple cannot be
+    /// overtaken by a later watermark; a replay after the watermark passed is late). A shard with
+    /// no new record for `idle` whose reader is caught up with the tip stops holding the watermark
+    /// back: it reports the time of its last caught-up read minus `idle` (any later record arrives
+    /// after that). `None`: unknown yet.
     pub fn watermark(&self, idle: Duration) -> Option<i64> {
+        // Arrival times are approximate (not strictly ordered within a shard): scan them all.
+        // The spout calls this at most once per watermark interval.
         let pending = self
             .inflight
             .values()
-            .filter(|e| !e.acked)
+            .filter(|e| e.awaiting_replay && !e.acked)
             .map(|e| e.record.arrival_ms)
             .chain(self.queued.iter().map(|r| r.arrival_ms))
             .min();
@@ -384,6 +417,7 @@ impl Tracker {
             e.dead_lettering = true;
             FailOutcome::DeadLetter(n)
         } else {
+            e.awaiting_replay = true;
             FailOutcome::Replay(n)
         }
     }
@@ -406,12 +440,17 @@ impl Tracker {
         Some(e.dead_letter_failures)
     }
 
-    /// The record to replay, if its shard and epoch are still live and it is still unacked (and
-    /// not on its way to the dead-letter stream).
-    pub fn replay_record(&self, shard: &str, epoch: u64, sequence: &Arc<str>) -> Option<Record> {
-        let t = self.shards.get(shard).filter(|t| t.epoch == epoch && !t.stopping)?;
-        let e = t.inflight.get(&SeqKey(sequence.clone()))?;
-        (!e.acked && !e.dead_lettering).then(|| e.record.clone())
+    /// Takes the record to replay, if its shard and epoch are still live and it is still unacked
+    /// (and not on its way to the dead-letter stream): it is in flight again, and no longer holds
+    /// the shard's watermark.
+    pub fn replay_record(&mut self, shard: &str, epoch: u64, sequence: &Arc<str>) -> Option<Record> {
+        let t = self.shards.get_mut(shard).filter(|t| t.epoch == epoch && !t.stopping)?;
+        let e = t.inflight.get_mut(&SeqKey(sequence.clone()))?;
+        if e.acked || e.dead_lettering {
+            return None;
+        }
+        e.awaiting_replay = false;
+        Some(e.record.clone())
     }
 
     /// The record whose dead-letter tuple is to be emitted (again), with its failures, if its
@@ -607,6 +646,10 @@ mod tests {
         assert_eq!(t.take_checkpoint(&s).as_deref(), Some("100"));
     }
 
+    /// The watermark is held by records still to be emitted on the default stream (queued, or
+    /// failed and awaiting their replay), not by records in flight: a watermark cannot overtake a
+    /// tuple emitted before it, and holding it for in-flight records deadlocks a window that acks
+    /// its inputs when the watermark passes them.
     #[test]
     fn watermark_is_oldest_pending_then_newest_then_idle() {
         let mut t = Tracker::default();
@@ -618,12 +661,21 @@ mod tests {
         t.enqueue(&s, e, vec![mk(1, 100), mk(2, 200), mk(3, 300)]);
         assert_eq!(t.watermark(idle), Some(100), "queued records hold it");
         let (r1, _) = t.next_to_emit().unwrap();
+        assert_eq!(t.watermark(idle), Some(200), "emitted: no longer held by it, the oldest queued holds it");
         let (r2, _) = t.next_to_emit().unwrap();
+        assert_eq!(t.watermark(idle), Some(300), "in flight does not hold it; queued does");
+        assert!(matches!(t.fail(&s, e, &r1.sequence, 1), FailOutcome::Replay(1)));
+        assert_eq!(t.watermark(idle), Some(100), "failed and awaiting its replay: holds it");
+        let replayed = t.replay_record(&s, e, &r1.sequence).expect("replayed");
+        assert_eq!(replayed.sequence, r1.sequence);
+        assert_eq!(t.watermark(idle), Some(300), "replayed: in flight again, no longer holds it");
+        assert!(matches!(t.fail(&s, e, &r1.sequence, 1), FailOutcome::DeadLetter(2)));
+        assert_eq!(t.watermark(idle), Some(300), "dead-lettering: leaves the default stream, does not hold it");
         t.ack(&s, e, &r2.sequence);
-        assert_eq!(t.watermark(idle), Some(100), "the oldest in flight holds it");
         t.ack(&s, e, &r1.sequence);
-        assert_eq!(t.watermark(idle), Some(300), "then the oldest queued");
+        assert_eq!(t.watermark(idle), Some(300), "the oldest queued");
         let (r3, _) = t.next_to_emit().unwrap();
+        assert_eq!(t.watermark(idle), Some(300), "nothing queued, r3 in flight: the newest read");
         t.ack(&s, e, &r3.sequence);
         assert_eq!(t.watermark(idle), Some(300), "nothing pending: the newest read");
         t.mark_caught_up(&s, e, 10_000);
@@ -635,6 +687,11 @@ mod tests {
         assert_eq!(t.watermark(idle), None, "a new shard with nothing read yet: unknown");
         t.enqueue(&s2, e2, vec![Record { arrival_ms: 5_000, ..rec(&s2, 1) }]);
         assert_eq!(t.watermark(idle), Some(5_000), "minimum over shards");
+        let (r, _) = t.next_to_emit().unwrap();
+        assert_eq!(t.watermark(idle), Some(5_000), "its only record in flight: the newest read");
+        assert!(matches!(t.fail(&s2, e2, &r.sequence, 3), FailOutcome::Replay(1)));
+        t.get_mut(&s2).unwrap().stopping = true;
+        assert_eq!(t.watermark(idle), Some(10_000 - 50), "a shard being handed off holds nothing");
     }
 
     proptest! {

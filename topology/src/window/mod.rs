@@ -89,13 +89,15 @@
 //! at most (lag + lateness) / gap + 1). With [`AckMode::OnFire`] every input is also held until
 //! its last window fires (the lateness does not hold inputs), and every held input keeps its
 //! spout tuple pending: held inputs are bounded by the sum of the spout tasks'
-//! `max_spout_pending`. The other side of that bound: a spout task at `max_spout_pending` is not
-//! called, so it advances neither its data nor its watermark. Size `max_spout_pending` above the
-//! number of tracked tuples a spout task emits over one window (for sessions, the longest
-//! session) plus the watermark lag, and `message_timeout_ms` above the window size plus the lag
-//! (held inputs that time out are replayed, and arrive late). An aggregate anchored to `n`
-//! inputs carries up to `n` ack-tree anchors. For windows spanning more inputs than that allows,
-//! use [`AckMode::OnReceive`].
+//! `max_spout_pending`. The other side of that bound: a spout task at `max_spout_pending` emits
+//! no data (its watermark moves only through
+//! [`Spout::low_watermark`](crate::Spout::low_watermark)), and its watermark stays below the time
+//! of the tuples it has yet to emit: a window whose inputs do not all fit in the pending tuples
+//! never fires. Size `max_spout_pending` above the number of tracked tuples a spout task emits
+//! over one window (for sessions, the longest session) plus the watermark lag, and `message_timeout_ms` above the window size plus
+//! the lag (held inputs that time out are replayed, and arrive late). An aggregate anchored to
+//! `n` inputs carries up to `n` ack-tree anchors. For windows spanning more inputs than that
+//! allows, use [`AckMode::OnReceive`].
 //!
 //! # Parallelism
 //!

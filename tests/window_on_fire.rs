@@ -1,0 +1,226 @@
+//! A window that holds its inputs until it fires (`AckMode::OnFire`, the default) over the
+//! Kinesis spout, with a small `max_spout_pending`, against the real kinesis-local and ZooKeeper.
+//!
+//! Every input of an open window keeps its spout tuple pending; the window fires only when the
+//! spout's watermark passes its end, and acks its inputs only then. This deadlocked until the
+//! message timeout, for two reasons, both fixed:
+//! - (b) the spout's watermark counted records in flight, so the held inputs held it below the
+//!   window's end (now only queued and replay-pending records hold it). Any rate shows it:
+//!   [`records_put_while_running_are_counted_in_windows_that_fire`].
+//! - (a) the spout sent watermarks only from `next_tuple`, which the engine stops calling at
+//!   `max_spout_pending` (now also from `Spout::low_watermark`, which the engine polls while it
+//!   does not call `next_tuple`). Bursts show it: a burst of 14 records per window, while the
+//!   previous window's 14 are held, fills the spout's 20 pending tuples, and the previous window
+//!   fires only by a watermark sent at max pending:
+//!   [`bursts_at_max_pending_are_counted_in_windows_that_fire`].
+//!
+//! A window holding more inputs than `max_spout_pending` can never fire (its later records stay
+//! queued, and queued records must hold the watermark; see the window module's docs), so records
+//! are put at fewer than `MAX_PENDING` per window, spanning several windows, while the topology
+//! runs. The message timeout is 60 s, longer than the tests wait: a pass cannot come from
+//! timeouts.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+use squall::spout::{KinesisSpout, KinesisSpoutConfig, SpoutRegistry, WorkerIdentity};
+use squall::topology::window::{AckMode, Count, TumblingWindowConfig};
+use squall::topology::{Bolt, BoltOutput, ComponentError, TopologyBuilder, TopologyConfig, Tuple};
+use support::TestStream;
+
+const WINDOW_MS: u64 = 1000;
+const MAX_PENDING: usize = 20;
+
+#[derive(Debug, Default)]
+struct Seen {
+    /// (window start, count) of every fired window tuple.
+    fired: Vec<(i64, u64)>,
+    /// When the last window tuple arrived.
+    last_fired_at: Option<Instant>,
+    late: u64,
+}
+
+/// Collects the window tuples and the late ones.
+struct Collect(Arc<Mutex<Seen>>);
+
+impl Bolt for Collect {
+    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let mut seen = self.0.lock().unwrap();
+        if t.stream() == "late" {
+            seen.late += 1;
+        } else {
+            seen.fired.push((t.get_i64("window_start_ms")?, t.get_u64("count")?));
+            seen.last_fired_at = Some(Instant::now());
+        }
+        Ok(())
+    }
+}
+
+/// How records are put.
+#[derive(Debug, Clone, Copy)]
+enum Puts {
+    /// `batches` PutRecords calls of `per_batch` records (over three keys), `every` apart.
+    Paced { batches: usize, per_batch: usize, every: Duration },
+}
+
+/// Puts the records; returns how many, and when the last was put.
+async fn put(s: &TestStream, puts: Puts) -> (usize, Instant) {
+    let Puts::Paced { batches, per_batch, every } = puts;
+    let started = Instant::now();
+    for b in 0..batches {
+        if b > 0 {
+            tokio::time::sleep(every).await;
+        }
+        let entries = (0..per_batch)
+            .map(|i| {
+                PutRecordsRequestEntry::builder()
+                    .partition_key(format!("key-{}", i % 3))
+                    .data(Blob::new(format!("record-{b}-{i}")))
+                    .build()
+                    .unwrap()
+            })
+            .collect::<Vec<_>>();
+        let out = s
+            .client
+            .put_records()
+            .stream_name(&s.name)
+            .set_records(Some(entries))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("put batch {b}: {}", aws_sdk_kinesis::error::DisplayErrorContext(e)));
+        assert_eq!(out.failed_record_count(), Some(0), "put batch {b}");
+    }
+    let last_put = Instant::now();
+    let records = batches * per_batch;
+    eprintln!("put {records} records in {batches} batches in {:?}", last_put - started);
+    (records, last_put)
+}
+
+/// Runs spout -> window (on fire) -> collector, puts the records while it runs, and checks that
+/// every record is counted in a fired window and acked, with nothing timed out. `idle_ms`: the
+/// spout's `watermark_idle_timeout_ms` (what fires the last window).
+async fn run(what: &str, puts: Puts, idle_ms: u64) {
+    squall::logging::init();
+    let s = TestStream::create("onfire", 1).await;
+    let root = support::unique_zk_root("onfire");
+    let topology = support::unique_name("onfire");
+    let mut cfg = KinesisSpoutConfig::new(topology.clone(), s.name.clone());
+    cfg.kinesis = support::kinesis_endpoint();
+    cfg.zookeeper.connect = support::zk_connect();
+    cfg.zookeeper.root = root.clone();
+    cfg.zookeeper.session_timeout_ms = 6000;
+    cfg.idle_poll_interval_ms = 100;
+    cfg.watermark_idle_timeout_ms = idle_ms;
+
+    let windows = TumblingWindowConfig::new(WINDOW_MS, "arrival_ms", &["partition_key"])
+        .ack(AckMode::OnFire)
+        .build(Count)
+        .unwrap();
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let mut b = TopologyBuilder::new(topology.clone());
+    let registry = SpoutRegistry::default();
+    KinesisSpout::declare_with_registry(&mut b, "kinesis", 1, cfg, WorkerIdentity::current(), registry.clone());
+    let mut w = b.set_bolt("windows", 1, windows.factory());
+    w.fields_grouping("kinesis", &["partition_key"]);
+    windows.declare_outputs(&mut w);
+    let c = seen.clone();
+    b.set_bolt("collect", 1, move |_| Collect(c.clone()))
+        .global_grouping("windows")
+        .global_grouping_from("windows", "late");
+    let tcfg =
+        TopologyConfig { max_spout_pending: MAX_PENDING, message_timeout_ms: 60_000, ..TopologyConfig::default() };
+    let running = squall::topology::run_local(b.build().unwrap(), tcfg).unwrap();
+    // Put only once the spout owns the shard and has read it: a record put earlier may be older
+    // than the watermark a task owning no shard sends (now minus the idle timeout), and be late.
+    let t0 = Instant::now();
+    while !registry.tasks().iter().any(|t| t.shards().iter().any(|(_, st)| st.millis_behind_latest.is_some())) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the spout never read its shard");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (records, last_put) = put(&s, puts).await;
+
+    // Every record counted in a fired window, and acked at the spout, well within the timeout.
+    let deadline = last_put + Duration::from_secs(30);
+    let counted = |seen: &Seen| seen.fired.iter().map(|(_, n)| n).sum::<u64>();
+    let mut max_pending = 0;
+    loop {
+        let (acked, pending) = running.metrics().component("kinesis").map_or((0, 0), |m| (m.acked, m.pending));
+        max_pending = max_pending.max(pending);
+        let done = counted(&seen.lock().unwrap()) >= records as u64 && acked >= records as u64;
+        if done {
+            break;
+        }
+        if Instant::now() > deadline {
+            let m = running.metrics();
+            let st = windows.stats();
+            panic!(
+                "{what}: deadlock: 30 s after the last put, {} of {records} records counted in fired windows, spout {:?}; window stats: \
+                 inputs {} fired {} held {} late {}",
+                counted(&seen.lock().unwrap()),
+                m.component("kinesis"),
+                st.inputs(),
+                st.fired(),
+                st.held(),
+                st.late(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    let spout = running.metrics().component("kinesis").cloned().unwrap();
+    let mut per_window = std::collections::BTreeMap::<i64, u64>::new();
+    for (start, n) in &seen.fired {
+        *per_window.entry(*start).or_default() += n;
+    }
+    let last_fired = seen.last_fired_at.unwrap().saturating_duration_since(last_put);
+    eprintln!(
+        "ON-FIRE {what}: {records} records in {} windows (records per window {:?}); spout pending up to \
+         {max_pending} of {MAX_PENDING}, emitted {} acked {} failed {} timed out {}; last window fired \
+         {last_fired:?} after the last put",
+        per_window.len(),
+        per_window.values().collect::<Vec<_>>(),
+        spout.emitted,
+        spout.acked,
+        spout.failed,
+        spout.timed_out
+    );
+    assert_eq!(counted(&seen), records as u64, "every record counted once in a fired window: {per_window:?}");
+    assert_eq!(seen.late, 0, "nothing late: nothing failed");
+    assert_eq!(spout.timed_out, 0, "no pass through timeouts");
+    assert_eq!(spout.failed, 0);
+    assert_eq!(spout.acked, records as u64, "the spout acked every record");
+    assert_eq!(spout.emitted, records as u64);
+    assert!(per_window.len() >= 4, "records span several windows: {per_window:?}");
+    assert!(
+        per_window.values().all(|n| *n < MAX_PENDING as u64),
+        "fewer records per window than max pending (else no window can fire): {per_window:?}"
+    );
+    if what == "bursts" {
+        assert_eq!(max_pending, MAX_PENDING as u64, "the spout sat at max pending");
+    }
+    assert_eq!(windows.stats().held(), 0, "nothing held any more");
+
+    running.kill(Duration::from_secs(5)).await.unwrap();
+    let zk = support::zk_client().await;
+    support::zk_delete_tree(&zk, &root).await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_put_while_running_are_counted_in_windows_that_fire() {
+    // One record every 125 ms: about 8 per window, over 6 windows.
+    run("trickle", Puts::Paced { batches: 48, per_batch: 1, every: Duration::from_millis(125) }, 1000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bursts_at_max_pending_are_counted_in_windows_that_fire() {
+    // 14 records every 1.1 s: one burst per window (never two), 6 windows. Each burst arrives
+    // while the previous one is held, so the spout reaches max pending with records of the new
+    // window queued. The idle timeout (3 s) is longer than the gap: the spout's watermark passes
+    // a window only by the next burst (the last window fires by the idle timeout).
+    run("bursts", Puts::Paced { batches: 6, per_batch: 14, every: Duration::from_millis(1100) }, 3000).await;
+}
