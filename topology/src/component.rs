@@ -137,6 +137,7 @@ pub struct TaskContext {
     pub(crate) task_id: usize,
     pub(crate) config: Arc<TopologyConfig>,
     pub(crate) component_config: Arc<ComponentConfig>,
+    pub(crate) metrics: Arc<crate::metrics::TaskMetrics>,
     pub(crate) wakeup: Wakeup,
     pub(crate) cancel: CancellationToken,
     pub(crate) tracker: TaskTracker,
@@ -179,6 +180,19 @@ impl TaskContext {
         &self.component_config
     }
 
+    /// This task's counter `name` (created on first use; the same counter on later calls). It
+    /// shows, summed over the component's tasks, wherever the engine's counters show
+    /// ([`crate::ComponentMetrics::counters`], `squall status`).
+    pub fn counter(&self, name: &str) -> crate::metrics::Counter {
+        self.metrics.user.counter(name)
+    }
+
+    /// This task's histogram `name` (created on first use), merged over the component's tasks
+    /// in [`crate::ComponentMetrics::histograms`].
+    pub fn histogram(&self, name: &str) -> crate::metrics::Histogram {
+        self.metrics.user.histogram(name)
+    }
+
     /// The handle that wakes this task's executor (spouts).
     pub fn wakeup(&self) -> Wakeup {
         self.wakeup.clone()
@@ -209,6 +223,7 @@ impl TaskContext {
             task_id: task_index,
             config: Arc::new(TopologyConfig::default()),
             component_config: Arc::new(ComponentConfig::default()),
+            metrics: Arc::default(),
             wakeup: Wakeup::default(),
             cancel: CancellationToken::new(),
             tracker: TaskTracker::new(),

@@ -98,7 +98,9 @@ pub use config::{ComponentConfig, ConfigError, TopologyConfig};
 pub use executor::TopologyError;
 pub use grouping::{All, Direct, FieldsGrouping, Global, Grouping, LocalOrShuffle, RouteContext, Router, Shuffle};
 pub use local::{LocalCluster, RunningTopology, run_local};
-pub use metrics::{ComponentKind, ComponentMetrics, LatencySummary, TopologyMetrics};
+pub use metrics::{
+    ComponentKind, ComponentMetrics, Counter, Histogram, HistogramSummary, LatencySummary, TopologyMetrics,
+};
 pub use output::{AckHandle, BoltOutput, EmitError, Inputs, SpoutOutput, Timer};
 pub use tuple::{DEFAULT_STREAM, Fields, Tuple, TupleError};
 pub use typed::{IntoValues, TypedError, fields_of, from_tuple, to_values};

@@ -37,9 +37,139 @@ fn bucket_upper(b: usize) -> u64 {
     base.saturating_add((sub + 1) * (base / 4))
 }
 
+/// A user counter, registered with [`crate::TaskContext::counter`]: summed over the component's
+/// tasks in [`ComponentMetrics::counters`]. Cheap to clone; may be moved to other tasks.
+#[derive(Clone, Debug, Default)]
+pub struct Counter(Arc<AtomicU64>);
+
+impl Counter {
+    /// Adds `n`.
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Relaxed);
+    }
+
+    /// Adds 1.
+    #[inline]
+    pub fn incr(&self) {
+        self.add(1);
+    }
+
+    /// The current value (this task's).
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+/// Log-linear buckets (4 per power of two, within 25%) of non-negative values.
+#[derive(Debug)]
+struct Cells {
+    count: AtomicU64,
+    sum: AtomicU64,
+    max: AtomicU64,
+    buckets: Box<[AtomicU64]>,
+}
+
+impl Default for Cells {
+    fn default() -> Self {
+        Cells {
+            count: AtomicU64::new(0),
+            sum: AtomicU64::new(0),
+            max: AtomicU64::new(0),
+            buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+/// A user histogram, registered with [`crate::TaskContext::histogram`]: merged over the
+/// component's tasks in [`ComponentMetrics::histograms`] (count, mean, max, p50, p99). Values
+/// are unsigned integers (e.g. microseconds, bytes). Cheap to clone; may be moved to other tasks.
+#[derive(Clone, Debug, Default)]
+pub struct Histogram(Arc<Cells>);
+
+impl Histogram {
+    /// Records one value.
+    pub fn record(&self, v: u64) {
+        let c = &self.0;
+        c.count.fetch_add(1, Relaxed);
+        c.sum.fetch_add(v, Relaxed);
+        c.max.fetch_max(v, Relaxed);
+        c.buckets[bucket_of(v).min(BUCKETS - 1)].fetch_add(1, Relaxed);
+    }
+
+    /// Records a duration in microseconds.
+    pub fn record_duration(&self, d: Duration) {
+        self.record(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    }
+}
+
+/// A user histogram merged over a component's tasks.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct HistogramSummary {
+    /// Values recorded.
+    pub count: u64,
+    /// Sum of the values.
+    pub sum: u64,
+    /// Mean.
+    pub mean: u64,
+    /// Largest value.
+    pub max: u64,
+    /// Median (upper bound of a bucket, within 25%).
+    pub p50: u64,
+    /// 99th percentile (upper bound of a bucket, within 25%).
+    pub p99: u64,
+}
+
+/// The user metrics of one task, by name.
+#[derive(Debug, Default)]
+pub(crate) struct UserMetrics {
+    counters: std::sync::Mutex<Vec<(String, Counter)>>,
+    histograms: std::sync::Mutex<Vec<(String, Histogram)>>,
+}
+
+impl UserMetrics {
+    pub(crate) fn counter(&self, name: &str) -> Counter {
+        let mut v = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, c)) = v.iter().find(|(n, _)| n == name) {
+            return c.clone();
+        }
+        let c = Counter::default();
+        v.push((name.to_owned(), c.clone()));
+        c
+    }
+
+    pub(crate) fn histogram(&self, name: &str) -> Histogram {
+        let mut v = self.histograms.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, h)) = v.iter().find(|(n, _)| n == name) {
+            return h.clone();
+        }
+        let h = Histogram::default();
+        v.push((name.to_owned(), h.clone()));
+        h
+    }
+}
+
+/// The rank-`q` value (upper bucket bound) of merged buckets.
+fn quantile(buckets: &[u64], q: f64, max: u64) -> u64 {
+    let total: u64 = buckets.iter().sum();
+    if total == 0 {
+        return 0;
+    }
+    let rank = ((total as f64 * q).ceil() as u64).max(1);
+    let mut seen = 0;
+    for (i, b) in buckets.iter().enumerate() {
+        seen += b;
+        if seen >= rank {
+            return bucket_upper(i).min(max);
+        }
+    }
+    max
+}
+
 /// The counters of one task.
 #[derive(Debug)]
 pub(crate) struct TaskMetrics {
+    pub(crate) user: UserMetrics,
     pub(crate) emitted: AtomicU64,
     pub(crate) executed: AtomicU64,
     pub(crate) acked: AtomicU64,
@@ -56,6 +186,7 @@ pub(crate) struct TaskMetrics {
 impl Default for TaskMetrics {
     fn default() -> Self {
         TaskMetrics {
+            user: UserMetrics::default(),
             emitted: AtomicU64::new(0),
             executed: AtomicU64::new(0),
             acked: AtomicU64::new(0),
@@ -157,6 +288,10 @@ pub struct ComponentMetrics {
     pub pending: u64,
     /// Execute latency (bolts).
     pub execute_latency: LatencySummary,
+    /// The component's own counters ([`crate::TaskContext::counter`]), summed over its tasks.
+    pub counters: BTreeMap<String, u64>,
+    /// The component's own histograms ([`crate::TaskContext::histogram`]), merged over its tasks.
+    pub histograms: BTreeMap<String, HistogramSummary>,
 }
 
 /// A snapshot of every component's counters.
@@ -204,6 +339,36 @@ impl MetricsRegistry {
                     break;
                 }
             }
+            let mut counters: BTreeMap<String, u64> = BTreeMap::new();
+            let mut hists: BTreeMap<String, (u64, u64, u64, Vec<u64>)> = BTreeMap::new();
+            for t in tasks {
+                for (name, c) in t.user.counters.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                    *counters.entry(name.clone()).or_default() += c.get();
+                }
+                for (name, h) in t.user.histograms.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                    let e = hists.entry(name.clone()).or_insert_with(|| (0, 0, 0, vec![0; BUCKETS]));
+                    e.0 += h.0.count.load(Relaxed);
+                    e.1 = e.1.saturating_add(h.0.sum.load(Relaxed));
+                    e.2 = e.2.max(h.0.max.load(Relaxed));
+                    for (b, a) in e.3.iter_mut().zip(h.0.buckets.iter()) {
+                        *b += a.load(Relaxed);
+                    }
+                }
+            }
+            let histograms = hists
+                .into_iter()
+                .map(|(name, (count, sum, max, buckets))| {
+                    let summary = HistogramSummary {
+                        count,
+                        sum,
+                        mean: sum.checked_div(count).unwrap_or(0),
+                        max,
+                        p50: quantile(&buckets, 0.5, max),
+                        p99: quantile(&buckets, 0.99, max),
+                    };
+                    (name, summary)
+                })
+                .collect();
             components.insert(
                 id.clone(),
                 ComponentMetrics {
@@ -222,6 +387,8 @@ impl MetricsRegistry {
                         max_ns: max,
                         p99_ns: p99,
                     },
+                    counters,
+                    histograms,
                 },
             );
         }
@@ -253,6 +420,13 @@ mod tests {
         for i in 1..=100u64 {
             a.record_latency(Duration::from_micros(i));
         }
+        a.user.counter("hits").add(2);
+        b.user.counter("hits").add(3);
+        assert_eq!(a.user.counter("hits").get(), 2, "one counter per name and task");
+        for v in 1..=100u64 {
+            a.user.histogram("size").record(v);
+        }
+        b.user.histogram("size").record(1_000);
         let reg = MetricsRegistry { components: vec![("c".into(), ComponentKind::Bolt, vec![a, b])] };
         let s = reg.snapshot();
         let c = s.component("c").unwrap();
@@ -262,5 +436,10 @@ mod tests {
         assert_eq!(c.execute_latency.max_ns, 100_000);
         assert_eq!(c.execute_latency.mean_ns, 50_500);
         assert!(c.execute_latency.p99_ns >= 99_000 && c.execute_latency.p99_ns <= 100_000);
+        assert_eq!(c.counters["hits"], 5);
+        let h = &c.histograms["size"];
+        assert_eq!((h.count, h.sum, h.max), (101, 5050 + 1000, 1000));
+        assert!((50..=63).contains(&h.p50), "{h:?}");
+        assert!((100..=1000).contains(&h.p99), "{h:?}");
     }
 }

@@ -513,7 +513,9 @@ impl Bolt for HoldsUntilWatermark {
         Ok(())
     }
     async fn on_watermark(&mut self, wm: Watermark, out: &mut BoltOutput) -> Result<(), ComponentError> {
-        for (_, h) in self.0.extract_if(.., |(ts, _)| *ts < wm.0) {
+        let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.0).into_iter().partition(|(ts, _)| *ts < wm.0);
+        self.0 = keep;
+        for (_, h) in done {
             out.ack(h);
         }
         Ok(())
@@ -603,4 +605,46 @@ async fn component_config_reaches_the_task() {
     assert!(wait_until(SECS, || log.lock().unwrap().acked.len() == 50).await);
     assert!(log.lock().unwrap().max_outstanding <= 3, "max outstanding {}", log.lock().unwrap().max_outstanding);
     running.cancel().await.unwrap();
+}
+
+/// Counts words and records their lengths in its own metrics.
+#[derive(Default)]
+struct Measured {
+    words: Counter,
+    lengths: Histogram,
+}
+
+impl Bolt for Measured {
+    async fn prepare(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
+        self.words = ctx.counter("words");
+        self.lengths = ctx.histogram("word_length");
+        Ok(())
+    }
+    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        self.words.incr();
+        self.lengths.record(t.get_str("word")?.len() as u64);
+        Ok(())
+    }
+}
+
+/// User metrics show, summed over tasks, next to the engine's counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_metrics_show_with_the_engine_counters() {
+    let acked = Arc::new(AtomicU64::new(0));
+    let mut b = TopologyBuilder::new("user-metrics");
+    let a = acked.clone();
+    b.set_spout("sentences", 1, move |_| Sentences { next: 0, n: 40, acked: a.clone() }).fields_of::<Sentence>();
+    b.set_bolt("split", 2, |_| Split).shuffle_grouping("sentences").fields_of::<Word<'static>>();
+    b.set_bolt("measure", 3, |_| Measured::default()).fields_grouping("split", &["word"]);
+    let running = run_local(b.build().unwrap(), TopologyConfig::default()).unwrap();
+    tokio::time::timeout(SECS, running.wait()).await.unwrap().unwrap();
+    let m = running.metrics();
+    let c = m.component("measure").unwrap();
+    assert_eq!(c.counters["words"], 120);
+    let h = &c.histograms["word_length"];
+    assert_eq!(h.count, 120);
+    assert_eq!(h.max, 3, "b10..b39 are the longest words");
+    assert!(h.p50 >= 1 && h.p50 <= 3, "{h:?}");
+    let json = serde_json::to_value(&m).unwrap();
+    assert_eq!(json["components"]["measure"]["counters"]["words"], 120);
 }

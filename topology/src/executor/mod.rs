@@ -280,6 +280,7 @@ pub(crate) fn start(
                 .collect();
             let outbox = Outbox::new(task_id, c.id.clone(), streams, targets, config.batch_size);
             let metrics = registry.components[ci].2[task].clone();
+            let task_metrics = metrics.clone();
             let ctx = TaskContext {
                 topology: topology.name.clone(),
                 component: c.id.clone(),
@@ -288,6 +289,7 @@ pub(crate) fn start(
                 task_id,
                 config: config.clone(),
                 component_config: c.config.clone(),
+                metrics: task_metrics,
                 wakeup: Wakeup::default(),
                 cancel: cancel.clone(),
                 tracker: tracker.clone(),
