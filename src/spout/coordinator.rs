@@ -289,6 +289,9 @@ impl Coordinator {
             }
             _ => BTreeSet::new(),
         };
+        if view.assignment.is_some() || !active {
+            lock(&self.tracker).set_assigned(mine.len());
+        }
         let handoff = KinesisSpoutConfig::ms(self.cfg.handoff_timeout_ms);
         let to_release: Vec<Arc<str>> = s
             .owned

@@ -357,20 +357,14 @@ impl KinesisSpout {
 }
 
 impl KinesisSpout {
-    /// This task's low watermark: the minimum over its shards (see `ShardTrack::watermark`:
-    /// records queued or awaiting a replay hold it, records in flight do not), or, owning no
-    /// shard, the current time minus the idle timeout (so a task without shards does not hold
-    /// downstream watermarks back). `None`: unknown yet.
+    /// This task's low watermark (see `Tracker::task_watermark`: records queued or awaiting a
+    /// replay hold it, records in flight do not; a task assigned no shard reports the current
+    /// time minus the idle timeout, so it does not hold downstream watermarks back; shards
+    /// assigned but not taken yet keep it unknown, so their backlog is not late). `None`:
+    /// unknown yet.
     fn compute_watermark(&self) -> Option<u64> {
         let idle = KinesisSpoutConfig::ms(self.cfg.watermark_idle_timeout_ms);
-        let wm = {
-            let t = lock(&self.tracker);
-            if t.owns_nothing() {
-                Some(now_ms() - self.cfg.watermark_idle_timeout_ms as i64)
-            } else {
-                t.watermark(idle)
-            }
-        };
+        let wm = lock(&self.tracker).task_watermark(idle, now_ms());
         wm.filter(|w| *w > 0).map(|w| w as u64)
     }
 

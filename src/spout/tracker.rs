@@ -271,9 +271,31 @@ pub(crate) struct Tracker {
     /// Shards with queued records, in the order they are served (round-robin).
     ready: VecDeque<Arc<str>>,
     next_epoch: u64,
+    /// How many shards the last assignment gave this task; `None` before the first.
+    assigned: Option<usize>,
 }
 
 impl Tracker {
+    /// Records how many shards the assignment gives this task (the coordinator calls this each
+    /// time it reconciles), so the watermark knows whether shards are still to come.
+    pub fn set_assigned(&mut self, n: usize) {
+        self.assigned = Some(n);
+    }
+
+    /// The task's low watermark, given `now_ms`: the minimum over its owned shards; a task the
+    /// assignment gives no shard reports `now_ms - idle` (it holds nothing back); `None` while
+    /// unknown: before the first assignment, while an assigned shard is not taken yet (its
+    /// backlog, read from TRIM_HORIZON or a checkpoint, may be older than anything else), or
+    /// while an owned shard has read nothing.
+    pub fn task_watermark(&self, idle: Duration, now_ms: i64) -> Option<i64> {
+        let owned = self.shards.values().filter(|t| !t.stopping).count();
+        match self.assigned {
+            Some(0) if owned == 0 => Some(now_ms.saturating_sub(i64::try_from(idle.as_millis()).unwrap_or(i64::MAX))),
+            Some(n) if owned >= n && owned > 0 => self.watermark(idle),
+            _ => None,
+        }
+    }
+
     /// Starts tracking a newly owned shard; returns its epoch.
     pub fn start(&mut self, shard: &Arc<str>) -> u64 {
         self.next_epoch += 1;
@@ -342,11 +364,6 @@ impl Tracker {
             min = Some(min.map_or(w, |m| m.min(w)));
         }
         min
-    }
-
-    /// True when no shard is owned (or every owned one is being handed off).
-    pub fn owns_nothing(&self) -> bool {
-        self.shards.values().all(|t| t.stopping)
     }
 
     /// Marks the shard's end as read. Returns false when stale.
@@ -772,5 +789,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn task_watermark_waits_for_assigned_shards() {
+        let idle = Duration::from_secs(5);
+        let mut t = Tracker::default();
+        assert_eq!(t.task_watermark(idle, 100_000), None, "no assignment seen yet");
+        t.set_assigned(0);
+        assert_eq!(t.task_watermark(idle, 100_000), Some(95_000), "assigned nothing: holds nothing back");
+        t.set_assigned(2);
+        let a: Arc<str> = Arc::from("a");
+        t.start(&a);
+        assert_eq!(t.task_watermark(idle, 100_000), None, "a shard assigned but not taken yet: its backlog may be old");
+        let b: Arc<str> = Arc::from("b");
+        t.start(&b);
+        assert_eq!(t.task_watermark(idle, 100_000), None, "taken, nothing read yet");
     }
 }
