@@ -9,13 +9,20 @@
 //!   [`from_tuple`], [`fields_of`] ([`TypedError`]).
 //! - [`component`]: the [`Spout`] and [`Bolt`] traits, [`TaskContext`], [`Watermark`],
 //!   [`ComponentError`].
-//! - [`output`]: [`SpoutOutput`] and [`BoltOutput`], where components emit; [`AckHandle`].
+//! - [`output`]: [`SpoutOutput`] and [`BoltOutput`], where components emit, hold inputs
+//!   ([`AckHandle`]), schedule wake-ups ([`Timer`]) and flush; [`Inputs`] for
+//!   [`Bolt::execute_batch`]; [`EmitError`]. Routing and send buffers are internal
+//!   (`output::route`: one send/flush path for both executors, batches of at most `batch_size`).
 //! - [`grouping`]: the [`Grouping`]/[`Router`] strategy traits and the built-in groupings.
-//! - [`builder`]: [`TopologyBuilder`] and its validation ([`BuildError`]) into a [`Topology`].
-//! - [`config`]: [`TopologyConfig`] (serde, validated).
+//! - [`builder`]: [`TopologyBuilder`], typed handles ([`ComponentId`], [`StreamId`], [`Source`])
+//!   and validation ([`BuildError`]) into a [`Topology`]; direct streams are declared
+//!   (`direct_output`) and only direct groupings subscribe to them.
+//! - [`config`]: [`TopologyConfig`] and per-component [`ComponentConfig`] (serde, validated).
 //! - `acker` (private): Storm's XOR ack trees, kept by the spout task that owns each root.
-//! - `executor` (private): one tokio task per component instance, bounded channels, backpressure.
-//! - [`metrics`]: per-component counters ([`TopologyMetrics`]).
+//! - `executor` (private): one tokio task per component instance, bounded channels, backpressure,
+//!   panic isolation of every hook, cooperative yielding.
+//! - [`metrics`]: per-component counters ([`TopologyMetrics`]) and the components' own
+//!   [`Counter`]s and [`Histogram`]s ([`TaskContext::counter`], [`TaskContext::histogram`]).
 //! - [`local`]: the in-process runner, [`run_local`] / [`LocalCluster`] and [`RunningTopology`].
 //! - [`window`]: event-time tumbling, sliding and session windows fired by the low watermark,
 //!   with allowed lateness.
