@@ -12,7 +12,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use tokio::time::Instant;
 
-pub use crate::tuple::Anchors;
+pub(crate) use crate::tuple::Anchors;
 
 const SEQ_BITS: u32 = 40;
 const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;

@@ -195,7 +195,7 @@ impl StreamMeta {
 }
 
 /// Ack-tree membership of one tuple copy: `(root id, edge id)` pairs. Empty when untracked.
-pub type Anchors = SmallVec<[(u64, u64); 1]>;
+pub(crate) type Anchors = SmallVec<[(u64, u64); 1]>;
 
 /// A tuple delivered to a bolt. Cheap to clone: the stream metadata is shared, and values are
 /// cheap to clone (strings and byte strings are reference counted).
@@ -247,11 +247,6 @@ impl Tuple {
     /// All values in field order.
     pub fn values(&self) -> &Values {
         &self.values
-    }
-
-    /// The `(root id, edge id)` pairs tying this tuple copy into ack trees.
-    pub fn anchors(&self) -> &Anchors {
-        &self.anchors
     }
 
     /// True when the tuple is part of an ack tree (anchored to a tracked spout tuple).
