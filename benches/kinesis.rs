@@ -18,8 +18,10 @@
 //! - `memory` (f): one worker process owning 50 shards, each with a backlog of 10,000 records of
 //!   1 KB (500 MB) put before the worker starts (parallel PutRecords of 500); VmRSS sampled from
 //!   /proc every 250 ms while it works through the backlog, then 30 s of steady state under a
-//!   50 rec/s producer; VmHWM (peak); records/s of the catch-up. `SQUALL_BENCH_MEMORY_BACKLOG`
-//!   sets the records per shard (default 10000).
+//!   50 rec/s producer; VmHWM (peak); records/s of the catch-up. On kinesalite by default
+//!   (kinesis-local's puts slow down as the stream fills: 500 MB would take hours);
+//!   `SQUALL_BENCH_MEMORY_ENGINE=kinesis-local` and `SQUALL_BENCH_MEMORY_BACKLOG` (records per
+//!   shard, default 10000) change that.
 //!
 //! Needs ZooKeeper and the engines on loopback (`make bench` starts them) and the audit example
 //! built in the same profile (`cargo build --release --examples`). `SQUALL_BENCH_REPS` sets the
@@ -1022,12 +1024,22 @@ async fn memory(env: &Env) -> anyhow::Result<()> {
         .filter(|&n| n > 0)
         .unwrap_or(10_000);
     let backlog = per_shard * SHARDS as u64;
+    // kinesis-local cannot take 500 MB in useful time: its put cost grows with the records the
+    // stream holds (500-record PutRecords take ~4 s at 2,000 records per shard, ~2 h to fill).
+    let engine = std::env::var("SQUALL_BENCH_MEMORY_ENGINE").unwrap_or_else(|_| "kinesalite".into());
+    let endpoint = match engine.as_str() {
+        "kinesalite" => env.kinesalite.clone(),
+        "kinesis-local" => env.kinesis_local.clone(),
+        other => bail!("SQUALL_BENCH_MEMORY_ENGINE is {other:?}; use kinesalite (default) or kinesis-local"),
+    };
     println!(
-        "\n## (f) resident memory of a worker owning {SHARDS} shards with a backlog of {per_shard} records of 1 KB each (kinesis-local)\n"
+        "\n## (f) resident memory of a worker owning {SHARDS} shards with a backlog of {per_shard} records of 1 KB each ({engine})\n"
     );
     env.need_audit_bin()?;
-    let endpoint = env.kinesis_local.clone();
     let client = client(&endpoint).await?;
+    if !reachable(&client).await {
+        bail!("{engine} does not answer at {endpoint}: start it (localstack/kinesalite-up, localstack/up)");
+    }
     let stream = create_stream(&client, &endpoint, SHARDS, "bench-memory").await?;
     let (run, put_time) = fill_backlog(&client, &stream, per_shard, RECORD_BYTES, IN_FLIGHT).await?;
     println!(
@@ -1081,7 +1093,7 @@ async fn memory(env: &Env) -> anyhow::Result<()> {
     };
 
     // Steady state after the catch-up, under a light producer.
-    let _producer = Producer::start(&client, &stream, 50.0);
+    let producer = Producer::start(&client, &stream, 50.0);
     let mut steady = Vec::new();
     for _ in 0..STEADY_SECS {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -1122,6 +1134,7 @@ async fn memory(env: &Env) -> anyhow::Result<()> {
         mib(median(&steady)),
         st.get("Threads").copied().unwrap_or(f64::NAN)
     );
+    drop(producer);
     drop(w);
     cleanup(&cluster, &client, &endpoint).await;
     Ok(())
