@@ -15,7 +15,13 @@
 //!   new owner of every moved shard. While both run, checkpoint znode versions (and every znode
 //!   version of the topology) are counted over a timed window: ZooKeeper writes per shard per
 //!   checkpoint interval.
-//! - `memory` (f): one worker owning 50 shards; VmRSS / VmHWM from /proc.
+//! - `memory` (f): one worker process owning 50 shards, each with a backlog of 10,000 records of
+//!   1 KB (500 MB) put before the worker starts (parallel PutRecords of 500); VmRSS sampled from
+//!   /proc every 250 ms while it works through the backlog, then 30 s of steady state under a
+//!   50 rec/s producer; VmHWM (peak); records/s of the catch-up. On kinesalite by default
+//!   (kinesis-local's puts slow down as the stream fills: 500 MB would take hours);
+//!   `SQUALL_BENCH_MEMORY_ENGINE=kinesis-local` and `SQUALL_BENCH_MEMORY_BACKLOG` (records per
+//!   shard, default 10000) change that.
 //!
 //! Needs ZooKeeper and the engines on loopback (`make bench` starts them) and the audit example
 //! built in the same profile (`cargo build --release --examples`). `SQUALL_BENCH_REPS` sets the
@@ -856,7 +862,7 @@ async fn zxid(connect: &str) -> Option<i64> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// (f) memory of a worker owning 50 shards
+// (f) memory of a worker owning 50 shards with a backlog
 
 fn proc_status(pid: u32) -> HashMap<String, f64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -869,52 +875,266 @@ fn proc_status(pid: u32) -> HashMap<String, f64> {
         .collect()
 }
 
+fn rss_kib(pid: u32) -> f64 {
+    proc_status(pid).get("VmRSS").copied().unwrap_or(f64::NAN)
+}
+
+/// Counts the lines of a growing file, reading only what was appended since the last call.
+struct LineCounter {
+    path: PathBuf,
+    offset: u64,
+    lines: u64,
+}
+
+impl LineCounter {
+    fn new(path: &Path) -> Self {
+        Self { path: path.to_path_buf(), offset: 0, lines: 0 }
+    }
+
+    fn poll(&mut self) -> u64 {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut f) = std::fs::File::open(&self.path) else { return self.lines };
+        if f.seek(SeekFrom::Start(self.offset)).is_err() {
+            return self.lines;
+        }
+        let mut buf = Vec::new();
+        if let Ok(n) = f.read_to_end(&mut buf) {
+            self.offset += n as u64;
+            self.lines += buf.iter().filter(|&&b| b == b'\n').count() as u64;
+        }
+        self.lines
+    }
+}
+
+/// Puts `per_shard` audit records of `size` bytes into every shard of `stream` with `in_flight`
+/// concurrent PutRecords calls of 500 records. Each record carries its shard's starting hash key
+/// as ExplicitHashKey, and each call spreads its records evenly over the shards, so every shard
+/// ends with exactly `per_shard` records. Returns the producer run id and the time taken.
+async fn fill_backlog(
+    client: &Client,
+    stream: &str,
+    per_shard: u64,
+    size: usize,
+    in_flight: usize,
+) -> anyhow::Result<(String, Duration)> {
+    use aws_sdk_kinesis::primitives::Blob;
+    use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+    let mut hash_keys = Vec::new();
+    let mut token = None;
+    loop {
+        let req = match token.take() {
+            Some(t) => client.list_shards().next_token(t),
+            None => client.list_shards().stream_name(stream),
+        };
+        let out = req.send().await.map_err(|e| {
+            anyhow::anyhow!("listing the shards of {stream}: {}", aws_sdk_kinesis::error::DisplayErrorContext(e))
+        })?;
+        for s in out.shards() {
+            hash_keys.push(s.hash_key_range().map(|r| r.starting_hash_key().to_string()).unwrap_or_default());
+        }
+        match out.next_token() {
+            Some(t) => token = Some(t.to_string()),
+            None => break,
+        }
+    }
+    let shards = hash_keys.len() as u64;
+    if shards == 0 {
+        bail!("stream {stream} has no shards");
+    }
+    let total = per_shard * shards;
+    let run = unique("backlog");
+    let hash_keys = Arc::new(hash_keys);
+    let next = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..in_flight {
+        let (client, stream, run) = (client.clone(), stream.to_string(), run.clone());
+        let (hash_keys, next, done) = (hash_keys.clone(), next.clone(), done.clone());
+        set.spawn(async move {
+            loop {
+                let first = next.fetch_add(500, Ordering::Relaxed);
+                if first >= total {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                // Record i goes to shard i % shards, as the shard's (i / shards)-th record.
+                let mut entries: Vec<PutRecordsRequestEntry> = (first..(first + 500).min(total))
+                    .map(|i| {
+                        let shard = (i % shards) as usize;
+                        let key = format!("backlog-{shard}");
+                        let data = squall::kinesis::payload::AuditPayload::new(&run, &key, i / shards, size).to_bytes();
+                        PutRecordsRequestEntry::builder()
+                            .partition_key(key)
+                            .explicit_hash_key(&hash_keys[shard])
+                            .data(Blob::new(data))
+                            .build()
+                            .context("building a PutRecords entry")
+                    })
+                    .collect::<anyhow::Result<_>>()?;
+                let mut attempts = 0;
+                while !entries.is_empty() {
+                    attempts += 1;
+                    match client.put_records().stream_name(&stream).set_records(Some(entries.clone())).send().await {
+                        Ok(out) => {
+                            let failed: Vec<_> = out
+                                .records()
+                                .iter()
+                                .zip(entries)
+                                .filter(|(r, _)| r.error_code().is_some())
+                                .map(|(_, e)| e)
+                                .collect();
+                            entries = failed;
+                        }
+                        Err(e) if attempts < 5 => {
+                            eprintln!(
+                                "backlog put on {stream}: {}; retrying",
+                                aws_sdk_kinesis::error::DisplayErrorContext(e)
+                            );
+                        }
+                        Err(e) => bail!("backlog put on {stream}: {}", aws_sdk_kinesis::error::DisplayErrorContext(e)),
+                    }
+                    if !entries.is_empty() {
+                        if attempts >= 5 {
+                            bail!("backlog put on {stream}: {} records still failing after 5 attempts", entries.len());
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+                let n = done.fetch_add(500, Ordering::Relaxed) + 500;
+                if n % (total / 10).max(500) < 500 {
+                    println!("  put {n} of {total} records after {:.0} s", start.elapsed().as_secs_f64());
+                }
+            }
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    Ok((run, start.elapsed()))
+}
+
 async fn memory(env: &Env) -> anyhow::Result<()> {
-    println!("\n## (f) resident memory of a worker owning 50 shards (kinesis-local)\n");
-    env.need_audit_bin()?;
     const SHARDS: i32 = 50;
-    let endpoint = env.kinesis_local.clone();
+    const RECORD_BYTES: usize = 1024;
+    const IN_FLIGHT: usize = 8;
+    const STEADY_SECS: u64 = 30;
+    let per_shard: u64 = std::env::var("SQUALL_BENCH_MEMORY_BACKLOG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(10_000);
+    let backlog = per_shard * SHARDS as u64;
+    // kinesis-local cannot take 500 MB in useful time: its put cost grows with the records the
+    // stream holds (500-record PutRecords take ~4 s at 2,000 records per shard, ~2 h to fill).
+    let engine = std::env::var("SQUALL_BENCH_MEMORY_ENGINE").unwrap_or_else(|_| "kinesalite".into());
+    let endpoint = match engine.as_str() {
+        "kinesalite" => env.kinesalite.clone(),
+        "kinesis-local" => env.kinesis_local.clone(),
+        other => bail!("SQUALL_BENCH_MEMORY_ENGINE is {other:?}; use kinesalite (default) or kinesis-local"),
+    };
+    println!(
+        "\n## (f) resident memory of a worker owning {SHARDS} shards with a backlog of {per_shard} records of 1 KB each ({engine})\n"
+    );
+    env.need_audit_bin()?;
     let client = client(&endpoint).await?;
+    if !reachable(&client).await {
+        bail!("{engine} does not answer at {endpoint}: start it (localstack/kinesalite-up, localstack/up)");
+    }
     let stream = create_stream(&client, &endpoint, SHARDS, "bench-memory").await?;
-    let prefill = 5_000u64;
-    fill(&client, &endpoint, &stream, prefill, 4).await?;
-    let _producer = Producer::start(&client, &stream, 50.0);
+    let (run, put_time) = fill_backlog(&client, &stream, per_shard, RECORD_BYTES, IN_FLIGHT).await?;
+    println!(
+        "backlog: {backlog} records of {RECORD_BYTES} bytes ({:.0} MB) in {SHARDS} shards, put in {:.0} s ({:.0} rec/s; PutRecords of 500, {IN_FLIGHT} in flight)",
+        (backlog * RECORD_BYTES as u64) as f64 / 1e6,
+        put_time.as_secs_f64(),
+        backlog as f64 / put_time.as_secs_f64()
+    );
+
+    // Catch-up: the worker starts on the full backlog; VmRSS every 250 ms until every backlog
+    // record is delivered (the audit sink writes one line per delivery).
     let cluster = Cluster::new(env, &endpoint, &stream, 10_000)?;
     let w = cluster.start("w")?;
     let pid = w.pid();
     let t0 = Instant::now();
-    let mut samples = Vec::new();
-    wait_for("the worker owning 50 shards and delivering the prefill", Duration::from_secs(120), || {
-        let rss = proc_status(pid).get("VmRSS").copied().unwrap_or(0.0);
-        samples.push(rss);
-        held(&w.reads()).len() == SHARDS as usize
-            && deliveries(std::slice::from_ref(&w.deliveries)).len() as u64 >= prefill
-    })
-    .await?;
+    let mut delivered = LineCounter::new(&w.deliveries);
+    let mut catch_up = Vec::new();
+    let mut next_report = Duration::from_secs(10);
+    let timeout = Duration::from_secs(120 + backlog / 1000);
+    println!();
+    println!("| time (s) | delivered | VmRSS (MiB) |");
+    println!("| ---: | ---: | ---: |");
+    loop {
+        let n = delivered.poll();
+        let rss = rss_kib(pid);
+        if rss.is_nan() {
+            bail!("worker pid {pid} is gone (log: {})", cluster.dir.join("w.log").display());
+        }
+        catch_up.push(rss);
+        if t0.elapsed() >= next_report {
+            println!("| {:.0} | {n} | {:.1} |", t0.elapsed().as_secs_f64(), rss / 1024.0);
+            next_report += Duration::from_secs(10);
+        }
+        if n >= backlog {
+            break;
+        }
+        if t0.elapsed() > timeout {
+            bail!("the worker delivered {n} of {backlog} backlog records in {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let caught_up = t0.elapsed();
+    let held_shards = held(&w.reads()).len();
+    let hwm_catch_up = proc_status(pid).get("VmHWM").copied().unwrap_or(f64::NAN);
+    let mut times: Vec<i64> =
+        deliveries(std::slice::from_ref(&w.deliveries)).into_iter().filter(|d| d.run == run).map(|d| d.t_us).collect();
+    times.sort_unstable();
+    let first_to_last = match (times.first(), times.last()) {
+        (Some(a), Some(b)) if b > a => (b - a) as f64 / 1e6,
+        _ => f64::NAN,
+    };
+
+    // Steady state after the catch-up, under a light producer.
+    let producer = Producer::start(&client, &stream, 50.0);
     let mut steady = Vec::new();
-    for _ in 0..15 {
+    for _ in 0..STEADY_SECS {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        steady.push(proc_status(pid).get("VmRSS").copied().unwrap_or(0.0));
+        steady.push(rss_kib(pid));
     }
     let st = proc_status(pid);
     let mib = |kb: f64| kb / 1024.0;
+    println!();
     println!(
-        "worker pid {pid}: owned {SHARDS} shards and delivered the {prefill}-record prefill after {:.1} s; then 15 s under a 50 rec/s producer",
-        caught_up.as_secs_f64()
+        "worker pid {pid}: held {held_shards} shards and delivered the {backlog}-record backlog ({} delivery lines of this run, duplicates included) {:.1} s after start; first to last backlog delivery {:.1} s",
+        times.len(),
+        caught_up.as_secs_f64(),
+        first_to_last
     );
     println!();
     println!("| phase | VmRSS median (MiB) | VmRSS max (MiB) |");
     println!("| --- | ---: | ---: |");
-    println!("| start-up + catch-up | {:.1} | {:.1} |", mib(median(&samples)), mib(max(&samples)));
-    println!("| steady, 15 s | {:.1} | {:.1} |", mib(median(&steady)), mib(max(&steady)));
+    println!(
+        "| start-up + catch-up ({backlog} records, {:.0} s) | {:.1} | {:.1} |",
+        caught_up.as_secs_f64(),
+        mib(median(&catch_up)),
+        mib(max(&catch_up))
+    );
+    println!(
+        "| steady after, {STEADY_SECS} s under a 50 rec/s producer | {:.1} | {:.1} |",
+        mib(median(&steady)),
+        mib(max(&steady))
+    );
     println!();
     println!(
-        "(f) worker owning {SHARDS} shards: VmRSS {:.1} MiB steady, VmHWM (peak) {:.1} MiB, threads {} (target < 100 MB)",
-        mib(median(&steady)),
+        "(f) worker owning {SHARDS} shards, {backlog}-record 1 KB backlog: catch-up {:.0} rec/s from start ({:.0} rec/s first to last delivery); VmRSS catch-up median {:.1} MiB, max {:.1} MiB; VmHWM (peak) {:.1} MiB (at catch-up end {:.1}); steady {:.1} MiB; threads {} (target < 100 MB)",
+        backlog as f64 / caught_up.as_secs_f64(),
+        times.len().saturating_sub(1) as f64 / first_to_last,
+        mib(median(&catch_up)),
+        mib(max(&catch_up)),
         mib(st.get("VmHWM").copied().unwrap_or(f64::NAN)),
+        mib(hwm_catch_up),
+        mib(median(&steady)),
         st.get("Threads").copied().unwrap_or(f64::NAN)
     );
+    drop(producer);
     drop(w);
     cleanup(&cluster, &client, &endpoint).await;
     Ok(())
