@@ -91,8 +91,8 @@ impl<B: Bolt> BoltTask<B> {
     }
 
     /// Runs `cleanup` (panics isolated), then fails the inputs still held (their handles go
-    /// with the bolt) and publishes the final counters.
-    pub(crate) async fn stop(mut self) {
+    /// with the bolt) and publishes the final counters. Returns the output, for its counters.
+    pub(crate) async fn stop(mut self) -> BoltOutput {
         self.publish();
         if let Err(p) = AssertUnwindSafe(self.bolt.cleanup()).catch_unwind().await {
             self.out.note_panic("cleanup", &*p);
@@ -102,6 +102,7 @@ impl<B: Bolt> BoltTask<B> {
         out.reap_dropped();
         let _ = out.send_acks().await;
         publish(&metrics, &out);
+        out
     }
 
     /// The next timer or tick due.

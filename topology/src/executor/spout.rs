@@ -25,7 +25,7 @@ pub(crate) struct SpoutTask<S: Spout> {
     metrics: Arc<TaskMetrics>,
     cancel: CancellationToken,
     ctx: TaskContext,
-    active: bool,
+    pub(crate) active: bool,
     pub(crate) draining: bool,
     // counters published to `metrics`
     pub(crate) acked: u64,
@@ -269,6 +269,13 @@ impl<S: Spout> SpoutTask<S> {
         if self.draining {
             return Ok(());
         }
+        self.begin_drain(run_hook).await;
+        self.deliver().await;
+        self.send_drain_markers().await
+    }
+
+    /// Stops calling `next_tuple` and runs the drain hook (if `run_hook`).
+    pub(crate) async fn begin_drain(&mut self, run_hook: bool) {
         self.draining = true;
         if run_hook {
             self.out.now = Instant::now();
@@ -281,7 +288,10 @@ impl<S: Spout> SpoutTask<S> {
                 Err(p) => self.isolate::<()>("drain", Err(p)),
             }
         }
-        self.deliver().await;
+    }
+
+    /// Sends the watermark (if it advanced), then the +infinity watermark and the drain marker.
+    pub(crate) async fn send_drain_markers(&mut self) -> Result<(), Cancelled> {
         self.out.send_watermark_if_advanced().await?;
         self.out.send_drain().await
     }
