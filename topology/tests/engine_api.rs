@@ -513,7 +513,9 @@ impl Bolt for HoldsUntilWatermark {
         Ok(())
     }
     async fn on_watermark(&mut self, wm: Watermark, out: &mut BoltOutput) -> Result<(), ComponentError> {
-        for (_, h) in self.0.extract_if(.., |(ts, _)| *ts < wm.0) {
+        let (passed, kept) = std::mem::take(&mut self.0).into_iter().partition(|(ts, _)| *ts < wm.0);
+        self.0 = kept;
+        for (_, h) in passed {
             out.ack(h);
         }
         Ok(())
