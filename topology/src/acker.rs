@@ -186,6 +186,11 @@ impl<M> PendingTrees<M> {
         }
     }
 
+    /// The message id of a pending root.
+    pub fn get(&self, root: u64) -> Option<&M> {
+        self.entries.get(&root).map(|e| &e.msg)
+    }
+
     /// XORs an update into a root; returns the message id when the tree completes.
     pub fn apply(&mut self, root: u64, xor: u64) -> Option<M> {
         // one lookup: the entry is removed through the same slot when the tree completes

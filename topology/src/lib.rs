@@ -24,6 +24,9 @@
 //! - [`metrics`]: per-component counters ([`TopologyMetrics`]) and the components' own
 //!   [`Counter`]s and [`Histogram`]s ([`TaskContext::counter`], [`TaskContext::histogram`]).
 //! - [`local`]: the in-process runner, [`run_local`] / [`LocalCluster`] and [`RunningTopology`].
+//! - [`testing`]: [`BoltHarness`](testing::BoltHarness) and [`SpoutHarness`](testing::SpoutHarness),
+//!   which drive one component through the engine's task code to unit-test it: feed tuples,
+//!   capture emits, acks, fails and watermarks, without a topology.
 //! - [`window`]: event-time tumbling, sliding and session windows fired by the low watermark,
 //!   with allowed lateness.
 //!
@@ -94,6 +97,7 @@ pub mod grouping;
 pub mod local;
 pub mod metrics;
 pub mod output;
+pub mod testing;
 pub mod tuple;
 pub mod typed;
 pub mod value;

@@ -19,9 +19,12 @@ use crate::output::route::{Cancelled, Control, Envelope, Message};
 use crate::output::{BoltOutput, Inputs, Timer};
 use crate::tuple::Tuple;
 
-struct BoltTask<B: Bolt> {
-    bolt: B,
-    out: BoltOutput,
+/// One bolt task: the bolt, its output, and the watermark and drain state of its inputs. The
+/// executor drives it from its input channel ([`run`]); `crate::testing` drives the same
+/// methods directly.
+pub(crate) struct BoltTask<B: Bolt> {
+    pub(crate) bolt: B,
+    pub(crate) out: BoltOutput,
     metrics: Arc<TaskMetrics>,
     cancel: CancellationToken,
     ctx: TaskContext,
@@ -36,43 +39,12 @@ struct BoltTask<B: Bolt> {
 }
 
 pub(crate) async fn run<B: Bolt>(bolt: B, ctx: TaskContext, w: BoltWiring) -> Result<(), TaskFailure> {
-    let n_up = w.upstream.len();
-    let tick = w.tick;
-    let mut task = BoltTask {
-        bolt,
-        out: BoltOutput::new(w.outbox, w.ack_txs, ctx.cancel.clone(), ctx.task_index),
-        metrics: w.metrics,
-        cancel: ctx.cancel.clone(),
-        upstream: w.upstream.iter().enumerate().map(|(i, &id)| (id, i)).collect(),
-        watermarks: vec![None; n_up],
-        combined: None,
-        drained: vec![false; n_up],
-        drained_count: 0,
-        tick,
-        next_tick: tick.map(|t| Instant::now() + t),
-        ctx,
-    };
-    let mut rx = w.rx;
-    let prepared = tokio::select! {
-        r = AssertUnwindSafe(task.bolt.prepare(&task.ctx)).catch_unwind() => r,
-        _ = task.cancel.cancelled() => return Ok(()),
-    };
-    match prepared {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(TopologyError::failed(&task.ctx, "prepare", &e)),
-        Err(p) => return Err(TopologyError::panicked(&task.ctx, &*p)),
+    let (mut task, mut rx) = BoltTask::new(bolt, ctx, w);
+    if !task.prepare().await? {
+        return Ok(());
     }
     let _ = task.main_loop(&mut rx).await;
-    task.publish();
-    if let Err(p) = AssertUnwindSafe(task.bolt.cleanup()).catch_unwind().await {
-        task.out.note_panic("cleanup", &*p);
-    }
-    // inputs still held at the end are failed (their handles go with the bolt)
-    let BoltTask { bolt, mut out, metrics, .. } = task;
-    drop(bolt);
-    out.reap_dropped();
-    let _ = out.send_acks().await;
-    publish(&metrics, &out);
+    task.stop().await;
     Ok(())
 }
 
@@ -85,8 +57,56 @@ fn publish(m: &TaskMetrics, out: &BoltOutput) {
 }
 
 impl<B: Bolt> BoltTask<B> {
+    pub(crate) fn new(bolt: B, ctx: TaskContext, w: BoltWiring) -> (Self, mpsc::Receiver<Envelope>) {
+        let n_up = w.upstream.len();
+        let tick = w.tick;
+        let task = BoltTask {
+            bolt,
+            out: BoltOutput::new(w.outbox, w.ack_txs, ctx.cancel.clone(), ctx.task_index),
+            metrics: w.metrics,
+            cancel: ctx.cancel.clone(),
+            upstream: w.upstream.iter().enumerate().map(|(i, &id)| (id, i)).collect(),
+            watermarks: vec![None; n_up],
+            combined: None,
+            drained: vec![false; n_up],
+            drained_count: 0,
+            tick,
+            next_tick: tick.map(|t| Instant::now() + t),
+            ctx,
+        };
+        (task, w.rx)
+    }
+
+    /// Runs `prepare` (panics isolated). `Ok(false)`: the topology stopped first.
+    pub(crate) async fn prepare(&mut self) -> Result<bool, TaskFailure> {
+        let prepared = tokio::select! {
+            r = AssertUnwindSafe(self.bolt.prepare(&self.ctx)).catch_unwind() => r,
+            _ = self.cancel.cancelled() => return Ok(false),
+        };
+        match prepared {
+            Ok(Ok(())) => Ok(true),
+            Ok(Err(e)) => Err(TopologyError::failed(&self.ctx, "prepare", &e)),
+            Err(p) => Err(TopologyError::panicked(&self.ctx, &*p)),
+        }
+    }
+
+    /// Runs `cleanup` (panics isolated), then fails the inputs still held (their handles go
+    /// with the bolt) and publishes the final counters. Returns the output, for its counters.
+    pub(crate) async fn stop(mut self) -> BoltOutput {
+        self.publish();
+        if let Err(p) = AssertUnwindSafe(self.bolt.cleanup()).catch_unwind().await {
+            self.out.note_panic("cleanup", &*p);
+        }
+        let BoltTask { bolt, mut out, metrics, .. } = self;
+        drop(bolt);
+        out.reap_dropped();
+        let _ = out.send_acks().await;
+        publish(&metrics, &out);
+        out
+    }
+
     /// The next timer or tick due.
-    fn next_deadline(&self) -> Option<Instant> {
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
         match (self.out.next_timer(), self.next_tick) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -138,11 +158,11 @@ impl<B: Bolt> BoltTask<B> {
         }
     }
 
-    fn publish(&self) {
+    pub(crate) fn publish(&self) {
         publish(&self.metrics, &self.out);
     }
 
-    async fn on_batch(&mut self, batch: Vec<Tuple>) -> Result<(), Cancelled> {
+    pub(crate) async fn on_batch(&mut self, batch: Vec<Tuple>) -> Result<(), Cancelled> {
         // Timed per batch, excluding waits for room downstream; std's clock (tokio's, with
         // test-util, takes a lock).
         let t0 = std::time::Instant::now();
@@ -201,7 +221,7 @@ impl<B: Bolt> BoltTask<B> {
     }
 
     /// Fires the tick and the wake-ups that are due, each with panic isolation.
-    async fn fire_timers(&mut self) -> Result<(), Cancelled> {
+    pub(crate) async fn fire_timers(&mut self) -> Result<(), Cancelled> {
         let now = Instant::now();
         if let (Some(at), Some(every)) = (self.next_tick, self.tick) {
             if at <= now {
@@ -216,7 +236,7 @@ impl<B: Bolt> BoltTask<B> {
         self.out.flush_inner().await
     }
 
-    async fn on_timer(&mut self, timer: Timer) {
+    pub(crate) async fn on_timer(&mut self, timer: Timer) {
         match AssertUnwindSafe(self.bolt.on_timer(timer, &mut self.out)).catch_unwind().await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => self.out.note_error("on_timer", &e),
@@ -225,7 +245,7 @@ impl<B: Bolt> BoltTask<B> {
         self.out.reap_dropped();
     }
 
-    async fn on_watermark(&mut self, from: usize, wm: Watermark) -> Result<(), Cancelled> {
+    pub(crate) async fn on_watermark(&mut self, from: usize, wm: Watermark) -> Result<(), Cancelled> {
         let Some(&pos) = self.upstream.get(&from) else { return Ok(()) };
         if self.watermarks[pos].is_some_and(|w| w >= wm.0) {
             return Ok(());
@@ -253,7 +273,7 @@ impl<B: Bolt> BoltTask<B> {
     }
 
     /// Returns true when every upstream task has drained (and the drain was forwarded).
-    async fn on_drain_marker(&mut self, from: usize) -> Result<bool, Cancelled> {
+    pub(crate) async fn on_drain_marker(&mut self, from: usize) -> Result<bool, Cancelled> {
         let Some(&pos) = self.upstream.get(&from) else { return Ok(false) };
         if !self.drained[pos] {
             self.drained[pos] = true;

@@ -16,61 +16,106 @@ use crate::metrics::TaskMetrics;
 use crate::output::route::Cancelled;
 use crate::output::{SpoutAcks, SpoutOutput};
 
-struct SpoutTask<S: Spout> {
-    spout: S,
-    out: SpoutOutput<S::MsgId>,
+/// One spout task: the spout, its output and pending trees, and its activation state. The
+/// executor drives it in a loop ([`run`]); `crate::testing` drives the same methods directly.
+pub(crate) struct SpoutTask<S: Spout> {
+    pub(crate) spout: S,
+    pub(crate) out: SpoutOutput<S::MsgId>,
     ctrl_rx: mpsc::Receiver<SpoutCommand>,
     metrics: Arc<TaskMetrics>,
     cancel: CancellationToken,
     ctx: TaskContext,
-    active: bool,
-    draining: bool,
+    pub(crate) active: bool,
+    pub(crate) draining: bool,
     // counters published to `metrics`
-    acked: u64,
-    failed: u64,
-    errors: u64,
+    pub(crate) acked: u64,
+    pub(crate) failed: u64,
+    pub(crate) errors: u64,
 }
 
 pub(crate) async fn run<S: Spout>(spout: S, ctx: TaskContext, w: SpoutWiring) -> Result<(), TaskFailure> {
-    let cfg = ctx.config.clone();
-    let acks = SpoutAcks::new(w.ack_rx, cfg.timeout_check_interval(), ctx.cancel.clone());
-    let out = SpoutOutput::new(w.outbox, acks, cfg.acking, w.slot, cfg.message_timeout(), w.max_pending);
-    let mut task = SpoutTask {
-        spout,
-        out,
-        ctrl_rx: w.ctrl_rx,
-        metrics: w.metrics,
-        cancel: ctx.cancel.clone(),
-        active: false,
-        draining: false,
-        acked: 0,
-        failed: 0,
-        errors: 0,
-        ctx,
-    };
-    let opened = tokio::select! {
-        r = AssertUnwindSafe(task.spout.open(&task.ctx)).catch_unwind() => r,
-        _ = task.cancel.cancelled() => return Ok(()),
-    };
-    match opened {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(TopologyError::failed(&task.ctx, "open", &e)),
-        Err(p) => return Err(TopologyError::panicked(&task.ctx, &*p)),
-    }
-    if cfg.start_active {
-        task.active = true;
-        let r = AssertUnwindSafe(task.spout.activate()).catch_unwind().await;
-        task.isolate("activate", r);
+    let mut task = SpoutTask::new(spout, ctx, w);
+    if !task.open().await? {
+        return Ok(());
     }
     let result = task.main_loop().await;
-    task.publish();
-    let r = AssertUnwindSafe(task.spout.close()).catch_unwind().await;
-    task.isolate("close", r);
-    task.publish();
+    task.close().await;
     result
 }
 
 impl<S: Spout> SpoutTask<S> {
+    pub(crate) fn new(spout: S, ctx: TaskContext, w: SpoutWiring) -> Self {
+        let cfg = ctx.config.clone();
+        let acks = SpoutAcks::new(w.ack_rx, cfg.timeout_check_interval(), ctx.cancel.clone());
+        let out = SpoutOutput::new(w.outbox, acks, cfg.acking, w.slot, cfg.message_timeout(), w.max_pending);
+        SpoutTask {
+            spout,
+            out,
+            ctrl_rx: w.ctrl_rx,
+            metrics: w.metrics,
+            cancel: ctx.cancel.clone(),
+            active: false,
+            draining: false,
+            acked: 0,
+            failed: 0,
+            errors: 0,
+            ctx,
+        }
+    }
+
+    /// Runs `open` (panics isolated), then `activate` when the topology starts active.
+    /// `Ok(false)`: the topology stopped first.
+    pub(crate) async fn open(&mut self) -> Result<bool, TaskFailure> {
+        let opened = tokio::select! {
+            r = AssertUnwindSafe(self.spout.open(&self.ctx)).catch_unwind() => r,
+            _ = self.cancel.cancelled() => return Ok(false),
+        };
+        match opened {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(TopologyError::failed(&self.ctx, "open", &e)),
+            Err(p) => return Err(TopologyError::panicked(&self.ctx, &*p)),
+        }
+        if self.ctx.config.start_active {
+            self.active = true;
+            let r = AssertUnwindSafe(self.spout.activate()).catch_unwind().await;
+            self.isolate("activate", r);
+        }
+        Ok(true)
+    }
+
+    /// Runs `close` (panics isolated) and publishes the final counters.
+    pub(crate) async fn close(&mut self) {
+        self.publish();
+        let r = AssertUnwindSafe(self.spout.close()).catch_unwind().await;
+        self.isolate("close", r);
+        self.publish();
+    }
+
+    /// One `next_tuple` call. `Ok(true)`: it failed with a retryable error (counted), call again
+    /// after the idle sleep; a fatal error or a panic fails the task.
+    pub(crate) async fn call_next_tuple(&mut self) -> Result<bool, TaskFailure> {
+        match AssertUnwindSafe(self.spout.next_tuple(&mut self.out)).catch_unwind().await {
+            Ok(Ok(())) => Ok(false),
+            Ok(Err(e)) if e.is_retryable() => {
+                self.errors += 1;
+                tracing::warn!(component = %self.ctx.component, task = self.ctx.task_index, error = %e, "next_tuple failed; retrying after the idle sleep");
+                Ok(true)
+            }
+            Ok(Err(e)) => Err(TopologyError::failed(&self.ctx, "next_tuple", &e)),
+            Err(p) => Err(TopologyError::panicked(&self.ctx, &*p)),
+        }
+    }
+
+    /// Polls `Spout::low_watermark` (panics isolated) and sends the watermark if it advanced.
+    pub(crate) async fn poll_low_watermark(&mut self) -> Result<(), Cancelled> {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| self.spout.low_watermark())) {
+            Ok(Some(w)) => self.out.watermark(w),
+            Ok(None) => {}
+            Err(p) => self.isolate::<()>("low_watermark", Err(p)),
+        }
+        self.out.send_watermark_if_advanced().await
+    }
+
     async fn main_loop(&mut self) -> Result<(), TaskFailure> {
         let cfg = self.ctx.config.clone();
         let burst = cfg.batch_size.max(1);
@@ -95,17 +140,9 @@ impl<S: Spout> SpoutTask<S> {
                         break;
                     }
                     let before = self.out.outbox.emitted;
-                    let r = AssertUnwindSafe(self.spout.next_tuple(&mut self.out)).catch_unwind().await;
                     calls += 1;
-                    match r {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) if e.is_retryable() => {
-                            self.errors += 1;
-                            tracing::warn!(component = %self.ctx.component, task = self.ctx.task_index, error = %e, "next_tuple failed; retrying after the idle sleep");
-                            retry_later = true;
-                        }
-                        Ok(Err(e)) => return Err(TopologyError::failed(&self.ctx, "next_tuple", &e)),
-                        Err(p) => return Err(TopologyError::panicked(&self.ctx, &*p)),
+                    if self.call_next_tuple().await? {
+                        retry_later = true;
                     }
                     if self.out.finished {
                         if self.start_drain(false).await.is_err() {
@@ -158,15 +195,8 @@ impl<S: Spout> SpoutTask<S> {
             }
             // not calling next_tuple (at max pending, inactive or out of work): the spout may
             // still move its watermark, e.g. while a window downstream holds every input
-            if !self.draining {
-                match std::panic::catch_unwind(AssertUnwindSafe(|| self.spout.low_watermark())) {
-                    Ok(Some(w)) => self.out.watermark(w),
-                    Ok(None) => {}
-                    Err(p) => self.isolate::<()>("low_watermark", Err(p)),
-                }
-                if self.out.send_watermark_if_advanced().await.is_err() {
-                    return Ok(());
-                }
+            if !self.draining && self.poll_low_watermark().await.is_err() {
+                return Ok(());
             }
             // idle: flush everything, then wait for something to do
             if self.out.flush_inner().await.is_err() {
@@ -193,7 +223,7 @@ impl<S: Spout> SpoutTask<S> {
     }
 
     /// Publishes counters (single writer).
-    fn publish(&mut self) {
+    pub(crate) fn publish(&mut self) {
         let m = &self.metrics;
         TaskMetrics::set(&m.emitted, self.out.outbox.emitted);
         TaskMetrics::set(&m.acked, self.acked);
@@ -213,7 +243,7 @@ impl<S: Spout> SpoutTask<S> {
 
     /// Delivers the completed and failed trees to the spout, in bulk. A panic in `ack` or `fail`
     /// is counted and logged; the task keeps running.
-    async fn deliver(&mut self) {
+    pub(crate) async fn deliver(&mut self) {
         if !self.out.acks.has_completions() {
             return;
         }
@@ -235,10 +265,17 @@ impl<S: Spout> SpoutTask<S> {
 
     /// Stops calling `next_tuple`: runs the drain hook (unless the spout finished on its own),
     /// then sends the +infinity watermark and the drain marker behind the last tuple (Samza).
-    async fn start_drain(&mut self, run_hook: bool) -> Result<(), Cancelled> {
+    pub(crate) async fn start_drain(&mut self, run_hook: bool) -> Result<(), Cancelled> {
         if self.draining {
             return Ok(());
         }
+        self.begin_drain(run_hook).await;
+        self.deliver().await;
+        self.send_drain_markers().await
+    }
+
+    /// Stops calling `next_tuple` and runs the drain hook (if `run_hook`).
+    pub(crate) async fn begin_drain(&mut self, run_hook: bool) {
         self.draining = true;
         if run_hook {
             self.out.now = Instant::now();
@@ -251,12 +288,15 @@ impl<S: Spout> SpoutTask<S> {
                 Err(p) => self.isolate::<()>("drain", Err(p)),
             }
         }
-        self.deliver().await;
+    }
+
+    /// Sends the watermark (if it advanced), then the +infinity watermark and the drain marker.
+    pub(crate) async fn send_drain_markers(&mut self) -> Result<(), Cancelled> {
         self.out.send_watermark_if_advanced().await?;
         self.out.send_drain().await
     }
 
-    async fn on_command(&mut self, cmd: SpoutCommand) -> Result<(), Cancelled> {
+    pub(crate) async fn on_command(&mut self, cmd: SpoutCommand) -> Result<(), Cancelled> {
         match cmd {
             SpoutCommand::Activate if !self.active => {
                 self.active = true;

@@ -141,6 +141,8 @@ pub struct BoltOutput {
     pub(crate) acked: u64,
     pub(crate) failed: u64,
     pub(crate) errors: u64,
+    /// Panics raised by hooks (also counted in `errors`).
+    pub(crate) panics: u64,
     /// Time spent waiting for room downstream inside `Inputs::next` (excluded from latency).
     pub(crate) blocked: Duration,
     component: Arc<str>,
@@ -171,6 +173,7 @@ impl BoltOutput {
             acked: 0,
             failed: 0,
             errors: 0,
+            panics: 0,
             blocked: Duration::ZERO,
             component,
             task,
@@ -484,6 +487,7 @@ impl BoltOutput {
     #[inline(never)]
     pub(crate) fn note_panic(&mut self, hook: &str, payload: &(dyn std::any::Any + Send)) {
         self.errors += 1;
+        self.panics += 1;
         tracing::warn!(component = %self.component, task = self.task, hook, panic = %crate::executor::panic_message(payload), "bolt hook panicked; the task keeps running");
     }
 
