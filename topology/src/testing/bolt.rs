@@ -86,41 +86,12 @@ pub struct BoltHarnessBuilder<B> {
 }
 
 impl<B: Bolt> BoltHarnessBuilder<B> {
-    /// The bolt's component id (default `"bolt"`).
-    pub fn component_id(mut self, id: &str) -> Self {
-        self.decls.component = id.to_owned();
-        self
-    }
+    declaration_setters!("bolt");
 
     /// An input stream: tuples of `stream` from `component`, with `fields`. The first one
     /// declared is what [`BoltHarness::execute`] feeds.
     pub fn input<S: AsRef<str>>(mut self, component: &str, stream: &str, fields: &[S]) -> Self {
         self.inputs.push((component.to_owned(), stream.to_owned(), Fields::new(fields)));
-        self
-    }
-
-    /// An output stream (as `BoltDeclarer::output`).
-    pub fn output<S: AsRef<str>>(mut self, stream: &str, fields: &[S]) -> Self {
-        self.decls.output(stream, fields, None);
-        self
-    }
-
-    /// A direct output stream (as `BoltDeclarer::direct_output`) whose subscriber has `tasks`
-    /// tasks: `emit_direct` to a task `>= tasks` fails as in the topology.
-    pub fn direct_output<S: AsRef<str>>(mut self, stream: &str, fields: &[S], tasks: usize) -> Self {
-        self.decls.output(stream, fields, Some(tasks.max(1)));
-        self
-    }
-
-    /// The component's configuration (its tick, its settings).
-    pub fn config(mut self, config: ComponentConfig) -> Self {
-        self.decls.config = config;
-        self
-    }
-
-    /// The topology's configuration (`batch_size`, channel capacities, ...).
-    pub fn topology_config(mut self, config: TopologyConfig) -> Self {
-        self.decls.topology = config;
         self
     }
 

@@ -124,6 +124,43 @@
 //! receiving task only; so does the harness: [`BoltHarness::emitted`] is in emit order, except
 //! that direct emits are listed after the plain emits of the same harness call.
 
+/// The declarations both harness builders share (they hold a `decls: Decls`).
+macro_rules! declaration_setters {
+    ($default_id:literal) => {
+        #[doc = concat!("The component's id (default `\"", $default_id, "\"`).")]
+        pub fn component_id(mut self, id: &str) -> Self {
+            self.decls.component = id.to_owned();
+            self
+        }
+
+        /// An output stream (as the declarer's `output`).
+        pub fn output<T: AsRef<str>>(mut self, stream: &str, fields: &[T]) -> Self {
+            self.decls.output(stream, fields, None);
+            self
+        }
+
+        /// A direct output stream (as the declarer's `direct_output`) whose subscriber has
+        /// `tasks` tasks: `emit_direct` to a task `>= tasks` fails as in the topology.
+        pub fn direct_output<T: AsRef<str>>(mut self, stream: &str, fields: &[T], tasks: usize) -> Self {
+            self.decls.output(stream, fields, Some(tasks.max(1)));
+            self
+        }
+
+        /// The component's configuration (its tick, its own `max_spout_pending`, its settings).
+        pub fn config(mut self, config: ComponentConfig) -> Self {
+            self.decls.config = config;
+            self
+        }
+
+        /// The topology's configuration (`batch_size`, `acking`, `message_timeout_ms`,
+        /// `max_spout_pending`, `start_active`, channel capacities, ...).
+        pub fn topology_config(mut self, config: TopologyConfig) -> Self {
+            self.decls.topology = config;
+            self
+        }
+    };
+}
+
 mod bolt;
 mod spout;
 

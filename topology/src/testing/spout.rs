@@ -70,36 +70,7 @@ pub struct SpoutHarnessBuilder<S> {
 }
 
 impl<S: Spout> SpoutHarnessBuilder<S> {
-    /// The spout's component id (default `"spout"`).
-    pub fn component_id(mut self, id: &str) -> Self {
-        self.decls.component = id.to_owned();
-        self
-    }
-
-    /// An output stream (as `SpoutDeclarer::output`).
-    pub fn output<T: AsRef<str>>(mut self, stream: &str, fields: &[T]) -> Self {
-        self.decls.output(stream, fields, None);
-        self
-    }
-
-    /// A direct output stream whose subscriber has `tasks` tasks.
-    pub fn direct_output<T: AsRef<str>>(mut self, stream: &str, fields: &[T], tasks: usize) -> Self {
-        self.decls.output(stream, fields, Some(tasks.max(1)));
-        self
-    }
-
-    /// The component's configuration (its own `max_spout_pending`, its settings).
-    pub fn config(mut self, config: ComponentConfig) -> Self {
-        self.decls.config = config;
-        self
-    }
-
-    /// The topology's configuration (`acking`, `message_timeout_ms`, `max_spout_pending`,
-    /// `start_active`, ...).
-    pub fn topology_config(mut self, config: TopologyConfig) -> Self {
-        self.decls.topology = config;
-        self
-    }
+    declaration_setters!("spout");
 
     /// Validates the configuration, wires the spout's output to the harness and runs
     /// `Spout::open` (then `activate`, when the topology starts active). An error or a panic in

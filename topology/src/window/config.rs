@@ -44,6 +44,41 @@ fn default_output_stream() -> String {
     DEFAULT_STREAM.to_owned()
 }
 
+/// The settings every window kind shares: setters and the common view `build` validates.
+macro_rules! shared_settings {
+    () => {
+        /// Sets the late policy.
+        pub fn late(mut self, late: LatePolicy) -> Self {
+            self.late = late;
+            self
+        }
+
+        /// Sets the ack mode.
+        pub fn ack(mut self, ack: AckMode) -> Self {
+            self.ack = ack;
+            self
+        }
+
+        /// Sets the allowed lateness in ms.
+        pub fn allowed_lateness(mut self, ms: u64) -> Self {
+            self.allowed_lateness_ms = ms;
+            self
+        }
+
+        fn common(&self) -> Common<'_> {
+            Common {
+                time_field: &self.time_field,
+                key_fields: &self.key_fields,
+                allowed_lateness_ms: self.allowed_lateness_ms,
+                late: self.late,
+                late_stream: &self.late_stream,
+                output_stream: &self.output_stream,
+                ack: self.ack,
+            }
+        }
+    };
+}
+
 /// The configuration of a tumbling window bolt: fixed, non-overlapping windows of `size_ms`.
 /// [`TumblingWindowConfig::build`] validates it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,35 +125,7 @@ impl TumblingWindowConfig {
         }
     }
 
-    /// Sets the late policy.
-    pub fn late(mut self, late: LatePolicy) -> Self {
-        self.late = late;
-        self
-    }
-
-    /// Sets the ack mode.
-    pub fn ack(mut self, ack: AckMode) -> Self {
-        self.ack = ack;
-        self
-    }
-
-    /// Sets the allowed lateness in ms.
-    pub fn allowed_lateness(mut self, ms: u64) -> Self {
-        self.allowed_lateness_ms = ms;
-        self
-    }
-
-    fn common(&self) -> Common<'_> {
-        Common {
-            time_field: &self.time_field,
-            key_fields: &self.key_fields,
-            allowed_lateness_ms: self.allowed_lateness_ms,
-            late: self.late,
-            late_stream: &self.late_stream,
-            output_stream: &self.output_stream,
-            ack: self.ack,
-        }
-    }
+    shared_settings!();
 
     /// Validates the config for `aggregate` and builds the spec that makes the bolts.
     pub fn build<A: WindowAggregate>(&self, aggregate: A) -> Result<WindowSpec<A>, WindowError> {
@@ -179,35 +186,7 @@ impl SlidingWindowConfig {
         }
     }
 
-    /// Sets the late policy.
-    pub fn late(mut self, late: LatePolicy) -> Self {
-        self.late = late;
-        self
-    }
-
-    /// Sets the ack mode.
-    pub fn ack(mut self, ack: AckMode) -> Self {
-        self.ack = ack;
-        self
-    }
-
-    /// Sets the allowed lateness in ms.
-    pub fn allowed_lateness(mut self, ms: u64) -> Self {
-        self.allowed_lateness_ms = ms;
-        self
-    }
-
-    fn common(&self) -> Common<'_> {
-        Common {
-            time_field: &self.time_field,
-            key_fields: &self.key_fields,
-            allowed_lateness_ms: self.allowed_lateness_ms,
-            late: self.late,
-            late_stream: &self.late_stream,
-            output_stream: &self.output_stream,
-            ack: self.ack,
-        }
-    }
+    shared_settings!();
 
     /// Validates the config for `aggregate` and builds the spec that makes the bolts.
     pub fn build<A: WindowAggregate>(&self, aggregate: A) -> Result<WindowSpec<A>, WindowError> {
@@ -264,35 +243,7 @@ impl SessionWindowConfig {
         }
     }
 
-    /// Sets the late policy.
-    pub fn late(mut self, late: LatePolicy) -> Self {
-        self.late = late;
-        self
-    }
-
-    /// Sets the ack mode.
-    pub fn ack(mut self, ack: AckMode) -> Self {
-        self.ack = ack;
-        self
-    }
-
-    /// Sets the allowed lateness in ms.
-    pub fn allowed_lateness(mut self, ms: u64) -> Self {
-        self.allowed_lateness_ms = ms;
-        self
-    }
-
-    fn common(&self) -> Common<'_> {
-        Common {
-            time_field: &self.time_field,
-            key_fields: &self.key_fields,
-            allowed_lateness_ms: self.allowed_lateness_ms,
-            late: self.late,
-            late_stream: &self.late_stream,
-            output_stream: &self.output_stream,
-            ack: self.ack,
-        }
-    }
+    shared_settings!();
 
     /// Validates the config for `aggregate` and builds the spec that makes the bolts.
     pub fn build<A: WindowAggregate>(&self, aggregate: A) -> Result<WindowSpec<A>, WindowError> {
