@@ -15,13 +15,13 @@ use tokio_util::sync::CancellationToken;
 use super::{BoltWiring, TaskFailure, TopologyError};
 use crate::component::{Bolt, TaskContext, Watermark};
 use crate::metrics::TaskMetrics;
-use crate::output::route::{Cancelled, Control, Envelope, Message};
+use crate::output::route::{Batch, BatchPool, Cancelled, Control, Envelope, Message};
 use crate::output::{BoltOutput, Inputs, Timer};
-use crate::tuple::Tuple;
 
 struct BoltTask<B: Bolt> {
     bolt: B,
     out: BoltOutput,
+    pool: Arc<BatchPool>,
     metrics: Arc<TaskMetrics>,
     cancel: CancellationToken,
     ctx: TaskContext,
@@ -41,6 +41,7 @@ pub(crate) async fn run<B: Bolt>(bolt: B, ctx: TaskContext, w: BoltWiring) -> Re
     let mut task = BoltTask {
         bolt,
         out: BoltOutput::new(w.outbox, w.ack_txs, ctx.cancel.clone(), ctx.task_index),
+        pool: w.pool,
         metrics: w.metrics,
         cancel: ctx.cancel.clone(),
         upstream: w.upstream.iter().enumerate().map(|(i, &id)| (id, i)).collect(),
@@ -142,7 +143,7 @@ impl<B: Bolt> BoltTask<B> {
         publish(&self.metrics, &self.out);
     }
 
-    async fn on_batch(&mut self, batch: Vec<Tuple>) -> Result<(), Cancelled> {
+    async fn on_batch(&mut self, batch: Batch) -> Result<(), Cancelled> {
         // Timed per batch, excluding waits for room downstream; std's clock (tokio's, with
         // test-util, takes a lock).
         let t0 = std::time::Instant::now();
@@ -176,6 +177,8 @@ impl<B: Bolt> BoltTask<B> {
                 self.execute_rest(&mut inputs).await;
             }
         }
+        // the emptied buffer goes back to the senders (inputs left at a cancel are dropped)
+        self.pool.put(inputs.into_buffer());
         let busy = t0.elapsed().saturating_sub(self.out.blocked);
         self.metrics.record_latency_batch(busy, n);
         self.out.flush_inner().await

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::EmitError;
-use super::route::{Backpressure, Cancelled, Control, Outbox};
+use super::route::{Backpressure, Batch, Cancelled, Control, Outbox};
 use crate::acker::{self, AckBatch, U64Map};
 use crate::component::{ComponentError, Watermark};
 use crate::tuple::{Anchors, DEFAULT_STREAM, Tuple};
@@ -523,12 +523,22 @@ impl BoltOutput {
 /// calls are anchored to the input taken by the first.
 #[derive(Debug)]
 pub struct Inputs {
-    rest: std::vec::IntoIter<Tuple>,
+    // taken out in place, not through a consuming iterator, so the emptied buffer can be reused
+    // (`into_buffer`)
+    batch: Batch,
+    next: usize,
 }
 
 impl Inputs {
-    pub(crate) fn new(batch: Vec<Tuple>) -> Self {
-        Inputs { rest: batch.into_iter() }
+    pub(crate) fn new(batch: Batch) -> Self {
+        Inputs { batch, next: 0 }
+    }
+
+    /// The batch's buffer, emptied, for reuse.
+    pub(crate) fn into_buffer(self) -> Batch {
+        let mut buf = self.batch;
+        buf.clear();
+        buf
     }
 
     /// The next input, after acking the previous one (and sending full output batches
@@ -545,7 +555,8 @@ impl Inputs {
             out.blocked += t0.elapsed();
             sent.ok()?;
         }
-        let t = self.rest.next()?;
+        let t = self.batch.get_mut(self.next)?.take()?;
+        self.next += 1;
         out.begin(&t);
         Some(t)
     }
@@ -561,11 +572,11 @@ impl Inputs {
 
     /// Inputs not yet taken.
     pub fn len(&self) -> usize {
-        self.rest.len()
+        self.batch.len() - self.next
     }
 
     /// True when every input was taken.
     pub fn is_empty(&self) -> bool {
-        self.rest.len() == 0
+        self.len() == 0
     }
 }
