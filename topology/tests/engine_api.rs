@@ -513,7 +513,10 @@ impl Bolt for HoldsUntilWatermark {
         Ok(())
     }
     async fn on_watermark(&mut self, wm: Watermark, out: &mut BoltOutput) -> Result<(), ComponentError> {
-        for (_, h) in self.0.extract_if(.., |(ts, _)| *ts < wm.0) {
+        // (not `extract_if`: newer than the MSRV)
+        let (due, held) = std::mem::take(&mut self.0).into_iter().partition(|(ts, _)| *ts < wm.0);
+        self.0 = held;
+        for (_, h) in due {
             out.ack(h);
         }
         Ok(())
