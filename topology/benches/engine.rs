@@ -5,10 +5,12 @@
 //! Shape (both sides): 1 spout task, 2 split tasks (round robin), 2 count tasks (hash of the word);
 //! each sentence has 8 words from a 64-word vocabulary; split allocates an `Arc<str>` per word;
 //! count updates a `HashMap<Arc<str>, u64>`. The bare pipeline batches 64 items per channel
-//! message, like the engine's default `batch_size`.
+//! message, like the engine's default `batch_size`, and routes words with the engine's fields
+//! hash ([`grouping::fields_task`]). Both sides are timed the same way: from before the tasks are
+//! spawned until every task has finished (the engine's spout ends its stream with
+//! `SpoutOutput::finish`, and the clock stops when `RunningTopology::wait` returns).
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -53,6 +55,7 @@ impl Spout for SentenceSpout {
     type MsgId = u64;
     async fn next_tuple(&mut self, out: &mut SpoutOutput<u64>) -> Result<(), ComponentError> {
         if self.next >= self.limit {
+            out.finish();
             return Ok(());
         }
         let s = Value::Str(self.corpus[(self.next % 1024) as usize].clone());
@@ -80,13 +83,29 @@ impl Bolt for Split {
 #[derive(Default)]
 struct Count(HashMap<Arc<str>, u64>);
 
-impl Bolt for Count {
-    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+impl Count {
+    fn count(&mut self, t: &Tuple) -> Result<(), ComponentError> {
         let w = t.get_str("word")?;
         match self.0.get_mut(w) {
             Some(n) => *n += 1,
             None => {
                 self.0.insert(t.get_arc_str("word")?, 1);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Bolt for Count {
+    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        self.count(&t)
+    }
+
+    // A tight loop over the batch, as a user would write it: no `execute` future per tuple.
+    async fn execute_batch(&mut self, inputs: &mut Inputs, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        while let Some(t) = inputs.next(out).await {
+            if let Err(e) = self.count(&t) {
+                inputs.fail_current(out, &e);
             }
         }
         Ok(())
@@ -107,22 +126,19 @@ fn bench_config(acking: bool) -> TopologyConfig {
     TopologyConfig { acking, max_spout_pending: 4096, ..TopologyConfig::default() }
 }
 
-/// Runs the engine until every word is counted; returns words/s.
+/// Runs the engine from start until every task has finished (the spout finishes its stream after
+/// `sentences`, the bolts drain behind it); returns words/s.
 async fn run_engine(acking: bool, sentences: u64) -> f64 {
-    let running = run_local(topology(acking, sentences), bench_config(acking)).expect("config");
     let start = Instant::now();
-    let target = sentences * WORDS_PER_SENTENCE;
-    loop {
-        tokio::time::sleep(Duration::from_micros(500)).await;
-        let m = running.metrics();
-        let counted = m.component("count").map_or(0, |c| c.executed);
-        let done = counted >= target && (!acking || m.component("spout").map_or(0, |c| c.acked) >= sentences);
-        if done {
-            break;
-        }
-    }
+    let running = run_local(topology(acking, sentences), bench_config(acking)).expect("config");
+    running.wait().await.expect("clean run");
     let secs = start.elapsed().as_secs_f64();
-    running.cancel().await.expect("clean stop");
+    let target = sentences * WORDS_PER_SENTENCE;
+    let m = running.metrics();
+    assert_eq!(m.component("count").map_or(0, |c| c.executed), target);
+    if acking {
+        assert_eq!(m.component("spout").map_or(0, |c| c.acked), sentences);
+    }
     target as f64 / secs
 }
 
@@ -169,10 +185,11 @@ async fn run_bare(sentences: u64) -> f64 {
             while let Some(batch) = rx.recv().await {
                 for s in batch {
                     for w in s.split(' ') {
-                        let mut h = std::collections::hash_map::DefaultHasher::new();
-                        w.hash(&mut h);
-                        let t = (h.finish() % outs.len() as u64) as usize;
-                        bufs[t].push(Arc::from(w));
+                        // the engine's fields grouping hash
+                        let v = Value::Str(Arc::from(w));
+                        let t = grouping::fields_task(&[&v], outs.len());
+                        let Value::Str(w) = v else { unreachable!() };
+                        bufs[t].push(w);
                         if bufs[t].len() == BATCH {
                             let b = std::mem::replace(&mut bufs[t], Vec::with_capacity(BATCH));
                             let _ = outs[t].send(b).await;
@@ -236,6 +253,7 @@ fn interleaved_comparison() {
     let (mut bare, mut unacked, mut acked) = (Vec::new(), Vec::new(), Vec::new());
     let (mut r_un, mut r_ack) = (Vec::new(), Vec::new());
     rt.block_on(run_bare(20_000)); // warm-up
+    rt.block_on(run_engine(true, 20_000));
     for round in 0..rounds {
         // rotate the order each round
         let mut results = [0.0; 3];
@@ -253,6 +271,9 @@ fn interleaved_comparison() {
         r_un.push(results[1] / results[0]);
         r_ack.push(results[2] / results[0]);
     }
+    // per-round ratios in round order, before the medians sort them
+    let per_round = |r: &[f64]| r.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" / ");
+    let (pr_un, pr_ack) = (per_round(&r_un), per_round(&r_ack));
     let (b, u, a) = (median(&mut bare), median(&mut unacked), median(&mut acked));
     println!(
         "\n## Engine: interleaved comparison ({rounds} rounds, {} words per run, medians)\n",
@@ -263,6 +284,8 @@ fn interleaved_comparison() {
     println!("| bare tokio channels (64/msg) | {:.2}M | 1.00 |", b / 1e6);
     println!("| engine, acking off | {:.2}M | {:.2} |", u / 1e6, median(&mut r_un));
     println!("| engine, acking on (max pending 4096) | {:.2}M | {:.2} |", a / 1e6, median(&mut r_ack));
+    println!("\nPer-round ratios, acking off: {pr_un}");
+    println!("Per-round ratios, acking on: {pr_ack}");
 }
 
 /// A sustained acked run with an endless spout: RSS must stay flat (bounded by max pending and
@@ -319,10 +342,11 @@ fn criterion_benches(c: &mut Criterion) {
 
 criterion_group!(benches, criterion_benches);
 
-/// Runs one pipeline repeatedly (for profilers): `profile-bare`, `profile-unacked`, `profile-acked`.
-fn profile_one(which: &str) {
+/// Runs one pipeline repeatedly (for profilers): `profile-bare`, `profile-unacked`,
+/// `profile-acked`, 5 runs unless a count follows (`profile-acked 1` under callgrind).
+fn profile_one(which: &str, runs: usize) {
     let rt = runtime();
-    for _ in 0..5 {
+    for _ in 0..runs {
         let wps = match which {
             "profile-bare" => rt.block_on(run_bare(SENTENCES)),
             "profile-unacked" => rt.block_on(run_engine(false, SENTENCES)),
@@ -333,9 +357,10 @@ fn profile_one(which: &str) {
 }
 
 fn main() {
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let mut args = std::env::args().skip(1).filter(|a| !a.starts_with('-'));
+    let filter = args.next();
     if let Some(f) = filter.as_deref().filter(|f| f.starts_with("profile-")) {
-        profile_one(f);
+        profile_one(f, args.next().and_then(|n| n.parse().ok()).unwrap_or(5));
         return;
     }
     if filter.is_none() || filter.as_deref() == Some("interleaved") {

@@ -15,9 +15,8 @@ use tokio_util::sync::CancellationToken;
 use super::{BoltWiring, TaskFailure, TopologyError};
 use crate::component::{Bolt, TaskContext, Watermark};
 use crate::metrics::TaskMetrics;
-use crate::output::route::{Cancelled, Control, Envelope, Message};
+use crate::output::route::{Batch, BatchPool, Cancelled, Control, Envelope, Message};
 use crate::output::{BoltOutput, Inputs, Timer};
-use crate::tuple::Tuple;
 
 /// One bolt task: the bolt, its output, and the watermark and drain state of its inputs. The
 /// executor drives it from its input channel ([`run`]); `crate::testing` drives the same
@@ -25,6 +24,7 @@ use crate::tuple::Tuple;
 pub(crate) struct BoltTask<B: Bolt> {
     pub(crate) bolt: B,
     pub(crate) out: BoltOutput,
+    pool: Arc<BatchPool>,
     metrics: Arc<TaskMetrics>,
     cancel: CancellationToken,
     ctx: TaskContext,
@@ -63,6 +63,7 @@ impl<B: Bolt> BoltTask<B> {
         let task = BoltTask {
             bolt,
             out: BoltOutput::new(w.outbox, w.ack_txs, ctx.cancel.clone(), ctx.task_index),
+            pool: w.pool,
             metrics: w.metrics,
             cancel: ctx.cancel.clone(),
             upstream: w.upstream.iter().enumerate().map(|(i, &id)| (id, i)).collect(),
@@ -162,7 +163,7 @@ impl<B: Bolt> BoltTask<B> {
         publish(&self.metrics, &self.out);
     }
 
-    pub(crate) async fn on_batch(&mut self, batch: Vec<Tuple>) -> Result<(), Cancelled> {
+    pub(crate) async fn on_batch(&mut self, batch: Batch) -> Result<(), Cancelled> {
         // Timed per batch, excluding waits for room downstream; std's clock (tokio's, with
         // test-util, takes a lock).
         let t0 = std::time::Instant::now();
@@ -196,6 +197,8 @@ impl<B: Bolt> BoltTask<B> {
                 self.execute_rest(&mut inputs).await;
             }
         }
+        // the emptied buffer goes back to the senders (inputs left at a cancel are dropped)
+        self.pool.put(inputs.into_buffer());
         let busy = t0.elapsed().saturating_sub(self.out.blocked);
         self.metrics.record_latency_batch(busy, n);
         self.out.flush_inner().await

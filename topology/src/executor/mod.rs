@@ -25,7 +25,7 @@ use crate::component::{ComponentError, TaskContext, Wakeup};
 use crate::config::{ConfigError, TopologyConfig};
 use crate::grouping::{AnyRouter, RouteContext};
 use crate::metrics::{ComponentKind, MetricsRegistry, TaskMetrics};
-use crate::output::route::{Envelope, OutStream, Outbox, Route, Target};
+use crate::output::route::{BatchPool, Envelope, OutStream, Outbox, Route, Target};
 use crate::tuple::StreamMeta;
 
 /// Why a topology stopped or could not start. `Clone`, so every waiter sees it.
@@ -127,6 +127,8 @@ pub(crate) struct SpoutWiring {
 pub(crate) struct BoltWiring {
     pub(crate) outbox: Outbox,
     pub(crate) rx: mpsc::Receiver<Envelope>,
+    /// Where the task hands back the buffers of the batches it executed.
+    pub(crate) pool: Arc<BatchPool>,
     pub(crate) upstream: Vec<usize>,
     pub(crate) ack_txs: Arc<[mpsc::Sender<AckBatch>]>,
     pub(crate) metrics: Arc<TaskMetrics>,
@@ -197,12 +199,16 @@ pub(crate) fn start(
 
     let mut data_txs: Vec<Option<mpsc::Sender<Envelope>>> = vec![None; total_tasks];
     let mut data_rxs: Vec<Option<mpsc::Receiver<Envelope>>> = (0..total_tasks).map(|_| None).collect();
+    let mut pools: Vec<Option<Arc<BatchPool>>> = vec![None; total_tasks];
     for (i, c) in comps.iter().enumerate() {
         if matches!(c.kind, Kind::Bolt(_)) {
             for t in 0..c.parallelism {
                 let (tx, rx) = mpsc::channel(config.channel_capacity);
                 data_txs[base[i] + t] = Some(tx);
                 data_rxs[base[i] + t] = Some(rx);
+                // as many buffers as the channel holds batches, plus the senders' own
+                let cap = config.channel_capacity + 8;
+                pools[base[i] + t] = Some(Arc::new(BatchPool::new(config.batch_size, cap)));
             }
         }
     }
@@ -275,8 +281,8 @@ pub(crate) fn start(
                 .collect();
             let targets = target_ids
                 .iter()
-                .filter_map(|&id| data_txs[id].clone())
-                .map(|tx| Target { tx, buf: Vec::with_capacity(config.batch_size) })
+                .filter_map(|&id| Some((data_txs[id].clone()?, pools[id].clone()?)))
+                .map(|(tx, pool)| Target { tx, buf: pool.take(), pool })
                 .collect();
             let outbox = Outbox::new(task_id, c.id.clone(), streams, targets, config.batch_size);
             let metrics = registry.components[ci].2[task].clone();
@@ -313,9 +319,13 @@ pub(crate) fn start(
                     let rx = data_rxs[task_id]
                         .take()
                         .ok_or_else(|| TopologyError::Stopped { topology: topology.name.to_string() })?;
+                    let pool = pools[task_id]
+                        .clone()
+                        .ok_or_else(|| TopologyError::Stopped { topology: topology.name.to_string() })?;
                     let wiring = BoltWiring {
                         outbox,
                         rx,
+                        pool,
                         upstream: upstream.clone(),
                         ack_txs: ack_txs.clone(),
                         metrics,

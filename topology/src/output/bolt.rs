@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::EmitError;
-use super::route::{Backpressure, Cancelled, Control, Outbox};
+use super::route::{Backpressure, Batch, Cancelled, Control, Outbox};
 use crate::acker::{self, AckBatch, U64Map};
 use crate::component::{ComponentError, Watermark};
 use crate::tuple::{Anchors, DEFAULT_STREAM, Tuple};
@@ -184,7 +184,24 @@ impl BoltOutput {
     #[inline]
     pub fn emit(&mut self, values: impl IntoValues) -> Result<(), EmitError> {
         let s = self.outbox.default_index()?;
-        self.emit_current(s, self.outbox.encode(values)?, None)
+        let values = self.outbox.encode(values)?;
+        // the usual cases inline: an untracked input, or an input of one ack tree
+        match &mut self.current {
+            Current::Untracked | Current::None => self.outbox.dispatch(s, values, None, |_| Anchors::new()).map(|_| ()),
+            Current::Input { anchors, ack_val } if anchors.len() == 1 => {
+                let root = anchors[0].0;
+                self.outbox
+                    .dispatch(s, values, None, |rng| {
+                        let edge = rng.next_edge();
+                        *ack_val ^= edge;
+                        let mut child = Anchors::new();
+                        child.push((root, edge));
+                        child
+                    })
+                    .map(|_| ())
+            }
+            _ => self.emit_current(s, values, None),
+        }
     }
 
     /// Emits on a named stream, anchored to the current input.
@@ -527,12 +544,22 @@ impl BoltOutput {
 /// calls are anchored to the input taken by the first.
 #[derive(Debug)]
 pub struct Inputs {
-    rest: std::vec::IntoIter<Tuple>,
+    // taken out in place, not through a consuming iterator, so the emptied buffer can be reused
+    // (`into_buffer`)
+    batch: Batch,
+    next: usize,
 }
 
 impl Inputs {
-    pub(crate) fn new(batch: Vec<Tuple>) -> Self {
-        Inputs { rest: batch.into_iter() }
+    pub(crate) fn new(batch: Batch) -> Self {
+        Inputs { batch, next: 0 }
+    }
+
+    /// The batch's buffer, emptied, for reuse.
+    pub(crate) fn into_buffer(self) -> Batch {
+        let mut buf = self.batch;
+        buf.clear();
+        buf
     }
 
     /// The next input, after acking the previous one (and sending full output batches
@@ -544,14 +571,22 @@ impl Inputs {
             out.finish(true);
         }
         if !out.outbox.ready.is_empty() {
-            let t0 = std::time::Instant::now();
-            let sent = out.send_ready().await;
-            out.blocked += t0.elapsed();
-            sent.ok()?;
+            Self::send_ready(out).await.ok()?;
         }
-        let t = self.rest.next()?;
+        let t = self.batch.get_mut(self.next)?.take()?;
+        self.next += 1;
         out.begin(&t);
         Some(t)
+    }
+
+    /// Sends the full output batches (kept out of `next`'s own state machine: the usual call
+    /// sends nothing).
+    #[inline(never)]
+    async fn send_ready(out: &mut BoltOutput) -> Result<(), Cancelled> {
+        let t0 = std::time::Instant::now();
+        let sent = out.send_ready().await;
+        out.blocked += t0.elapsed();
+        sent
     }
 
     /// Fails the input taken last (its spout tuples are replayed) and counts `error` against the
@@ -565,11 +600,11 @@ impl Inputs {
 
     /// Inputs not yet taken.
     pub fn len(&self) -> usize {
-        self.rest.len()
+        self.batch.len() - self.next
     }
 
     /// True when every input was taken.
     pub fn is_empty(&self) -> bool {
-        self.rest.len() == 0
+        self.len() == 0
     }
 }

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -22,8 +22,9 @@ use crate::value::Values;
 /// What travels on a bolt task's input channel, in order per sending task.
 #[derive(Debug)]
 pub(crate) enum Message {
-    /// A batch of tuples.
-    Tuples(Vec<Tuple>),
+    /// A batch of tuples (all `Some`: the receiver takes them out one by one, then hands the
+    /// emptied buffer back through the [`BatchPool`]).
+    Tuples(Batch),
     /// The sender's low watermark advanced.
     Watermark(Watermark),
     /// The sender drained: nothing more will come from it.
@@ -51,10 +52,52 @@ pub(crate) trait Backpressure {
     fn meanwhile(&mut self) -> impl Future<Output = ()> + Send;
 }
 
-/// A downstream task and the tuples buffered for it.
+/// The tuples of one batch message.
+pub(crate) type Batch = Vec<Option<Tuple>>;
+
+/// Emptied batch buffers of one bolt task's input: the task hands each batch's buffer back once
+/// it has executed it, and the tasks sending to it take their next buffers from here. A batch
+/// buffer is then allocated by one thread and reused instead of freed by another (a cross-thread
+/// free per batch), and stays warm in cache. Holds at most `cap` buffers (bounded memory).
+#[derive(Debug)]
+pub(crate) struct BatchPool {
+    bufs: Mutex<Vec<Batch>>,
+    batch_size: usize,
+    cap: usize,
+}
+
+impl BatchPool {
+    pub(crate) fn new(batch_size: usize, cap: usize) -> Self {
+        BatchPool { bufs: Mutex::new(Vec::with_capacity(cap)), batch_size: batch_size.max(1), cap }
+    }
+
+    /// An empty buffer with room for a batch.
+    #[inline]
+    pub(crate) fn take(&self) -> Batch {
+        let reused = self.bufs.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        reused.unwrap_or_else(|| Vec::with_capacity(self.batch_size))
+    }
+
+    /// Gives back an emptied buffer (dropped when the pool is full or the buffer has grown past
+    /// a batch).
+    #[inline]
+    pub(crate) fn put(&self, mut buf: Batch) {
+        buf.clear();
+        if buf.capacity() < self.batch_size || buf.capacity() > 2 * self.batch_size {
+            return;
+        }
+        let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        if bufs.len() < self.cap {
+            bufs.push(buf);
+        }
+    }
+}
+
+/// A downstream task, the tuples buffered for it, and its pool of batch buffers.
 pub(crate) struct Target {
     pub(crate) tx: mpsc::Sender<Envelope>,
-    pub(crate) buf: Vec<Tuple>,
+    pub(crate) buf: Batch,
+    pub(crate) pool: Arc<BatchPool>,
 }
 
 /// One subscription of a stream: a router and the target indices of the subscriber's tasks.
@@ -78,7 +121,7 @@ pub(crate) struct Outbox {
     pub(crate) streams: Vec<OutStream>,
     pub(crate) targets: Vec<Target>,
     /// Full batches waiting to be sent, in emit order.
-    pub(crate) ready: VecDeque<(usize, Vec<Tuple>)>,
+    pub(crate) ready: VecDeque<(usize, Batch)>,
     pub(crate) batch_size: usize,
     pub(crate) rng: EdgeRng,
     pub(crate) emitted: u64,
@@ -247,9 +290,9 @@ impl Outbox {
     #[inline(always)]
     fn push(&mut self, target: usize, tuple: Tuple) {
         let tgt = &mut self.targets[target];
-        tgt.buf.push(tuple);
+        tgt.buf.push(Some(tuple));
         if tgt.buf.len() >= self.batch_size {
-            let batch = std::mem::replace(&mut tgt.buf, Vec::with_capacity(self.batch_size));
+            let batch = std::mem::replace(&mut tgt.buf, tgt.pool.take());
             self.ready.push_back((target, batch));
         }
     }
@@ -268,7 +311,8 @@ impl Outbox {
         self.send_ready(bp).await?;
         for i in 0..self.targets.len() {
             if !self.targets[i].buf.is_empty() {
-                let batch = std::mem::replace(&mut self.targets[i].buf, Vec::with_capacity(self.batch_size));
+                let tgt = &mut self.targets[i];
+                let batch = std::mem::replace(&mut tgt.buf, tgt.pool.take());
                 let env = Envelope { from: self.from, msg: Message::Tuples(batch) };
                 send(&self.targets[i].tx, env, bp).await?;
             }

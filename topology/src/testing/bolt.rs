@@ -106,6 +106,10 @@ impl<B: Bolt> BoltHarnessBuilder<B> {
         // the executor's input channel: unused, the harness calls the task's handlers itself
         let (_, rx) = mpsc::channel(1);
         let wiring = BoltWiring {
+            pool: Arc::new(crate::output::route::BatchPool::new(
+                decls.topology.batch_size,
+                decls.topology.channel_capacity + 8,
+            )),
             outbox,
             rx,
             upstream: vec![UPSTREAM],
@@ -405,7 +409,7 @@ impl<B: Bolt> BoltHarness<B> {
                 anchors.push((acker::make_root(0, id.0), self.rng.next_edge()));
                 ids.push(id);
             }
-            tuples.push(Tuple { meta, values, anchors });
+            tuples.push(Some(Tuple { meta, values, anchors }));
         }
         self.status.extend(ids.iter().map(|_| Status::Pending));
         let task = running(&mut self.task, self.drained, &self.ctx)?;
@@ -420,7 +424,7 @@ impl<B: Bolt> BoltHarness<B> {
         for (target, msg) in std::mem::take(&mut self.sink.msgs) {
             match msg {
                 Message::Tuples(batch) => {
-                    for tuple in batch {
+                    for tuple in batch.into_iter().flatten() {
                         let anchored_to = tuple.anchors.iter().map(|&(root, _)| input_of(root)).collect();
                         self.emitted.push(Emitted {
                             stream: tuple.stream().to_owned(),

@@ -178,6 +178,7 @@ use crate::component::{TaskContext, Wakeup};
 use crate::config::{ComponentConfig, ConfigError, TopologyConfig};
 use crate::executor::TopologyError;
 use crate::grouping::{AnyRouter, Direct, RouteContext, Shuffle};
+use crate::output::route::BatchPool;
 use crate::output::route::{Envelope, Message, OutStream, Outbox, Route, Target};
 use crate::tuple::{Fields, StreamMeta};
 use crate::typed::TypedError;
@@ -364,7 +365,8 @@ impl Decls {
         let (targets, rxs) = (0..=direct_tasks)
             .map(|_| {
                 let (tx, rx) = mpsc::channel(cfg.channel_capacity);
-                (Target { tx, buf: Vec::with_capacity(cfg.batch_size) }, rx)
+                let pool = Arc::new(BatchPool::new(cfg.batch_size, cfg.channel_capacity + 8));
+                (Target { tx, buf: pool.take(), pool }, rx)
             })
             .unzip();
         (Outbox::new(ctx.task_id, component, streams, targets, cfg.batch_size), rxs)

@@ -421,7 +421,7 @@ impl<S: Spout> SpoutHarness<S> {
         for (target, msg) in std::mem::take(&mut self.sink.msgs) {
             match msg {
                 Message::Tuples(batch) => {
-                    for tuple in batch {
+                    for tuple in batch.into_iter().flatten() {
                         let tree = tuple.anchors.first().copied();
                         let msg_id = tree.and_then(|(root, _)| task.out.acks.pending.get(root).cloned());
                         self.emitted.push(SpoutEmitted {
