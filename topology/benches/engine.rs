@@ -71,11 +71,22 @@ impl Spout for SentenceSpout {
 
 struct Split;
 
-impl Bolt for Split {
-    async fn execute(&mut self, t: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
+impl Split {
+    fn split(t: &Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
         for w in t.get_str("sentence")?.split(' ') {
             out.emit(Value::Str(Arc::from(w)))?;
         }
+        Ok(())
+    }
+}
+
+impl Bolt for Split {
+    async fn execute(&mut self, t: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        Split::split(&t, out)
+    }
+
+    async fn execute_batch(&mut self, inputs: &mut Inputs, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        inputs.for_each(out, |t, out| Split::split(&t, out)).await;
         Ok(())
     }
 }
@@ -101,13 +112,9 @@ impl Bolt for Count {
         self.count(&t)
     }
 
-    // A tight loop over the batch, as a user would write it: no `execute` future per tuple.
+    // A tight loop over the batch, as a user would write it: no future per tuple.
     async fn execute_batch(&mut self, inputs: &mut Inputs, out: &mut BoltOutput) -> Result<(), ComponentError> {
-        while let Some(t) = inputs.next(out).await {
-            if let Err(e) = self.count(&t) {
-                inputs.fail_current(out, &e);
-            }
-        }
+        inputs.for_each(out, |t, _| self.count(&t)).await;
         Ok(())
     }
 }
