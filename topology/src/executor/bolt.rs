@@ -173,17 +173,7 @@ impl<B: Bolt> BoltTask<B> {
         loop {
             let before = inputs.len();
             let r = AssertUnwindSafe(self.bolt.execute_batch(&mut inputs, &mut self.out)).catch_unwind().await;
-            let ok = match r {
-                Ok(Ok(())) => true,
-                Ok(Err(e)) => {
-                    self.out.note_error("execute", &e);
-                    false
-                }
-                Err(p) => {
-                    self.out.note_panic("execute", &*p);
-                    false
-                }
-            };
+            let ok = self.out.outcome("execute", r);
             // the input being executed when execute_batch returned, failed or panicked
             if self.out.in_input() {
                 self.out.finish(ok);
@@ -208,17 +198,7 @@ impl<B: Bolt> BoltTask<B> {
     async fn execute_rest(&mut self, inputs: &mut Inputs) {
         while let Some(t) = inputs.next(&mut self.out).await {
             let r = AssertUnwindSafe(self.bolt.execute(t, &mut self.out)).catch_unwind().await;
-            let ok = match r {
-                Ok(Ok(())) => true,
-                Ok(Err(e)) => {
-                    self.out.note_error("execute", &e);
-                    false
-                }
-                Err(p) => {
-                    self.out.note_panic("execute", &*p);
-                    false
-                }
-            };
+            let ok = self.out.outcome("execute", r);
             self.out.finish(ok);
         }
     }
@@ -240,11 +220,8 @@ impl<B: Bolt> BoltTask<B> {
     }
 
     pub(crate) async fn on_timer(&mut self, timer: Timer) {
-        match AssertUnwindSafe(self.bolt.on_timer(timer, &mut self.out)).catch_unwind().await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => self.out.note_error("on_timer", &e),
-            Err(p) => self.out.note_panic("on_timer", &*p),
-        }
+        let r = AssertUnwindSafe(self.bolt.on_timer(timer, &mut self.out)).catch_unwind().await;
+        self.out.outcome("on_timer", r);
         self.out.reap_dropped();
     }
 
@@ -265,11 +242,8 @@ impl<B: Bolt> BoltTask<B> {
             return Ok(());
         }
         self.combined = Some(min);
-        match AssertUnwindSafe(self.bolt.on_watermark(Watermark(min), &mut self.out)).catch_unwind().await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => self.out.note_error("on_watermark", &e),
-            Err(p) => self.out.note_panic("on_watermark", &*p),
-        }
+        let r = AssertUnwindSafe(self.bolt.on_watermark(Watermark(min), &mut self.out)).catch_unwind().await;
+        self.out.outcome("on_watermark", r);
         self.out.reap_dropped();
         self.out.send_watermark(Watermark(min)).await?;
         self.out.send_acks().await
@@ -285,11 +259,8 @@ impl<B: Bolt> BoltTask<B> {
         if self.drained_count < self.drained.len() {
             return Ok(false);
         }
-        match AssertUnwindSafe(self.bolt.on_drain(&mut self.out)).catch_unwind().await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => self.out.note_error("on_drain", &e),
-            Err(p) => self.out.note_panic("on_drain", &*p),
-        }
+        let r = AssertUnwindSafe(self.bolt.on_drain(&mut self.out)).catch_unwind().await;
+        self.out.outcome("on_drain", r);
         self.out.reap_dropped();
         if self.combined != Some(u64::MAX) {
             self.combined = Some(u64::MAX);

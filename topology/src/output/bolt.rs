@@ -499,6 +499,26 @@ impl BoltOutput {
         tracing::debug!(component = %self.component, task = self.task, hook, error = %e, "bolt hook failed");
     }
 
+    /// The outcome of a hook run under a panic guard: `true` on success; an error or a panic is
+    /// counted and logged.
+    pub(crate) fn outcome(
+        &mut self,
+        hook: &str,
+        r: Result<Result<(), ComponentError>, Box<dyn std::any::Any + Send>>,
+    ) -> bool {
+        match r {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                self.note_error(hook, &e);
+                false
+            }
+            Err(p) => {
+                self.note_panic(hook, &*p);
+                false
+            }
+        }
+    }
+
     /// Counts and logs a panic raised by a hook.
     #[cold]
     #[inline(never)]
