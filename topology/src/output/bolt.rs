@@ -98,6 +98,12 @@ enum Current {
     None,
     /// An input outside every ack tree: emits are unanchored, ending it only counts it.
     Untracked,
+    /// The usual input: one anchor, in one ack tree (no `SmallVec` to copy or walk).
+    Input1 {
+        root: u64,
+        edge: u64,
+        ack_val: u64,
+    },
     Input {
         anchors: Anchors,
         ack_val: u64,
@@ -188,8 +194,8 @@ impl BoltOutput {
         // the usual cases inline: an untracked input, or an input of one ack tree
         match &mut self.current {
             Current::Untracked | Current::None => self.outbox.dispatch(s, values, None, |_| Anchors::new()).map(|_| ()),
-            Current::Input { anchors, ack_val } if anchors.len() == 1 => {
-                let root = anchors[0].0;
+            Current::Input1 { root, ack_val, .. } => {
+                let root = *root;
                 self.outbox
                     .dispatch(s, values, None, |rng| {
                         let edge = rng.next_edge();
@@ -258,6 +264,11 @@ impl BoltOutput {
     pub fn defer_ack(&mut self) -> Result<AckHandle, EmitError> {
         let current = match std::mem::take(&mut self.current) {
             Current::Untracked => Current::Input { anchors: Anchors::new(), ack_val: 0 },
+            Current::Input1 { root, edge, ack_val } => {
+                let mut anchors = Anchors::new();
+                anchors.push((root, edge));
+                Current::Input { anchors, ack_val }
+            }
             other => other,
         };
         match current {
@@ -354,6 +365,18 @@ impl BoltOutput {
                 self.outbox.dispatch(stream, values, direct, |_| Anchors::new()).map(|_| ())
             }
             // the usual input of one ack tree: what `anchor_child` does for a single root, inline
+            Current::Input1 { root, ack_val, .. } => {
+                let root = *root;
+                self.outbox
+                    .dispatch(stream, values, direct, |rng| {
+                        let edge = rng.next_edge();
+                        *ack_val ^= edge;
+                        let mut child = Anchors::new();
+                        child.push((root, edge));
+                        child
+                    })
+                    .map(|_| ())
+            }
             Current::Input { anchors, ack_val } if anchors.len() == 1 => {
                 let root = anchors[0].0;
                 self.outbox
@@ -390,17 +413,23 @@ impl BoltOutput {
     fn queue_ack(&mut self, anchors: &Anchors, ack_val: u64) {
         self.acked += 1;
         for (root, x) in acker::ack_updates(anchors, ack_val) {
-            let slot = acker::root_slot(root);
-            if let Some(b) = self.acks.get_mut(slot) {
-                if b.is_empty() {
-                    self.acks_dirty.push(slot);
-                }
-                // Consecutive updates of one root (e.g. the words of one sentence) are XORed
-                // together: the spout applies one update instead of several.
-                match b.xors.last_mut() {
-                    Some((r, v)) if *r == root => *v ^= x,
-                    _ => b.xors.push((root, x)),
-                }
+            self.queue_update(root, x);
+        }
+    }
+
+    /// Queues one ack-tree update for the spout task owning `root`.
+    #[inline(always)]
+    fn queue_update(&mut self, root: u64, x: u64) {
+        let slot = acker::root_slot(root);
+        if let Some(b) = self.acks.get_mut(slot) {
+            if b.is_empty() {
+                self.acks_dirty.push(slot);
+            }
+            // Consecutive updates of one root (e.g. the words of one sentence) are XORed
+            // together: the spout applies one update instead of several.
+            match b.xors.last_mut() {
+                Some((r, v)) if *r == root => *v ^= x,
+                _ => b.xors.push((root, x)),
             }
         }
     }
@@ -445,12 +474,8 @@ impl BoltOutput {
         self.executed += 1;
         self.current = match *input.anchors {
             [] => Current::Untracked,
-            // no SmallVec clone machinery for the usual single anchor
-            [a] => {
-                let mut anchors = Anchors::new();
-                anchors.push(a);
-                Current::Input { anchors, ack_val: 0 }
-            }
+            // no SmallVec for the usual single anchor
+            [(root, edge)] => Current::Input1 { root, edge, ack_val: 0 },
             _ => Current::Input { anchors: input.anchors.clone(), ack_val: 0 },
         };
     }
@@ -458,22 +483,37 @@ impl BoltOutput {
     /// Ends executing an input: acks it on success, fails it on error (also when deferred).
     #[inline(always)]
     pub(crate) fn finish(&mut self, ok: bool) {
-        if let Current::Untracked = self.current {
-            self.current = Current::None;
-            if ok {
-                self.acked += 1;
-            } else {
-                self.failed += 1;
+        match self.current {
+            Current::Untracked => {
+                self.current = Current::None;
+                if ok {
+                    self.acked += 1;
+                } else {
+                    self.failed += 1;
+                }
             }
-            return;
+            Current::Input1 { root, edge, ack_val } if ok => {
+                self.current = Current::None;
+                self.acked += 1;
+                self.queue_update(root, edge ^ ack_val);
+            }
+            _ => self.finish_tracked(ok),
         }
-        self.finish_tracked(ok);
     }
 
     #[inline]
     fn finish_tracked(&mut self, ok: bool) {
         match std::mem::take(&mut self.current) {
             Current::None | Current::Untracked => {}
+            Current::Input1 { root, edge, ack_val } => {
+                let mut anchors = Anchors::new();
+                anchors.push((root, edge));
+                if ok {
+                    self.queue_ack(&anchors, ack_val);
+                } else {
+                    self.queue_fail(&anchors);
+                }
+            }
             Current::Input { anchors, ack_val } => {
                 if ok {
                     self.queue_ack(&anchors, ack_val);
