@@ -375,6 +375,12 @@ impl SpoutDeclarer<'_> {
 pub struct ComponentId(Arc<str>);
 
 impl ComponentId {
+    /// A handle on the component `id` (e.g. to hand to a factory before the component is
+    /// declared).
+    pub fn new(id: &str) -> Self {
+        ComponentId(Arc::from(id))
+    }
+
     /// The id.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -395,6 +401,12 @@ pub struct StreamId {
 }
 
 impl StreamId {
+    /// A handle on `stream` of `component` (e.g. to hand to the component's factory, which
+    /// runs before the declarer could give it).
+    pub fn new(component: &str, stream: &str) -> Self {
+        StreamId { component: Arc::from(component), stream: Arc::from(stream) }
+    }
+
     /// The emitting component's id.
     pub fn component(&self) -> &str {
         &self.component
@@ -403,6 +415,46 @@ impl StreamId {
     /// The stream's name.
     pub fn stream(&self) -> &str {
         &self.stream
+    }
+}
+
+/// A stream an emit names: its name (`&str`, `String`) or a [`StreamId`] handle. A handle of
+/// another component's stream is an emit error.
+pub trait StreamRef {
+    /// The stream's name.
+    fn name(&self) -> &str;
+
+    /// The component the stream belongs to, when known.
+    fn component(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl StreamRef for &str {
+    fn name(&self) -> &str {
+        self
+    }
+}
+
+impl StreamRef for String {
+    fn name(&self) -> &str {
+        self
+    }
+}
+
+impl StreamRef for &String {
+    fn name(&self) -> &str {
+        self
+    }
+}
+
+impl StreamRef for &StreamId {
+    fn name(&self) -> &str {
+        &self.stream
+    }
+
+    fn component(&self) -> Option<&str> {
+        Some(&self.component)
     }
 }
 

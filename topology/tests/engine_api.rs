@@ -648,3 +648,48 @@ async fn user_metrics_show_with_the_engine_counters() {
     let json = serde_json::to_value(&m).unwrap();
     assert_eq!(json["components"]["measure"]["counters"]["words"], 120);
 }
+
+/// Emits on its "side" stream through the handle it was given; tries another component's
+/// handle once.
+struct ViaHandle {
+    side: StreamId,
+    foreign: StreamId,
+    left: u32,
+}
+
+impl Spout for ViaHandle {
+    type MsgId = ();
+    async fn next_tuple(&mut self, out: &mut SpoutOutput<()>) -> Result<(), ComponentError> {
+        if self.left == 0 {
+            out.finish();
+            return Ok(());
+        }
+        self.left -= 1;
+        out.emit_to(&self.side, values![u64::from(self.left)], None)?;
+        let e = out.emit_to(&self.foreign, values![1u64], None).unwrap_err();
+        assert!(matches!(&e, EmitError::UnknownStream { stream, .. } if stream == "other/default"), "{e}");
+        Ok(())
+    }
+}
+
+/// Stream handles name what components emit on and subscribe to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_handles_for_emits_and_subscriptions() {
+    let got = Arc::new(AtomicU64::new(0));
+    let mut b = TopologyBuilder::new("handles");
+    let other = b.set_spout("other", 1, |_| Busy).fields(&["n"]).id();
+    let foreign = other.stream("default");
+    let side = StreamId::new("s", "side");
+    let s2 = side.clone();
+    let declared = b
+        .set_spout("s", 1, move |_| ViaHandle { side: s2.clone(), foreign: foreign.clone(), left: 25 })
+        .output("side", &["n"])
+        .stream("side");
+    assert_eq!(declared, side);
+    let g = got.clone();
+    b.set_bolt("sink", 2, move |_| Sink(g.clone())).shuffle_grouping(&side);
+    let running = run_local(b.build().unwrap(), TopologyConfig::default()).unwrap();
+    assert!(wait_until(SECS, || got.load(Ordering::Relaxed) == 25).await);
+    assert_eq!(running.metrics().component("s").unwrap().errors, 0);
+    running.cancel().await.unwrap();
+}

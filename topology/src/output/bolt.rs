@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::EmitError;
 use super::route::{Backpressure, Batch, Cancelled, Control, Outbox};
 use crate::acker::{self, AckBatch, U64Map};
+use crate::builder::StreamRef;
 use crate::component::{ComponentError, Watermark};
 use crate::tuple::{Anchors, DEFAULT_STREAM, Tuple};
 use crate::typed::IntoValues;
@@ -211,15 +212,20 @@ impl BoltOutput {
     }
 
     /// Emits on a named stream, anchored to the current input.
-    pub fn emit_to(&mut self, stream: &str, values: impl IntoValues) -> Result<(), EmitError> {
-        let s = self.outbox.stream_index(stream)?;
+    pub fn emit_to(&mut self, stream: impl StreamRef, values: impl IntoValues) -> Result<(), EmitError> {
+        let s = self.outbox.stream_ref(&stream)?;
         self.emit_current(s, self.outbox.encode(values)?, None)
     }
 
     /// Emits to task `task` of every subscriber of `stream` (declared with `direct_output`),
     /// anchored to the current input.
-    pub fn emit_direct(&mut self, task: usize, stream: &str, values: impl IntoValues) -> Result<(), EmitError> {
-        let s = self.outbox.stream_index(stream)?;
+    pub fn emit_direct(
+        &mut self,
+        task: usize,
+        stream: impl StreamRef,
+        values: impl IntoValues,
+    ) -> Result<(), EmitError> {
+        let s = self.outbox.stream_ref(&stream)?;
         self.emit_current(s, self.outbox.encode(values)?, Some(task))
     }
 
@@ -229,8 +235,8 @@ impl BoltOutput {
     }
 
     /// Emits an untracked tuple on a named stream.
-    pub fn emit_unanchored_to(&mut self, stream: &str, values: impl IntoValues) -> Result<(), EmitError> {
-        let s = self.outbox.stream_index(stream)?;
+    pub fn emit_unanchored_to(&mut self, stream: impl StreamRef, values: impl IntoValues) -> Result<(), EmitError> {
+        let s = self.outbox.stream_ref(&stream)?;
         self.outbox.dispatch(s, self.outbox.encode(values)?, None, |_| Anchors::new()).map(|_| ())
     }
 
@@ -238,10 +244,10 @@ impl BoltOutput {
     pub fn emit_anchored(
         &mut self,
         anchors: &[&AckHandle],
-        stream: &str,
+        stream: impl StreamRef,
         values: impl IntoValues,
     ) -> Result<(), EmitError> {
-        let s = self.outbox.stream_index(stream)?;
+        let s = self.outbox.stream_ref(&stream)?;
         let mut parents: Vec<(u64, Anchors, u64)> = Vec::with_capacity(anchors.len());
         for h in anchors {
             let held = self.held.get(&h.id).ok_or(EmitError::AnchorCompleted { handle: h.id })?;

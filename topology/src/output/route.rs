@@ -161,6 +161,20 @@ impl Outbox {
         }
     }
 
+    /// The index of a stream named by a [`StreamRef`]: a name, or a [`crate::StreamId`] of this
+    /// component.
+    #[inline]
+    pub(crate) fn stream_ref(&self, stream: &impl crate::builder::StreamRef) -> Result<usize, EmitError> {
+        match stream.component() {
+            Some(c) if c != &*self.component => Err(EmitError::UnknownStream {
+                component: self.component.to_string(),
+                stream: format!("{c}/{}", stream.name()),
+                declared: self.streams.iter().map(|s| s.meta.stream.to_string()).collect(),
+            }),
+            _ => self.stream_index(stream.name()),
+        }
+    }
+
     pub(crate) fn stream_index(&self, stream: &str) -> Result<usize, EmitError> {
         // The default stream is declared first when present: the common case is one compare.
         self.streams.iter().position(|s| &*s.meta.stream == stream).ok_or_else(|| EmitError::UnknownStream {

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::EmitError;
 use super::route::{Backpressure, Cancelled, Control, Outbox};
 use crate::acker::{self, AckBatch, PendingTrees};
+use crate::builder::StreamRef;
 use crate::component::Watermark;
 use crate::tuple::Anchors;
 use crate::typed::IntoValues;
@@ -150,8 +151,13 @@ impl<M: Send> SpoutOutput<M> {
     }
 
     /// Emits on a named stream, tracked when `msg_id` is given.
-    pub fn emit_to(&mut self, stream: &str, values: impl IntoValues, msg_id: Option<M>) -> Result<(), EmitError> {
-        let s = self.outbox.stream_index(stream)?;
+    pub fn emit_to(
+        &mut self,
+        stream: impl StreamRef,
+        values: impl IntoValues,
+        msg_id: Option<M>,
+    ) -> Result<(), EmitError> {
+        let s = self.outbox.stream_ref(&stream)?;
         self.emit_inner(s, self.outbox.encode(values)?, None, msg_id)
     }
 
@@ -160,11 +166,11 @@ impl<M: Send> SpoutOutput<M> {
     pub fn emit_direct(
         &mut self,
         task: usize,
-        stream: &str,
+        stream: impl StreamRef,
         values: impl IntoValues,
         msg_id: Option<M>,
     ) -> Result<(), EmitError> {
-        let s = self.outbox.stream_index(stream)?;
+        let s = self.outbox.stream_ref(&stream)?;
         self.emit_inner(s, self.outbox.encode(values)?, Some(task), msg_id)
     }
 
