@@ -192,23 +192,7 @@ impl BoltOutput {
     pub fn emit(&mut self, values: impl IntoValues) -> Result<(), EmitError> {
         let s = self.outbox.default_index()?;
         let values = self.outbox.encode(values)?;
-        // the usual cases inline: an untracked input, or an input of one ack tree
-        match &mut self.current {
-            Current::Untracked | Current::None => self.outbox.dispatch(s, values, None, |_| Anchors::new()).map(|_| ()),
-            Current::Input1 { root, ack_val, .. } => {
-                let root = *root;
-                self.outbox
-                    .dispatch(s, values, None, |rng| {
-                        let edge = rng.next_edge();
-                        *ack_val ^= edge;
-                        let mut child = Anchors::new();
-                        child.push((root, edge));
-                        child
-                    })
-                    .map(|_| ())
-            }
-            _ => self.emit_current(s, values, None),
-        }
+        self.emit_current(s, values, None)
     }
 
     /// Emits on a named stream, anchored to the current input.
@@ -383,36 +367,27 @@ impl BoltOutput {
                     })
                     .map(|_| ())
             }
-            Current::Input { anchors, ack_val } if anchors.len() == 1 => {
-                let root = anchors[0].0;
-                self.outbox
-                    .dispatch(stream, values, direct, |rng| {
-                        let edge = rng.next_edge();
-                        *ack_val ^= edge;
-                        let mut child = Anchors::new();
-                        child.push((root, edge));
-                        child
-                    })
-                    .map(|_| ())
-            }
-            Current::Input { anchors, ack_val } => {
-                let a = &*anchors;
-                self.outbox
-                    .dispatch(stream, values, direct, |rng| acker::anchor_child([(a, &mut *ack_val)], rng))
-                    .map(|_| ())
-            }
+            _ => self.emit_multi(stream, values, direct),
+        }
+    }
+
+    /// Emits anchored to an input of several ack trees, or to the held current input.
+    #[inline(never)]
+    fn emit_multi(&mut self, stream: usize, values: Values, direct: Option<usize>) -> Result<(), EmitError> {
+        let (anchors, ack_val) = match &mut self.current {
+            Current::Input { anchors, ack_val } => (&*anchors, ack_val),
             Current::Deferred(id) => {
                 let id = *id;
-                let Some(h) = self.held.get_mut(&id) else {
+                let Some(Held { anchors, ack_val }) = self.held.get_mut(&id) else {
                     return Err(EmitError::AnchorCompleted { handle: id });
                 };
-                let Held { anchors, ack_val } = h;
-                let a = &*anchors;
-                self.outbox
-                    .dispatch(stream, values, direct, |rng| acker::anchor_child([(a, &mut *ack_val)], rng))
-                    .map(|_| ())
+                (&*anchors, ack_val)
             }
-        }
+            _ => return self.outbox.dispatch(stream, values, direct, |_| Anchors::new()).map(|_| ()),
+        };
+        self.outbox
+            .dispatch(stream, values, direct, |rng| acker::anchor_child([(anchors, &mut *ack_val)], rng))
+            .map(|_| ())
     }
 
     #[inline]
@@ -443,13 +418,18 @@ impl BoltOutput {
     fn queue_fail(&mut self, anchors: &Anchors) {
         self.failed += 1;
         for &(root, _) in anchors {
-            let slot = acker::root_slot(root);
-            if let Some(b) = self.acks.get_mut(slot) {
-                if b.is_empty() {
-                    self.acks_dirty.push(slot);
-                }
-                b.fails.push(root);
+            self.queue_fail_root(root);
+        }
+    }
+
+    /// Queues the failure of one ack tree for the spout task owning `root`.
+    fn queue_fail_root(&mut self, root: u64) {
+        let slot = acker::root_slot(root);
+        if let Some(b) = self.acks.get_mut(slot) {
+            if b.is_empty() {
+                self.acks_dirty.push(slot);
             }
+            b.fails.push(root);
         }
     }
 
@@ -512,12 +492,12 @@ impl BoltOutput {
         match std::mem::take(&mut self.current) {
             Current::None | Current::Untracked => {}
             Current::Input1 { root, edge, ack_val } => {
-                let mut anchors = Anchors::new();
-                anchors.push((root, edge));
                 if ok {
-                    self.queue_ack(&anchors, ack_val);
+                    self.acked += 1;
+                    self.queue_update(root, edge ^ ack_val);
                 } else {
-                    self.queue_fail(&anchors);
+                    self.failed += 1;
+                    self.queue_fail_root(root);
                 }
             }
             Current::Input { anchors, ack_val } => {
