@@ -26,6 +26,7 @@ pub mod coord;
 pub mod kinesis;
 pub mod logging;
 pub mod spout;
+pub mod stage;
 pub mod worker;
 
 pub use worker::{SPOUT_ID, WorkerArgs, run};

@@ -42,6 +42,17 @@ pub struct TopologyPaths {
 impl TopologyPaths {
     /// Builds the layout; rejects names that would escape their directory.
     pub fn new(root: &str, topology: &str, stream: &str) -> Result<Self, CoordError> {
+        Self::build(root, topology, stream, false)
+    }
+
+    /// The layout of an intermediate stream between two stages of a topology: like
+    /// [`TopologyPaths::new`], but its spout tasks register under `streams/{stream}/tasks`, so
+    /// the readers of each stage's input are assigned that stream's shards only.
+    pub fn for_stage_input(root: &str, topology: &str, stream: &str) -> Result<Self, CoordError> {
+        Self::build(root, topology, stream, true)
+    }
+
+    fn build(root: &str, topology: &str, stream: &str, stream_tasks: bool) -> Result<Self, CoordError> {
         validate_root(root)?;
         validate_name("topology name", topology)?;
         validate_name("stream name", stream)?;
@@ -52,7 +63,7 @@ impl TopologyPaths {
             topology_name: topology.to_string(),
             stream_name: stream.to_string(),
             state: format!("{topo}/state"),
-            tasks: format!("{topo}/tasks"),
+            tasks: if stream_tasks { format!("{stream_path}/tasks") } else { format!("{topo}/tasks") },
             workers: format!("{topo}/workers"),
             shards: format!("{stream_path}/shards"),
             checkpoints: format!("{stream_path}/checkpoints"),
@@ -157,6 +168,12 @@ impl TopologyPaths {
         &self.workers
     }
 
+    /// `{topology}/stages/{stream}/producers`: one ephemeral znode per live task writing into the
+    /// intermediate stream `stream`.
+    pub fn producers(&self, stream: &str) -> String {
+        format!("{}/stages/{stream}/producers", self.topology)
+    }
+
     /// `{topology}/workers/{worker_id}`.
     pub fn worker(&self, worker_id: &str) -> String {
         format!("{}/{worker_id}", self.workers)
@@ -234,6 +251,9 @@ mod tests {
         );
         assert_eq!(p.assignment(), "/squall/topologies/wc/streams/events/assignment");
         assert_eq!(p.finished("s1"), "/squall/topologies/wc/streams/events/finished/s1");
+        let p = TopologyPaths::for_stage_input("/squall", "wc", "wc-words").unwrap();
+        assert_eq!(p.task_prefix(), "/squall/topologies/wc/streams/wc-words/tasks/task-");
+        assert_eq!(p.producers("wc-words"), "/squall/topologies/wc/stages/wc-words/producers");
     }
 
     #[test]

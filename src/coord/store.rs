@@ -103,6 +103,18 @@ impl ZkStore {
         Self::open_paths(session, paths).await
     }
 
+    /// [`ZkStore::open`] for the input of a later stage (an intermediate stream): its tasks
+    /// register under the stream (see [`TopologyPaths::for_stage_input`]).
+    pub async fn open_stage_input(
+        session: Arc<ZkSession>,
+        root: &str,
+        topology: &str,
+        stream: &str,
+    ) -> Result<Self, CoordError> {
+        let paths = TopologyPaths::for_stage_input(root, topology, stream)?;
+        Self::open_paths(session, paths).await
+    }
+
     async fn open_paths(session: Arc<ZkSession>, paths: TopologyPaths) -> Result<Self, CoordError> {
         let store = Self { session, paths };
         store.create_layout().await?;

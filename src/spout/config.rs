@@ -256,6 +256,12 @@ pub struct KinesisSpoutConfig {
     /// How often the spout task emits its low watermark (ms).
     #[serde(default = "default_watermark_interval_ms")]
     pub watermark_interval_ms: u64,
+    /// This spout reads the intermediate stream of a stage boundary (set by
+    /// [`crate::stage`], not by hand): its records are Squall stage records (decoded into the
+    /// boundary stream's fields; control records update watermarks and drain), and its tasks
+    /// register under the stream (`streams/{stream}/tasks`), apart from the other stages'.
+    #[serde(default)]
+    pub stage_input: bool,
 }
 
 fn default_idle_timeout_ms() -> u64 {
@@ -325,6 +331,7 @@ impl KinesisSpoutConfig {
             read_log: None,
             watermark_idle_timeout_ms: default_idle_timeout_ms(),
             watermark_interval_ms: default_watermark_interval_ms(),
+            stage_input: false,
         }
     }
 

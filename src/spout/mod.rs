@@ -38,12 +38,14 @@ mod reader;
 pub mod readlog;
 mod shared;
 mod source;
+pub mod stage_input;
 mod stream;
 mod tracker;
 
 pub use config::{InitialPosition, KinesisSpoutConfig, RetryPolicy, SpoutConfigError, ZkSettings};
 pub use readlog::ReadLogEntry;
 pub use shared::{DEFAULT_GIVE_UP_AFTER, SpoutShared};
+pub use stage_input::{LiveProducers, StageInputSpec, StageInputStats};
 pub use tracker::Record;
 
 use std::cmp::Reverse;
@@ -226,6 +228,8 @@ pub struct KinesisSpout {
     /// The last watermark computed, returned by `low_watermark` until the next computation.
     last_watermark: Option<u64>,
     draining: bool,
+    /// Set when this spout reads a stage's input (an intermediate stream).
+    stage: Option<stage_input::StageInput>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -260,6 +264,7 @@ impl KinesisSpout {
             next_watermark: Instant::now(),
             last_watermark: None,
             draining: false,
+            stage: None,
         }
     }
 
@@ -315,6 +320,41 @@ impl KinesisSpout {
             .output(DEAD_LETTER_STREAM, &DEAD_LETTER_FIELDS);
     }
 
+    /// Declares the spout reading a stage's input, the intermediate stream `cfg.stream` (which
+    /// must have `stage_input` set): its default stream carries the boundary stream's fields
+    /// (`spec.fields`), decoded from Squall stage records. `stats` receives each task's
+    /// stage-input counters.
+    #[allow(clippy::too_many_arguments)]
+    pub fn declare_stage_input(
+        builder: &mut TopologyBuilder,
+        id: &str,
+        parallelism: usize,
+        cfg: KinesisSpoutConfig,
+        worker: WorkerIdentity,
+        registry: SpoutRegistry,
+        shared: SpoutShared,
+        spec: StageInputSpec,
+        stats: Arc<Mutex<Vec<Arc<StageInputStats>>>>,
+    ) {
+        let cfg = Arc::new(KinesisSpoutConfig { stage_input: true, ..cfg });
+        let fields = spec.fields.clone();
+        builder
+            .set_spout(id, parallelism, move |_ctx: &TaskContext| {
+                let mut spout = KinesisSpout::with_shared(cfg.clone(), worker.clone(), shared.clone());
+                let input = stage_input::StageInput::new(spec.clone(), &cfg.stream);
+                lock(&stats).push(input.stats.clone());
+                spout.stage = Some(input);
+                lock(&registry.0).push(SpoutTaskHandle {
+                    task_name: spout.task_name.clone(),
+                    status: spout.status.clone(),
+                    stats: spout.stats.clone(),
+                });
+                spout
+            })
+            .fields(&fields)
+            .output(DEAD_LETTER_STREAM, &DEAD_LETTER_FIELDS);
+    }
+
     /// This task's counters.
     pub fn stats(&self) -> Arc<SpoutStats> {
         self.stats.clone()
@@ -357,6 +397,18 @@ impl KinesisSpout {
 }
 
 impl KinesisSpout {
+    /// The values of a record replayed after a failure: decoded again when reading a stage's
+    /// input (a record that was emitted once decodes again).
+    fn replay_values(&mut self, rec: &tracker::Record, epoch: u64) -> Option<Values> {
+        match &mut self.stage {
+            None => Some(Self::values(rec)),
+            Some(stage) => match stage.on_record(rec, epoch) {
+                stage_input::Step::Emit(values) => Some(values),
+                stage_input::Step::Consumed => None,
+            },
+        }
+    }
+
     /// This task's low watermark (see `Tracker::task_watermark`: records queued or awaiting a
     /// replay hold it, records in flight do not; a task assigned no shard reports the current
     /// time minus the idle timeout, so it does not hold downstream watermarks back; shards
@@ -364,6 +416,11 @@ impl KinesisSpout {
     /// unknown yet.
     fn compute_watermark(&self) -> Option<u64> {
         let idle = KinesisSpoutConfig::ms(self.cfg.watermark_idle_timeout_ms);
+        if let Some(stage) = &self.stage {
+            let t = lock(&self.tracker);
+            let free = now_ms().saturating_sub(i64::try_from(idle.as_millis()).unwrap_or(i64::MAX));
+            return stage.task_watermark(t.owned_epochs(), t.owns_assigned(), u64::try_from(free).unwrap_or(0));
+        }
         let wm = lock(&self.tracker).task_watermark(idle, now_ms());
         wm.filter(|w| *w > 0).map(|w| w as u64)
     }
@@ -476,9 +533,9 @@ impl Spout for KinesisSpout {
             match id {
                 SpoutMsgId::Record(id) => {
                     let rec = lock(&self.tracker).replay_record(&id.shard_id, id.epoch, &id.sequence);
-                    if let Some(rec) = rec {
+                    if let Some(values) = rec.and_then(|rec| self.replay_values(&rec, id.epoch)) {
                         self.stats.replayed.fetch_add(1, Ordering::Relaxed);
-                        out.emit_tracked(Self::values(&rec), SpoutMsgId::Record(id))?;
+                        out.emit_tracked(values, SpoutMsgId::Record(id))?;
                         return Ok(());
                     }
                 }
@@ -492,14 +549,26 @@ impl Spout for KinesisSpout {
                 }
             }
         }
-        let next = lock(&self.tracker).next_to_emit();
-        if let Some((rec, epoch)) = next {
+        loop {
+            let next = lock(&self.tracker).next_to_emit();
+            let Some((rec, epoch)) = next else { return Ok(()) };
             self.space.notify_waiters();
+            let values = match &mut self.stage {
+                None => Self::values(&rec),
+                Some(stage) => match stage.on_record(&rec, epoch) {
+                    stage_input::Step::Emit(values) => values,
+                    stage_input::Step::Consumed => {
+                        // a control record: handled here, so its checkpoint may move at once
+                        lock(&self.tracker).ack(&rec.shard_id, epoch, &rec.sequence);
+                        continue;
+                    }
+                },
+            };
             self.stats.emitted.fetch_add(1, Ordering::Relaxed);
             let id = KinesisMsgId { shard_id: rec.shard_id.clone(), sequence: rec.sequence.clone(), epoch };
-            out.emit_tracked(Self::values(&rec), SpoutMsgId::Record(id))?;
+            out.emit_tracked(values, SpoutMsgId::Record(id))?;
+            return Ok(());
         }
-        Ok(())
     }
 
     /// Polled by the engine whenever it does not call `next_tuple` (at `max_spout_pending`,

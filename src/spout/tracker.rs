@@ -296,6 +296,12 @@ impl Tracker {
         }
     }
 
+    /// True once the task owns every shard the last assignment gives it.
+    pub fn owns_assigned(&self) -> bool {
+        let owned = self.shards.values().filter(|t| !t.stopping).count();
+        self.assigned.is_some_and(|n| owned >= n)
+    }
+
     /// Starts tracking a newly owned shard; returns its epoch.
     pub fn start(&mut self, shard: &Arc<str>) -> u64 {
         self.next_epoch += 1;
@@ -364,6 +370,11 @@ impl Tracker {
             min = Some(min.map_or(w, |m| m.min(w)));
         }
         min
+    }
+
+    /// The shards owned now (not stopping) with their epochs.
+    pub fn owned_epochs(&self) -> impl Iterator<Item = (&Arc<str>, u64)> + '_ {
+        self.shards.values().filter(|t| !t.stopping).map(|t| (&t.id, t.epoch))
     }
 
     /// Marks the shard's end as read. Returns false when stale.

@@ -1,0 +1,281 @@
+//! The Kinesis spout reading a stage's input: the intermediate stream a stage boundary writes
+//! (see [`crate::stage`]). Records are Squall stage records ([`crate::stage::codec`]): data
+//! records become tuples of the boundary stream's fields; control records are consumed here.
+//!
+//! # Watermark (MillWheel)
+//!
+//! Every record carries its producer's low watermark. Per shard, the spout keeps the watermark of
+//! the last record it *emitted* (or consumed, for control records) from each producer: records of
+//! one producer are in order within a shard, so everything still queued behind is at or after
+//! it. A shard's watermark is the minimum over the live producers of the current deployment
+//! (the producer registry in ZooKeeper) that have not drained in that shard; it is unknown while
+//! such a producer has not been seen in the shard yet (each producer writes a watermark record at
+//! least once per interval to every shard it wrote no data to, so this lasts one interval). A
+//! producer that left (its registry node is gone: drained, stopped or dead after its session
+//! expired) no longer holds anything back. A shard no live producer holds reports the current
+//! time minus the idle timeout, like a task without shards. The task's watermark is the minimum
+//! over its shards, unknown while an assigned shard is not owned yet.
+//!
+//! # Drain markers
+//!
+//! A drain marker of the current deployment marks its producer as drained in that shard; a marker
+//! of another deployment is ignored (counted). A shard is drained when every producer of the
+//! current deployment registered or seen in it has drained there, or left.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use squall_topology::Values;
+use tokio::sync::watch;
+
+use super::tracker::Record;
+use crate::stage::codec::{self, Payload};
+
+/// The live producers of an intermediate stream: producer id -> deployment id, as listed in the
+/// producer registry (`{topology}/stages/{stream}/producers`). `None` until the first listing.
+pub type LiveProducers = Option<Arc<BTreeMap<u64, String>>>;
+
+/// What a stage's input spout is told by the stage runtime.
+#[derive(Debug, Clone)]
+pub struct StageInputSpec {
+    /// The boundary stream's fields (the spout's default stream declares them).
+    pub fields: Vec<String>,
+    /// The current deployment id: drain markers of other deployments are ignored, and only
+    /// producers of this deployment hold the watermark.
+    pub deployment: String,
+    /// The producer registry, kept current by the worker.
+    pub producers: watch::Receiver<LiveProducers>,
+}
+
+/// Counters of a stage input (shared with the worker's status).
+#[derive(Debug, Default)]
+pub struct StageInputStats {
+    /// Watermark control records consumed.
+    pub watermark_records: AtomicU64,
+    /// Drain markers of this deployment consumed.
+    pub drain_markers: AtomicU64,
+    /// Drain markers of another deployment, ignored.
+    pub stale_drain_markers: AtomicU64,
+    /// Records that did not decode (logged with shard and sequence, skipped).
+    pub malformed: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct ShardInput {
+    epoch: u64,
+    /// Producer -> the watermark of its last record consumed from this shard.
+    wms: HashMap<u64, u64>,
+    /// Producers of this deployment seen in this shard.
+    seen: HashSet<u64>,
+    /// Producers whose drain marker of this deployment was consumed from this shard.
+    drained: HashSet<u64>,
+}
+
+/// What to do with a record taken from a shard's queue.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// Emit these values (a data record).
+    Emit(Values),
+    /// Consumed here (a control record, or a malformed one): ack it at once.
+    Consumed,
+}
+
+/// A shard's watermark.
+#[derive(Debug, PartialEq, Eq)]
+enum ShardWm {
+    Known(u64),
+    Unknown,
+    /// No live producer of this deployment holds it.
+    Free,
+}
+
+/// The stage-input state of one spout task.
+#[derive(Debug)]
+pub(crate) struct StageInput {
+    spec: StageInputSpec,
+    fields: usize,
+    shards: HashMap<Arc<str>, ShardInput>,
+    pub(crate) stats: Arc<StageInputStats>,
+    stream: String,
+}
+
+impl StageInput {
+    pub(crate) fn new(spec: StageInputSpec, stream: &str) -> Self {
+        Self { fields: spec.fields.len(), spec, shards: HashMap::new(), stats: Arc::default(), stream: stream.into() }
+    }
+
+    fn shard(&mut self, shard: &Arc<str>, epoch: u64) -> &mut ShardInput {
+        let s = self.shards.entry(shard.clone()).or_default();
+        if s.epoch != epoch {
+            // a new ownership reads again from the checkpoint: start over
+            *s = ShardInput { epoch, ..ShardInput::default() };
+        }
+        s
+    }
+
+    /// Decodes a record taken from its shard's queue and applies what it says.
+    pub(crate) fn on_record(&mut self, rec: &Record, epoch: u64) -> Step {
+        let decoded = match codec::decode(&rec.data, self.fields) {
+            Ok(d) => d,
+            Err(e) => {
+                let n = self.stats.malformed.fetch_add(1, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() {
+                    tracing::error!(stream = %self.stream, shard = %rec.shard_id, sequence = %rec.sequence, malformed = n,
+                        error = %e, "skipping a record of the intermediate stream that is not a valid stage record");
+                }
+                return Step::Consumed;
+            }
+        };
+        let current = decoded.deployment == self.spec.deployment;
+        let s = self.shard(&rec.shard_id, epoch);
+        if current {
+            s.seen.insert(decoded.producer);
+            if let Some(wm) = decoded.watermark {
+                let e = s.wms.entry(decoded.producer).or_insert(wm);
+                *e = (*e).max(wm);
+            }
+        }
+        match decoded.payload {
+            Payload::Data(values) => Step::Emit(values),
+            Payload::Watermark => {
+                self.stats.watermark_records.fetch_add(1, Ordering::Relaxed);
+                Step::Consumed
+            }
+            Payload::Drain if current => {
+                s.drained.insert(decoded.producer);
+                self.stats.drain_markers.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(stream = %self.stream, shard = %rec.shard_id, producer = decoded.producer, "drain marker");
+                Step::Consumed
+            }
+            Payload::Drain => {
+                self.stats.stale_drain_markers.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(stream = %self.stream, shard = %rec.shard_id, marker = %decoded.deployment,
+                    current = %self.spec.deployment, "ignoring a drain marker of another deployment");
+                Step::Consumed
+            }
+        }
+    }
+
+    /// The live producers of the current deployment; `None` before the first registry listing.
+    fn live(&self) -> Option<Vec<u64>> {
+        let live = self.spec.producers.borrow().clone()?;
+        Some(live.iter().filter(|(_, d)| **d == self.spec.deployment).map(|(p, _)| *p).collect())
+    }
+
+    fn shard_wm(&self, shard: &str, epoch: u64, live: &[u64]) -> ShardWm {
+        let s = self.shards.get(shard).filter(|s| s.epoch == epoch);
+        let mut min: Option<u64> = None;
+        for p in live {
+            if s.is_some_and(|s| s.drained.contains(p)) {
+                continue;
+            }
+            match s.and_then(|s| s.wms.get(p)) {
+                Some(w) => min = Some(min.map_or(*w, |m| m.min(*w))),
+                None => return ShardWm::Unknown,
+            }
+        }
+        min.map_or(ShardWm::Free, ShardWm::Known)
+    }
+
+    /// The task's watermark over the shards it owns (`owned`: shard and epoch), given that
+    /// every assigned shard is owned and read (`ready`); `free` is what a shard no producer
+    /// holds reports.
+    pub(crate) fn task_watermark<'a>(
+        &self,
+        owned: impl Iterator<Item = (&'a Arc<str>, u64)>,
+        ready: bool,
+        free: u64,
+    ) -> Option<u64> {
+        if !ready {
+            return None;
+        }
+        let live = self.live()?;
+        let mut min: Option<u64> = None;
+        for (shard, epoch) in owned {
+            let w = match self.shard_wm(shard, epoch, &live) {
+                ShardWm::Known(w) => w,
+                ShardWm::Unknown => return None,
+                ShardWm::Free => free,
+            };
+            min = Some(min.map_or(w, |m| m.min(w)));
+        }
+        // a task without shards holds nothing back
+        Some(min.unwrap_or(free))
+    }
+
+    /// True when every producer of the current deployment registered or seen in the shard has
+    /// drained there or left.
+    pub(crate) fn shard_drained(&self, shard: &str, epoch: u64) -> bool {
+        let Some(live) = self.live() else { return false };
+        let Some(s) = self.shards.get(shard).filter(|s| s.epoch == epoch) else {
+            // nothing read from it in this ownership: only drained if no producer is live
+            return live.is_empty();
+        };
+        live.iter().all(|p| s.drained.contains(p)) && s.seen.iter().all(|p| s.drained.contains(p) || !live.contains(p))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stage::codec::{encode_control, encode_data};
+    use squall_topology::Value;
+
+    fn rec(shard: &Arc<str>, data: bytes::Bytes) -> Record {
+        Record {
+            shard_id: shard.clone(),
+            sequence: "1".into(),
+            sub_sequence: 0,
+            partition_key: "k".into(),
+            arrival_ms: 0,
+            data,
+        }
+    }
+
+    fn input(live: &[(u64, &str)]) -> (StageInput, watch::Sender<LiveProducers>) {
+        let (tx, rx) = watch::channel(Some(Arc::new(live.iter().map(|(p, d)| (*p, d.to_string())).collect())));
+        let spec = StageInputSpec { fields: vec!["word".into()], deployment: "dep".into(), producers: rx };
+        (StageInput::new(spec, "s"), tx)
+    }
+
+    #[test]
+    fn the_watermark_is_the_minimum_over_live_producers_and_waits_for_each() {
+        let (mut si, tx) = input(&[(1, "dep"), (2, "dep"), (3, "old")]);
+        let a: Arc<str> = "a".into();
+        let owned = || vec![(a.clone(), 1u64)];
+        let wm = |si: &StageInput| si.task_watermark(owned().iter().map(|(s, e)| (s, *e)), true, 5);
+        assert_eq!(wm(&si), None, "no producer seen yet");
+        assert!(matches!(si.on_record(&rec(&a, encode_data(1, "dep", Some(100), &[Value::from("w")])), 1), Step::Emit(_)));
+        assert_eq!(wm(&si), None, "producer 2 not seen yet");
+        assert!(matches!(si.on_record(&rec(&a, encode_control(2, "dep", Some(50), false)), 1), Step::Consumed));
+        assert_eq!(wm(&si), Some(50), "min(100, 50)");
+        assert_eq!(si.task_watermark(std::iter::empty(), true, 5), Some(5), "no shard: free");
+        assert_eq!(si.task_watermark(owned().iter().map(|(s, e)| (s, *e)), false, 5), None, "shards to come");
+        let wm = |si: &StageInput| si.task_watermark(owned().iter().map(|(s, e)| (s, *e)), true, u64::MAX);
+        // a producer of another deployment never holds it back
+        si.on_record(&rec(&a, encode_control(3, "old", Some(1), false)), 1);
+        assert_eq!(wm(&si), Some(50));
+        // producer 2 leaves: 1 alone holds it
+        tx.send_replace(Some(Arc::new([(1, "dep".to_string())].into_iter().collect())));
+        assert_eq!(wm(&si), Some(100));
+        // a stale drain marker is ignored, a current one frees the shard
+        si.on_record(&rec(&a, encode_control(1, "old", Some(200), true)), 1);
+        assert!(!si.shard_drained("a", 1));
+        assert_eq!(si.stats.stale_drain_markers.load(Ordering::Relaxed), 1);
+        si.on_record(&rec(&a, encode_control(1, "dep", Some(200), true)), 1);
+        assert!(si.shard_drained("a", 1));
+        assert_eq!(wm(&si), Some(u64::MAX), "nothing holds a drained shard");
+        // a new ownership starts over
+        assert!(!si.shard_drained("a", 2));
+    }
+
+    #[test]
+    fn malformed_records_are_consumed_and_counted() {
+        let (mut si, _tx) = input(&[]);
+        let a: Arc<str> = "a".into();
+        assert!(matches!(si.on_record(&rec(&a, bytes::Bytes::from_static(b"plain")), 1), Step::Consumed));
+        assert!(matches!(si.on_record(&rec(&a, encode_data(1, "dep", None, &[])), 1), Step::Consumed));
+        assert_eq!(si.stats.malformed.load(Ordering::Relaxed), 2);
+    }
+}

@@ -1,0 +1,4 @@
+//! Stages: a topology cut at groupings that must cross workers, connected by intermediate
+//! Kinesis streams.
+
+pub mod codec;
