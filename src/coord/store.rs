@@ -307,6 +307,56 @@ impl ZkStore {
         }
     }
 
+    // ----- stage producers -----
+
+    /// Registers a task writing into the intermediate stream `stream`: an EPHEMERAL znode
+    /// `stages/{stream}/producers/{producer:016x}-{deployment}` (everything a consumer needs is
+    /// in the name, so one listing reads the registry). Registering twice is fine.
+    pub async fn register_producer(&self, stream: &str, producer: u64, deployment: &str) -> Result<(), CoordError> {
+        validate_name("stream name", stream)?;
+        validate_name("deployment id", deployment)?;
+        let dir = self.paths.producers(stream);
+        let path = format!("{dir}/{producer:016x}-{deployment}");
+        let options = zk::CreateMode::Ephemeral.with_acls(self.session.acls);
+        match self.client().create(&path, &[], &options).await {
+            Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
+            Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(CoordError::zk(&path, "create", e)),
+        }
+        let dir_options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        self.client().mkdir(&dir, &dir_options).await.map_err(|e| CoordError::zk(&dir, "mkdir", e))?;
+        match self.client().create(&path, &[], &options).await {
+            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(e) => Err(CoordError::zk(&path, "create", e)),
+        }
+    }
+
+    /// Removes a producer registration (gone already is fine).
+    pub async fn unregister_producer(&self, stream: &str, producer: u64, deployment: &str) -> Result<(), CoordError> {
+        validate_name("stream name", stream)?;
+        validate_name("deployment id", deployment)?;
+        self.delete_quietly(&format!("{}/{producer:016x}-{deployment}", self.paths.producers(stream))).await
+    }
+
+    /// The live producers of `stream` (producer id -> deployment id), and a one-shot watch on
+    /// the registry's children (fires when a producer comes or goes, or the directory appears).
+    pub async fn watch_producers(
+        &self,
+        stream: &str,
+    ) -> Result<(BTreeMap<u64, String>, zk::OneshotWatcher), CoordError> {
+        let dir = self.paths.producers(stream);
+        match self.client().list_and_watch_children(&dir).await {
+            Ok((names, watcher)) => Ok((parse_producers(&names), watcher)),
+            Err(zk::Error::NoNode) => {
+                let (_, watcher) =
+                    self.client().check_and_watch_stat(&dir).await.map_err(|e| CoordError::zk(&dir, "watch", e))?;
+                // created meanwhile: list it (the watch fires too)
+                Ok((BTreeMap::new(), watcher))
+            }
+            Err(e) => Err(CoordError::zk(&dir, "list", e)),
+        }
+    }
+
     /// Every live worker's status, sorted by worker id.
     pub async fn workers(&self) -> Result<Vec<WorkerStatus>, CoordError> {
         let dir = self.paths.workers();
@@ -1107,6 +1157,17 @@ async fn arm(client: &zk::Client, path: &str, children: bool) -> Result<zk::Ones
     }
     let (_, watcher) = client.check_and_watch_stat(path).await?;
     Ok(watcher)
+}
+
+/// Producer registry node names `{producer:016x}-{deployment}`; others are skipped.
+fn parse_producers(names: &[String]) -> BTreeMap<u64, String> {
+    names
+        .iter()
+        .filter_map(|n| {
+            let (id, dep) = n.split_once('-')?;
+            Some((u64::from_str_radix(id, 16).ok()?, dep.to_string()))
+        })
+        .collect()
 }
 
 fn describe(cp: &Checkpoint) -> String {

@@ -45,7 +45,7 @@ mod tracker;
 pub use config::{InitialPosition, KinesisSpoutConfig, RetryPolicy, SpoutConfigError, ZkSettings};
 pub use readlog::ReadLogEntry;
 pub use shared::{DEFAULT_GIVE_UP_AFTER, SpoutShared};
-pub use stage_input::{LiveProducers, StageInputSpec, StageInputStats};
+pub use stage_input::{LiveProducers, Producers, StageInputSpec, StageInputStats};
 pub use tracker::Record;
 
 use std::cmp::Reverse;
@@ -230,6 +230,7 @@ pub struct KinesisSpout {
     draining: bool,
     /// Set when this spout reads a stage's input (an intermediate stream).
     stage: Option<stage_input::StageInput>,
+    next_drain_check: Instant,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -265,6 +266,7 @@ impl KinesisSpout {
             last_watermark: None,
             draining: false,
             stage: None,
+            next_drain_check: Instant::now(),
         }
     }
 
@@ -409,6 +411,22 @@ impl KinesisSpout {
         }
     }
 
+    /// A stage input while the topology drains: true when the task owns every shard assigned to
+    /// it and each is drained (see `stage_input`). A shard whose end was read counts as read
+    /// to the end.
+    fn stage_drained(&self) -> bool {
+        let Some(stage) = &self.stage else { return false };
+        let t = lock(&self.tracker);
+        if !t.owns_assigned() {
+            return false;
+        }
+        t.owned_epochs().all(|(shard, epoch)| {
+            let Some(track) = t.get(shard) else { return true };
+            let read = if track.ended { Some(i64::MAX) } else { track.caught_up_ms };
+            stage.shard_drained(shard, epoch, !track.queued.is_empty(), read)
+        })
+    }
+
     /// This task's low watermark (see `Tracker::task_watermark`: records queued or awaiting a
     /// replay hold it, records in flight do not; a task assigned no shard reports the current
     /// time minus the idle timeout, so it does not hold downstream watermarks back; shards
@@ -508,6 +526,17 @@ impl Spout for KinesisSpout {
 
     async fn next_tuple(&mut self, out: &mut SpoutOutput<SpoutMsgId>) -> Result<(), ComponentError> {
         let now = Instant::now();
+        if self.stage.as_ref().is_some_and(|s| s.drain_requested()) && now >= self.next_drain_check {
+            self.next_drain_check = now + Duration::from_millis(200);
+            if self.stage_drained() {
+                tracing::info!(topology = %self.cfg.topology, stream = %self.cfg.stream, task = %lock(&self.task_name),
+                    "every shard of this stage input drained: ending the task's stream");
+                self.draining = true;
+                self.active.send_replace(false);
+                out.finish();
+                return Ok(());
+            }
+        }
         if self.refresh_watermark(now) {
             if let Some(wm) = self.last_watermark {
                 out.watermark(wm);

@@ -19,8 +19,14 @@
 //! # Drain markers
 //!
 //! A drain marker of the current deployment marks its producer as drained in that shard; a marker
-//! of another deployment is ignored (counted). A shard is drained when every producer of the
-//! current deployment registered or seen in it has drained there, or left.
+//! of another deployment is ignored (counted). A producer removes its registration once its
+//! markers are durably written. While the topology drains, a shard is drained when nothing of
+//! it is queued and every producer of the current deployment, registered or seen in the shard,
+//! either left a marker in it or has left the registry *and* the shard's reader was caught up
+//! with the tip (an empty read, MillisBehindLatest 0) after a listing that no longer showed the
+//! producer: everything it wrote was read then. The second case covers a producer that died,
+//! and a shard that changed owner after its previous owner consumed the markers (the new owner
+//! reads from the checkpoint, past them). A task whose shards are all drained ends its stream.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -32,9 +38,23 @@ use tokio::sync::watch;
 use super::tracker::Record;
 use crate::stage::codec::{self, Payload};
 
-/// The live producers of an intermediate stream: producer id -> deployment id, as listed in the
-/// producer registry (`{topology}/stages/{stream}/producers`). `None` until the first listing.
-pub type LiveProducers = Option<Arc<BTreeMap<u64, String>>>;
+/// How long after a producer's last put its records are surely visible to GetRecords (AWS
+/// documents a typical propagation delay under 1 s): a caught-up read counts as having seen
+/// everything a departed producer wrote only if it happened this long after the listing.
+pub const VISIBILITY_MARGIN_MS: i64 = 3_000;
+
+/// One listing of an intermediate stream's producer registry
+/// (`{topology}/stages/{stream}/producers`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Producers {
+    /// Producer id -> deployment id.
+    pub live: BTreeMap<u64, String>,
+    /// Wall time (ms) of the listing: a producer absent from it wrote its last record before.
+    pub listed_at_ms: i64,
+}
+
+/// The live producers, `None` until the first listing.
+pub type LiveProducers = Option<Arc<Producers>>;
 
 /// What a stage's input spout is told by the stage runtime.
 #[derive(Debug, Clone)]
@@ -46,6 +66,9 @@ pub struct StageInputSpec {
     pub deployment: String,
     /// The producer registry, kept current by the worker.
     pub producers: watch::Receiver<LiveProducers>,
+    /// Set by the worker when the topology drains: the spout keeps reading until every shard
+    /// it owns is drained (see the module docs), then ends its stream.
+    pub drain: watch::Receiver<bool>,
 }
 
 /// Counters of a stage input (shared with the worker's status).
@@ -159,8 +182,13 @@ impl StageInput {
 
     /// The live producers of the current deployment; `None` before the first registry listing.
     fn live(&self) -> Option<Vec<u64>> {
-        let live = self.spec.producers.borrow().clone()?;
-        Some(live.iter().filter(|(_, d)| **d == self.spec.deployment).map(|(p, _)| *p).collect())
+        let p = self.spec.producers.borrow().clone()?;
+        Some(p.live.iter().filter(|(_, d)| **d == self.spec.deployment).map(|(p, _)| *p).collect())
+    }
+
+    /// True once the worker asked the topology to drain.
+    pub(crate) fn drain_requested(&self) -> bool {
+        *self.spec.drain.borrow()
     }
 
     fn shard_wm(&self, shard: &str, epoch: u64, live: &[u64]) -> ShardWm {
@@ -204,15 +232,22 @@ impl StageInput {
         Some(min.unwrap_or(free))
     }
 
-    /// True when every producer of the current deployment registered or seen in the shard has
-    /// drained there or left.
-    pub(crate) fn shard_drained(&self, shard: &str, epoch: u64) -> bool {
-        let Some(live) = self.live() else { return false };
-        let Some(s) = self.shards.get(shard).filter(|s| s.epoch == epoch) else {
-            // nothing read from it in this ownership: only drained if no producer is live
-            return live.is_empty();
-        };
-        live.iter().all(|p| s.drained.contains(p)) && s.seen.iter().all(|p| s.drained.contains(p) || !live.contains(p))
+    /// True when the shard is drained (see the module docs): nothing of it `queued`, and every
+    /// producer of the current deployment registered or seen in it left a marker, or left the
+    /// registry before the reader's last caught-up read (`caught_up_ms`).
+    pub(crate) fn shard_drained(&self, shard: &str, epoch: u64, queued: bool, caught_up_ms: Option<i64>) -> bool {
+        if queued {
+            return false;
+        }
+        let Some(p) = self.spec.producers.borrow().clone() else { return false };
+        let s = self.shards.get(shard).filter(|s| s.epoch == epoch);
+        let marked = |id: &u64| s.is_some_and(|s| s.drained.contains(id));
+        let live_ok = p.live.iter().filter(|(_, d)| **d == self.spec.deployment).all(|(id, _)| marked(id));
+        let gone_read = caught_up_ms.is_some_and(|c| c > p.listed_at_ms.saturating_add(VISIBILITY_MARGIN_MS));
+        let seen_ok = s.is_none_or(|s| s.seen.iter().all(|id| marked(id) || (!p.live.contains_key(id) && gone_read)));
+        // nothing seen in this ownership: everything written before the listing must be read
+        let unseen_ok = s.is_some_and(|s| !s.seen.is_empty()) || gone_read;
+        live_ok && seen_ok && unseen_ok
     }
 }
 
@@ -233,9 +268,14 @@ mod tests {
         }
     }
 
+    fn producers(live: &[(u64, &str)], at: i64) -> LiveProducers {
+        Some(Arc::new(Producers { live: live.iter().map(|(p, d)| (*p, d.to_string())).collect(), listed_at_ms: at }))
+    }
+
     fn input(live: &[(u64, &str)]) -> (StageInput, watch::Sender<LiveProducers>) {
-        let (tx, rx) = watch::channel(Some(Arc::new(live.iter().map(|(p, d)| (*p, d.to_string())).collect())));
-        let spec = StageInputSpec { fields: vec!["word".into()], deployment: "dep".into(), producers: rx };
+        let (tx, rx) = watch::channel(producers(live, 0));
+        let drain = watch::channel(false).1;
+        let spec = StageInputSpec { fields: vec!["word".into()], deployment: "dep".into(), producers: rx, drain };
         (StageInput::new(spec, "s"), tx)
     }
 
@@ -257,17 +297,35 @@ mod tests {
         si.on_record(&rec(&a, encode_control(3, "old", Some(1), false)), 1);
         assert_eq!(wm(&si), Some(50));
         // producer 2 leaves: 1 alone holds it
-        tx.send_replace(Some(Arc::new([(1, "dep".to_string())].into_iter().collect())));
+        tx.send_replace(producers(&[(1, "dep")], 1000));
         assert_eq!(wm(&si), Some(100));
-        // a stale drain marker is ignored, a current one frees the shard
+        // producer 2 left, but the reader has not been caught up since: not drained
+        si.on_record(&rec(&a, encode_control(1, "dep", Some(150), true)), 1);
+        assert!(!si.shard_drained("a", 1, false, Some(900)));
+        assert!(!si.shard_drained("a", 1, false, Some(1001)), "within the visibility margin");
+        // caught up well after the listing that no longer showed it: drained
+        assert!(si.shard_drained("a", 1, false, Some(4001)));
+        assert!(!si.shard_drained("a", 1, true, Some(4001)), "records still queued");
+        assert_eq!(wm(&si), Some(u64::MAX), "nothing holds a drained shard");
+    }
+
+    #[test]
+    fn drain_waits_for_every_live_producer_marker_and_ignores_stale_markers() {
+        let (mut si, tx) = input(&[(1, "dep"), (2, "dep")]);
+        let a: Arc<str> = "a".into();
+        assert!(!si.shard_drained("a", 1, false, Some(5)), "live producers not marked");
         si.on_record(&rec(&a, encode_control(1, "old", Some(200), true)), 1);
-        assert!(!si.shard_drained("a", 1));
         assert_eq!(si.stats.stale_drain_markers.load(Ordering::Relaxed), 1);
         si.on_record(&rec(&a, encode_control(1, "dep", Some(200), true)), 1);
-        assert!(si.shard_drained("a", 1));
-        assert_eq!(wm(&si), Some(u64::MAX), "nothing holds a drained shard");
-        // a new ownership starts over
-        assert!(!si.shard_drained("a", 2));
+        assert!(!si.shard_drained("a", 1, false, Some(5)), "producer 2 has not marked");
+        si.on_record(&rec(&a, encode_control(2, "dep", Some(200), true)), 1);
+        assert!(si.shard_drained("a", 1, false, None));
+        // a new ownership reads from the checkpoint, past the markers: drained once the
+        // producers left and the reader caught up after that
+        tx.send_replace(producers(&[], 50));
+        assert!(!si.shard_drained("a", 2, false, None));
+        assert!(!si.shard_drained("a", 2, false, Some(40)));
+        assert!(si.shard_drained("a", 2, false, Some(3051)));
     }
 
     #[test]

@@ -2,3 +2,4 @@
 //! Kinesis streams.
 
 pub mod codec;
+pub mod registry;

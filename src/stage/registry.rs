@@ -1,0 +1,67 @@
+//! The producer registry of an intermediate stream, followed by a worker: which tasks write into
+//! it now (`{topology}/stages/{stream}/producers/{producer:016x}-{deployment}`, ephemeral).
+//!
+//! One one-shot children watch per worker and stream, re-armed after it fires: a producer coming
+//! or going costs each following worker one listing; an idle registry costs nothing.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::coord::{SharedSession, ZkStore};
+use crate::coord::now_ms;
+use crate::spout::{LiveProducers, Producers};
+
+/// Follows the registry of `stream` until `cancel`; the receiver holds `None` until the first
+/// listing. Survives ZooKeeper session loss (it lists again on the new session).
+pub fn follow_producers(
+    session: Arc<SharedSession>,
+    root: String,
+    topology: String,
+    stream: String,
+    cancel: CancellationToken,
+) -> watch::Receiver<LiveProducers> {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let mut views = session.subscribe();
+        loop {
+            let view = views.borrow_and_update().clone();
+            let listed = async {
+                let Some(s) = view.session.clone() else { return Err::<(), String>("no ZooKeeper session".to_string()) };
+                let store = ZkStore::open(s, &root, &topology, &stream).await.map_err(|e| e.to_string())?;
+                loop {
+                    let listed_at_ms = now_ms();
+                    let (live, watcher) = store.watch_producers(&stream).await.map_err(|e| e.to_string())?;
+                    tx.send_replace(Some(Arc::new(Producers { live, listed_at_ms })));
+                    let ev = watcher.changed().await;
+                    if ev.event_type == zookeeper_client::EventType::Session {
+                        return Err("session event".to_string());
+                    }
+                }
+            };
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = listed => {
+                    if let Err(e) = r {
+                        tracing::debug!(stream = %stream, error = %e, "following the producer registry: retrying");
+                    }
+                }
+                _ = views.changed() => continue,
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = views.changed() => {}
+            }
+        }
+    });
+    rx
+}
+
+/// A fixed registry (tests, and stages whose producers are known).
+pub fn fixed(live: BTreeMap<u64, String>) -> watch::Receiver<LiveProducers> {
+    watch::channel(Some(Arc::new(Producers { live, listed_at_ms: now_ms() }))).1
+}
