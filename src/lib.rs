@@ -25,6 +25,7 @@ pub mod cli;
 pub mod coord;
 pub mod kinesis;
 pub mod logging;
+pub mod sink;
 pub mod spout;
 pub mod stage;
 pub mod worker;

@@ -29,12 +29,19 @@ use std::time::Duration;
 use anyhow::Context;
 use squall_topology::{TopologyBuilder, TopologyConfig, run_local};
 
+use std::sync::{Arc, Mutex};
+
 use crate::coord::{
-    ChangeEvent, CoordError, Health, Lifecycle, ShardRuntime, SharedSession, TopologyState, WatchOn, WorkerStatus,
-    ZkStore, now_ms,
+    ChangeEvent, CoordError, Health, Lifecycle, ShardRuntime, SharedSession, StageRuntime, TopologyState, WatchOn,
+    WorkerStatus, ZkStore, now_ms,
 };
 use crate::kinesis::KinesisEndpoint;
-use crate::spout::{InitialPosition, KinesisSpout, KinesisSpoutConfig, SpoutRegistry, SpoutShared, WorkerIdentity};
+use crate::sink::{KinesisSink, KinesisSinkConfig};
+use crate::spout::{
+    InitialPosition, KinesisSpout, KinesisSpoutConfig, SpoutRegistry, SpoutShared, StageInputSpec, StageInputStats,
+    WorkerIdentity,
+};
+use crate::stage::writer::{ProducerRegistrar, StageEncoder, StageWriter};
 
 /// The component id of the Kinesis spout that [`run`] declares.
 pub const SPOUT_ID: &str = "kinesis";
@@ -160,9 +167,24 @@ pub async fn run<F>(args: WorkerArgs, build: F) -> anyhow::Result<()>
 where
     F: FnOnce(&mut TopologyBuilder, &str),
 {
+    run_stages(args, crate::stage::Stages::new("main", build)).await
+}
+
+/// [`run`] for a topology in stages ([`crate::stage`]): every stage runs in this worker, each
+/// reading its input through the ZooKeeper-coordinated Kinesis spout (the source stream for the
+/// first, an intermediate stream for the others), and the lifecycle applies to all of them.
+/// Intermediate streams missing at start are created with their boundary's shard count.
+///
+/// A drain stops the first stage's spouts; each later stage keeps reading its input until
+/// every upstream producer's drain marker (of this deployment) was read from every shard, then
+/// drains in turn; the worker is drained when every stage is.
+pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> anyhow::Result<()> {
     crate::logging::init();
     let spout_cfg = args.spout_config()?;
     let mut topo_cfg = args.topology_config()?;
+    for b in stages.boundaries() {
+        b.validate(&args.topology).map_err(|e| anyhow::anyhow!("topology {}: {e}", args.topology))?;
+    }
     let zk = spout_cfg.zookeeper.to_zk_config();
     let identity = WorkerIdentity::current();
     let since = now_ms();
@@ -175,22 +197,11 @@ where
     let state = ensure_deployment(&store).await?;
     tracing::info!(topology = %args.topology, state = ?state.state, deployment = %state.deployment_id, "deployment");
     topo_cfg.start_active = state.state != Lifecycle::Inactive;
+    let deployment = state.deployment_id.clone();
 
-    let registry = SpoutRegistry::default();
-    let mut builder = TopologyBuilder::new(args.topology.clone());
-    KinesisSpout::declare_shared(
-        &mut builder,
-        SPOUT_ID,
-        args.spout_tasks,
-        spout_cfg,
-        identity.clone(),
-        registry.clone(),
-        SpoutShared::with_session(session.clone()),
-    );
-    build(&mut builder, SPOUT_ID);
-    let topology = builder.build().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let running = run_local(topology, topo_cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
-    tracing::info!(topology = %args.topology, stream = %args.stream, spout_tasks = args.spout_tasks, "worker started");
+    let engines = Engines::start(&args, stages, spout_cfg, &topo_cfg, &identity, &session, &deployment).await?;
+    tracing::info!(topology = %args.topology, stream = %args.stream, spout_tasks = args.spout_tasks,
+        stages = engines.stages.len(), "worker started");
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
@@ -200,24 +211,25 @@ where
     let mut publish = tokio::time::interval(Duration::from_secs(2));
     publish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut published: Option<(WorkerStatus, std::time::Instant)> = None;
-    let deployment = state.deployment_id.clone();
     let mut last_state = state.state;
     let mut wait = Duration::from_millis(args.message_timeout_ms);
-    let status = |running: &squall_topology::RunningTopology| worker_status(&identity, since, &registry, running);
+    let status = |engines: &Engines| worker_status(&identity, since, engines);
     let mut draining = false;
     let mut failure: Option<String> = None;
-    check_drain(&store, &running, &deployment, &mut draining).await;
+    check_drain(&store, &engines, &deployment, &mut draining).await;
     let stop_reason = loop {
         tokio::select! {
-            r = running.wait() => {
+            r = engines.wait() => {
                 if draining && r.is_ok() {
                     finish_drain(&store, &identity.worker_id, &deployment).await;
+                    engines.stop_followers();
                     drop(events);
                     drop(store);
                     session.close().await;
                     tracing::info!(topology = %args.topology, "drained: every in-flight tuple acked, checkpoints written; worker stopped");
                     return Ok(());
                 }
+                engines.stop_followers();
                 return r.map_err(|e| anyhow::anyhow!("topology {} stopped: {e}", args.topology));
             }
             _ = tokio::signal::ctrl_c() => break "SIGINT",
@@ -225,7 +237,7 @@ where
             _ = publish.tick() => {
                 // Publish when something changed, and at least every 30 s: an idle worker costs
                 // ZooKeeper almost nothing.
-                let now = status(&running);
+                let now = status(&engines);
                 let due = published.as_ref().is_none_or(|(prev, at)| {
                     at.elapsed() >= Duration::from_secs(30) || !same_status(prev, &now)
                 });
@@ -252,9 +264,10 @@ where
                                 events = Some(ev);
                                 generation = v.generation;
                                 published = None;
-                                check_drain(&store, &running, &deployment, &mut draining).await;
+                                engines.register_producers_again().await;
+                                check_drain(&store, &engines, &deployment, &mut draining).await;
                                 if let Some(reason) =
-                                    obey_state(&store, &running, &deployment, &mut last_state, &mut wait).await
+                                    obey_state(&store, &engines, &deployment, &mut last_state, &mut wait).await
                                 {
                                     break reason;
                                 }
@@ -265,10 +278,10 @@ where
                 }
             }
             ev = recv_opt(&mut events) => match ev {
-                Some(ChangeEvent::Drain) => check_drain(&store, &running, &deployment, &mut draining).await,
+                Some(ChangeEvent::Drain) => check_drain(&store, &engines, &deployment, &mut draining).await,
                 Some(ChangeEvent::State) | Some(ChangeEvent::Reconnected) => {
-                    check_drain(&store, &running, &deployment, &mut draining).await;
-                    if let Some(reason) = obey_state(&store, &running, &deployment, &mut last_state, &mut wait).await {
+                    check_drain(&store, &engines, &deployment, &mut draining).await;
+                    if let Some(reason) = obey_state(&store, &engines, &deployment, &mut last_state, &mut wait).await {
                         break reason;
                     }
                 }
@@ -282,7 +295,7 @@ where
         }
     };
     tracing::info!(reason = stop_reason, ?wait, "stopping: deactivating, waiting for in-flight tuples");
-    let stopped = running.kill(wait).await;
+    let stopped = engines.kill(wait).await;
     drop(events);
     drop(store);
     session.close().await;
@@ -291,6 +304,218 @@ where
     }
     stopped.map_err(|e| anyhow::anyhow!("stopping topology {}: {e}", args.topology))?;
     tracing::info!(topology = %args.topology, "worker stopped");
+    Ok(())
+}
+
+/// One running stage of this worker.
+struct StageRun {
+    name: String,
+    /// The stream the stage reads (the source stream, or an intermediate stream).
+    input: String,
+    running: squall_topology::RunningTopology,
+    registry: SpoutRegistry,
+    /// Stage-input counters of each input task (later stages).
+    input_stats: Arc<Mutex<Vec<Arc<StageInputStats>>>>,
+    /// Registrar of the producers writing this stage's output boundary, if any.
+    registrar: Option<ProducerRegistrar>,
+}
+
+/// Every stage this worker runs, and what connects them.
+struct Engines {
+    stages: Vec<StageRun>,
+    /// Tells later stages' inputs that the topology drains.
+    drain: tokio::sync::watch::Sender<bool>,
+    followers: tokio_util::sync::CancellationToken,
+}
+
+impl Engines {
+    #[allow(clippy::too_many_arguments)]
+    async fn start(
+        args: &WorkerArgs,
+        stages: crate::stage::Stages<'_>,
+        spout_cfg: KinesisSpoutConfig,
+        topo_cfg: &TopologyConfig,
+        identity: &WorkerIdentity,
+        session: &Arc<SharedSession>,
+        deployment: &str,
+    ) -> anyhow::Result<Engines> {
+        let (drain, _) = tokio::sync::watch::channel(false);
+        let followers = tokio_util::sync::CancellationToken::new();
+        if !stages.rest.is_empty() {
+            ensure_intermediate_streams(args, &stages, &spout_cfg).await?;
+        }
+        // builders first: a stage's output writer is added once the next boundary is known
+        let mut built: Vec<(String, String, TopologyBuilder, SpoutRegistry, Arc<Mutex<Vec<Arc<StageInputStats>>>>)> =
+            Vec::new();
+        let (first_name, first_build) = stages.first;
+        let registry = SpoutRegistry::default();
+        let mut builder = TopologyBuilder::new(args.topology.clone());
+        KinesisSpout::declare_shared(
+            &mut builder,
+            SPOUT_ID,
+            args.spout_tasks,
+            spout_cfg.clone(),
+            identity.clone(),
+            registry.clone(),
+            SpoutShared::with_session(session.clone()),
+        );
+        first_build(&mut builder, SPOUT_ID);
+        built.push((first_name, args.stream.clone(), builder, registry, Arc::default()));
+        let mut registrars: Vec<Option<ProducerRegistrar>> = vec![None];
+        for (boundary, name, build) in stages.rest {
+            let stream = boundary.stream_name(&args.topology);
+            // the writer, in the previous stage
+            let registrar =
+                ProducerRegistrar::new(session.clone(), &args.zk_root, &args.topology, &stream, deployment);
+            let prev = built.last_mut().map(|b| &mut b.2).expect("the first stage is built");
+            let sink_cfg = KinesisSinkConfig::new(stream.clone(), spout_cfg.kinesis.clone());
+            sink_cfg.validate().map_err(|e| anyhow::anyhow!("boundary {}: {e}", boundary.name))?;
+            let (key, dep, reg) = (boundary.key.clone(), deployment.to_string(), registrar.clone());
+            let interval = Duration::from_millis(boundary.watermark_interval_ms);
+            prev.set_bolt(&boundary.writer_id(), boundary.writers, move |_| {
+                let producer = rand::random::<u64>();
+                let encoder = StageEncoder::new(producer, dep.clone(), key.clone(), interval);
+                StageWriter::new(KinesisSink::new(sink_cfg.clone(), encoder), producer, reg.clone())
+            })
+            .fields_grouping_from(
+                &boundary.from,
+                &boundary.stream,
+                &boundary.key.iter().map(String::as_str).collect::<Vec<_>>(),
+            );
+            *registrars.last_mut().expect("one per stage") = Some(registrar);
+            // the stage reading it
+            let producers = crate::stage::registry::follow_producers(
+                session.clone(),
+                args.zk_root.clone(),
+                args.topology.clone(),
+                stream.clone(),
+                followers.clone(),
+            );
+            let spec =
+                StageInputSpec { fields: boundary.fields.clone(), deployment: deployment.to_string(), producers, drain: drain.subscribe() };
+            let cfg = KinesisSpoutConfig {
+                stream: stream.clone(),
+                stage_input: true,
+                // everything written into an intermediate stream is read, whatever the source's
+                // initial position
+                initial_position: InitialPosition::TrimHorizon,
+                read_log: None,
+                ..spout_cfg.clone()
+            };
+            let registry = SpoutRegistry::default();
+            let stats: Arc<Mutex<Vec<Arc<StageInputStats>>>> = Arc::default();
+            let mut builder = TopologyBuilder::new(format!("{}.{name}", args.topology));
+            let input_id = boundary.input_id();
+            KinesisSpout::declare_stage_input(
+                &mut builder,
+                &input_id,
+                args.spout_tasks,
+                cfg,
+                identity.clone(),
+                registry.clone(),
+                SpoutShared::with_session(session.clone()),
+                spec,
+                stats.clone(),
+            );
+            build(&mut builder, &input_id);
+            built.push((name, stream, builder, registry, stats));
+            registrars.push(None);
+        }
+        let mut out = Vec::new();
+        for ((name, input, builder, registry, input_stats), registrar) in built.into_iter().zip(registrars) {
+            let topology = builder.build().map_err(|e| anyhow::anyhow!("stage {name}: {e}"))?;
+            let running = run_local(topology, topo_cfg.clone()).map_err(|e| anyhow::anyhow!("stage {name}: {e}"))?;
+            out.push(StageRun { name, input, running, registry, input_stats, registrar });
+        }
+        Ok(Engines { stages: out, drain, followers })
+    }
+
+    /// Returns when every stage finished (the first error, if any).
+    async fn wait(&self) -> Result<(), squall_topology::TopologyError> {
+        let mut first_err = None;
+        for s in &self.stages {
+            if let Err(e) = s.running.wait().await {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    async fn activate(&self) {
+        for s in &self.stages {
+            let _ = s.running.activate().await;
+        }
+    }
+
+    async fn deactivate(&self) {
+        for s in &self.stages {
+            let _ = s.running.deactivate().await;
+        }
+    }
+
+    /// Drains the first stage (its spouts stop reading); later stages drain once their inputs
+    /// saw every upstream producer's drain marker.
+    async fn drain(&self) -> Result<(), squall_topology::TopologyError> {
+        self.drain.send_replace(true);
+        self.stages[0].running.drain().await
+    }
+
+    async fn kill(self, wait: Duration) -> Result<(), squall_topology::TopologyError> {
+        self.followers.cancel();
+        // every stage stops at once (each waits for its own in-flight tuples)
+        let kills: Vec<_> = self.stages.into_iter().map(|s| tokio::spawn(s.running.kill(wait))).collect();
+        let mut result = Ok(());
+        for k in kills {
+            match k.await {
+                Ok(Err(e)) if result.is_ok() => result = Err(e),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "stopping a stage panicked"),
+            }
+        }
+        result
+    }
+
+    fn stop_followers(&self) {
+        self.followers.cancel();
+    }
+
+    async fn register_producers_again(&self) {
+        for r in self.stages.iter().filter_map(|s| s.registrar.as_ref()) {
+            if let Err(e) = r.register_all().await {
+                tracing::warn!(error = %e, "registering the boundary writers again on the new session failed");
+            }
+        }
+    }
+}
+
+/// Creates the intermediate streams that do not exist yet (another worker may create one at the
+/// same moment: that is fine).
+async fn ensure_intermediate_streams(
+    args: &WorkerArgs,
+    stages: &crate::stage::Stages<'_>,
+    cfg: &KinesisSpoutConfig,
+) -> anyhow::Result<()> {
+    let client = cfg.kinesis.client().await?;
+    let endpoint = cfg.kinesis.label();
+    for b in stages.boundaries() {
+        let stream = b.stream_name(&args.topology);
+        match crate::kinesis::describe_stream(&client, &endpoint, &stream).await {
+            Ok(_) => {}
+            Err(crate::kinesis::KinesisError::StreamNotFound { .. }) => {
+                tracing::info!(stream = %stream, shards = b.shards, boundary = %b.name, "creating the intermediate stream");
+                match crate::kinesis::create_stream(&client, &endpoint, &stream, b.shards).await {
+                    Ok(()) => {}
+                    Err(e) => {
+                        // created by another worker meanwhile?
+                        crate::kinesis::wait_active(&client, &endpoint, &stream, Duration::from_secs(60))
+                            .await
+                            .map_err(|_| anyhow::anyhow!("creating intermediate stream {stream}: {e}"))?;
+                    }
+                }
+            }
+            Err(e) => anyhow::bail!("intermediate stream {stream} of boundary {}: {e}", b.name),
+        }
+    }
     Ok(())
 }
 
@@ -322,7 +547,7 @@ async fn reopen(
 /// Reads the lifecycle state and obeys it. Returns why to stop, if it says to.
 async fn obey_state(
     store: &ZkStore,
-    running: &squall_topology::RunningTopology,
+    running: &Engines,
     deployment: &str,
     last_state: &mut Lifecycle,
     wait: &mut Duration,
@@ -339,12 +564,8 @@ async fn obey_state(
     tracing::info!(from = ?last_state, to = ?st.state, "topology state changed");
     *last_state = st.state;
     match st.state {
-        Lifecycle::Active => {
-            let _ = running.activate().await;
-        }
-        Lifecycle::Inactive => {
-            let _ = running.deactivate().await;
-        }
+        Lifecycle::Active => running.activate().await,
+        Lifecycle::Inactive => running.deactivate().await,
         Lifecycle::Killed => {
             if let Some(ms) = st.kill_wait_ms {
                 *wait = Duration::from_millis(ms);
@@ -366,7 +587,7 @@ fn same_status(a: &WorkerStatus, b: &WorkerStatus) -> bool {
 /// Obeys a drain notification of this deployment (once); ignores one of another deployment.
 async fn check_drain(
     store: &ZkStore,
-    running: &squall_topology::RunningTopology,
+    running: &Engines,
     deployment: &str,
     draining: &mut bool,
 ) {
@@ -449,33 +670,49 @@ pub async fn ensure_deployment(store: &ZkStore) -> anyhow::Result<TopologyState>
     anyhow::bail!("could not settle the topology state: too many concurrent writers")
 }
 
-fn worker_status(
-    id: &WorkerIdentity,
-    since: i64,
-    registry: &SpoutRegistry,
-    running: &squall_topology::RunningTopology,
-) -> WorkerStatus {
+fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines) -> WorkerStatus {
     let mut tasks = Vec::new();
     let mut shards = std::collections::BTreeMap::new();
-    for t in registry.tasks() {
-        let name = t.task_name();
-        for (shard, st) in t.shards() {
-            shards.insert(
-                shard,
-                ShardRuntime {
-                    task: name.clone(),
-                    millis_behind_latest: st.millis_behind_latest,
-                    last_error: st.last_error,
-                    records_read: st.records_read,
-                    retryable: st.retryable.unwrap_or(true),
-                    error_since_ms: st.error_since_ms,
-                    error_kind: st.error_kind.map(|k| k.to_string()),
-                },
-            );
+    let mut components = serde_json::Map::new();
+    let mut stages = Vec::new();
+    for (i, stage) in engines.stages.iter().enumerate() {
+        for t in stage.registry.tasks() {
+            let name = t.task_name();
+            for (shard, st) in t.shards() {
+                // a later stage's shards are named with their stream: shard ids repeat across streams
+                let key = if i == 0 { shard } else { format!("{}/{shard}", stage.input) };
+                shards.insert(
+                    key,
+                    ShardRuntime {
+                        task: name.clone(),
+                        millis_behind_latest: st.millis_behind_latest,
+                        last_error: st.last_error,
+                        records_read: st.records_read,
+                        retryable: st.retryable.unwrap_or(true),
+                        error_since_ms: st.error_since_ms,
+                        error_kind: st.error_kind.map(|k| k.to_string()),
+                    },
+                );
+            }
+            if !name.is_empty() {
+                tasks.push(if i == 0 { name } else { format!("{}/{name}", stage.input) });
+            }
         }
-        if !name.is_empty() {
-            tasks.push(name);
+        if let Ok(serde_json::Value::Object(m)) = serde_json::to_value(stage.running.metrics().components) {
+            components.extend(m);
         }
+        let input_stats = lock(&stage.input_stats).clone();
+        let sum = |f: fn(&StageInputStats) -> &std::sync::atomic::AtomicU64| {
+            input_stats.iter().map(|s| f(s).load(std::sync::atomic::Ordering::Relaxed)).sum::<u64>()
+        };
+        stages.push(StageRuntime {
+            name: stage.name.clone(),
+            input: stage.input.clone(),
+            watermark_records: sum(|s| &s.watermark_records),
+            drain_markers: sum(|s| &s.drain_markers),
+            stale_drain_markers: sum(|s| &s.stale_drain_markers),
+            malformed: sum(|s| &s.malformed),
+        });
     }
     WorkerStatus {
         worker_id: id.worker_id.clone(),
@@ -485,8 +722,13 @@ fn worker_status(
         updated_at_ms: now_ms(),
         tasks,
         shards,
-        components: serde_json::to_value(running.metrics().components).unwrap_or_default(),
+        components: serde_json::Value::Object(components),
+        stages: if stages.len() > 1 { stages } else { Vec::new() },
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

@@ -49,7 +49,7 @@ pub use error::{CoordError, ErrorDomain};
 pub use logic::{assign, leader, moved, readable, readable_shards, sequence_cmp, sticky_assign, task_cmp};
 pub use model::{
     Assignment, Checkpoint, CheckpointPosition, DrainRequest, LeaseInfo, Lifecycle, ShardList, ShardRecord,
-    ShardRuntime, TaskInfo, TopologyState, Versioned, WorkerStatus, now_ms,
+    ShardRuntime, StageRuntime, TaskInfo, TopologyState, Versioned, WorkerStatus, now_ms,
 };
 pub use paths::TopologyPaths;
 pub use session::{FaultHook, Health, InjectedFault, Liveness, SessionView, SharedSession, ZkOp, ZkSession};

@@ -227,6 +227,31 @@ pub struct WorkerStatus {
     /// Per-component counters (the engine's metrics snapshot).
     #[serde(default)]
     pub components: serde_json::Value,
+    /// The worker's stages when the topology has several ([`crate::stage`]): each stage's input
+    /// stream and its control-record counters. Empty for a single-stage topology.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<StageRuntime>,
+}
+
+/// One stage of a worker, in its status.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageRuntime {
+    /// The stage's name.
+    pub name: String,
+    /// The stream it reads: the source stream, or an intermediate stream.
+    pub input: String,
+    /// Watermark control records its input consumed.
+    #[serde(default)]
+    pub watermark_records: u64,
+    /// Drain markers of this deployment its input consumed.
+    #[serde(default)]
+    pub drain_markers: u64,
+    /// Drain markers of other deployments, ignored.
+    #[serde(default)]
+    pub stale_drain_markers: u64,
+    /// Records of its input that were not valid stage records (skipped, logged).
+    #[serde(default)]
+    pub malformed: u64,
 }
 
 /// Topology lifecycle states.

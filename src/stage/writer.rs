@@ -268,7 +268,17 @@ impl Bolt for StageWriter {
     }
 
     async fn on_drain(&mut self, out: &mut BoltOutput) -> Result<(), ComponentError> {
-        self.sink.on_drain(out).await
+        // drain markers into every open shard, then everything flushed
+        self.sink.on_drain(out).await?;
+        if self.sink.pending_bytes() == 0 {
+            // markers durably written: a consumer that no longer sees this producer and has
+            // read its shards to the tip since has seen everything it wrote
+            self.registrar.unregister(self.producer).await;
+        } else {
+            tracing::warn!(stream = %self.registrar.stream, producer = format!("{:016x}", self.producer),
+                "drain: records of this boundary writer were not put; it stays registered until the worker exits");
+        }
+        Ok(())
     }
 
     async fn cleanup(&mut self) {

@@ -1,0 +1,177 @@
+//! A word count that is global across workers (examples/word_count_global.rs): three worker
+//! processes, the words going through an intermediate Kinesis stream partitioned by word.
+//!
+//! The true counts come from the put manifests (the words of a record are its partition key and
+//! `d{seq % 7}`), never from the system under test; the counts are the sums of the deltas the
+//! count tasks put into the output stream.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use squall::kinesis::{self, PutOptions, payload::Manifest};
+use support::TestStream;
+use support::workers::{Cluster, Worker, example_bin, scratch};
+
+/// Each word's true count, from the manifests.
+fn true_counts(manifests: &[Manifest]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for m in manifests {
+        for (key, n) in &m.counts {
+            *out.entry(key.clone()).or_default() += n;
+            for seq in 0..*n {
+                *out.entry(format!("d{}", seq % 7)).or_default() += 1;
+            }
+        }
+    }
+    out
+}
+
+/// One delta row of the output stream.
+#[derive(Debug, serde::Deserialize)]
+struct Row {
+    word: String,
+    delta: u64,
+    worker: String,
+    task: usize,
+}
+
+/// Reads every record of the (one-shard) output stream from the start.
+async fn read_rows(out: &TestStream) -> Vec<Row> {
+    let shards = kinesis::list_shards(&out.client, &out.label(), &out.name).await.expect("list output shards");
+    let mut rows = Vec::new();
+    for s in shards {
+        let mut it = out
+            .client
+            .get_shard_iterator()
+            .stream_name(&out.name)
+            .shard_id(&s.shard_id)
+            .shard_iterator_type(aws_sdk_kinesis::types::ShardIteratorType::TrimHorizon)
+            .send()
+            .await
+            .expect("iterator")
+            .shard_iterator
+            .map(String::from);
+        while let Some(i) = it.take() {
+            let r = out.client.get_records().shard_iterator(i).limit(10_000).send().await.expect("get records");
+            for rec in r.records() {
+                rows.push(serde_json::from_slice(rec.data().as_ref()).expect("a delta row"));
+            }
+            if r.records().is_empty() {
+                break;
+            }
+            it = r.next_shard_iterator().map(String::from);
+        }
+    }
+    rows
+}
+
+fn sums(rows: &[Row]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for r in rows {
+        *out.entry(r.word.clone()).or_default() += r.delta;
+    }
+    out
+}
+
+async fn put(src: &TestStream, count: u64, keys: u64) -> Manifest {
+    let opts = PutOptions { count, keys, ..PutOptions::default() };
+    kinesis::put_records(&src.client, &src.label(), &src.name, &opts).await.expect("put").manifest
+}
+
+/// Waits until `done(sums)` holds; returns the last rows.
+async fn wait_rows(out: &TestStream, timeout: Duration, done: impl Fn(&BTreeMap<String, u64>) -> bool) -> Vec<Row> {
+    let start = Instant::now();
+    loop {
+        let rows = read_rows(out).await;
+        if done(&sums(&rows)) || start.elapsed() > timeout {
+            return rows;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn start(cluster: &Cluster, name: &str, output: &str) -> Worker {
+    cluster.start_example(&example_bin("word_count_global"), name, 1, &["--output", output, "--flush-ms", "500"])
+}
+
+async fn cleanup(cluster: &Cluster, streams: Vec<TestStream>) {
+    let endpoint = support::kinesis_endpoint();
+    let client = endpoint.client().await.unwrap();
+    let _ = kinesis::delete_stream(&client, &endpoint.label(), &format!("{}-words", cluster.topology)).await;
+    for s in streams {
+        s.delete().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_count_each_word_exactly_once_and_by_one_task_cluster_wide() {
+    let src = TestStream::create("wcg-src", 4).await;
+    let out = TestStream::create("wcg-out", 1).await;
+    let dir = scratch("wcg");
+    let cluster = Cluster::new(&src.name, &dir);
+    let manifests = vec![put(&src, 600, 24).await];
+    let truth = true_counts(&manifests);
+    let mut workers: Vec<Worker> = (0..3).map(|i| start(&cluster, &format!("w{i}"), &out.name)).collect();
+    let rows = wait_rows(&out, Duration::from_secs(120), |s| *s == truth).await;
+    let got = sums(&rows);
+    for w in &mut workers {
+        assert_eq!(w.stop(Duration::from_secs(60)), Some(0), "worker {} exits cleanly:\n{}", w.name, cluster.logs());
+    }
+    assert_eq!(got, truth, "without faults each word's count equals its true count:\n{}", cluster.logs());
+    // one task cluster-wide per word: every delta of a word came from one (worker, task)
+    let mut holders: BTreeMap<&str, BTreeSet<(&str, usize)>> = BTreeMap::new();
+    for r in &rows {
+        holders.entry(&r.word).or_default().insert((&r.worker, r.task));
+    }
+    let shared: Vec<_> = holders.iter().filter(|(_, h)| h.len() > 1).collect();
+    assert!(shared.is_empty(), "words counted by more than one task: {shared:?}");
+    let workers_used: BTreeSet<&str> = holders.values().flatten().map(|(w, _)| *w).collect();
+    assert!(workers_used.len() >= 2, "the counting is spread over several workers: {workers_used:?}");
+    cleanup(&cluster, vec![src, out]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_of_the_intermediate_stream_and_a_killed_worker_lose_no_count() {
+    let src = TestStream::create("wcgf-src", 4).await;
+    let out = TestStream::create("wcgf-out", 1).await;
+    let dir = scratch("wcgf");
+    let cluster = Cluster::new(&src.name, &dir);
+    let mut manifests = vec![put(&src, 400, 24).await];
+    let mut workers: Vec<Worker> = (0..3).map(|i| start(&cluster, &format!("w{i}"), &out.name)).collect();
+    // the first counts are out, and the worker to be killed counts some words (it reads
+    // shards of the intermediate stream): its crash matters
+    let victim = format!("-{}", workers[1].pid());
+    let start = Instant::now();
+    while !read_rows(&out).await.iter().any(|r| r.worker.ends_with(&victim)) {
+        assert!(start.elapsed() < Duration::from_secs(90), "worker 1 counted nothing in 90 s:\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // split a shard of the intermediate stream while the topology runs, then crash a worker
+    let inter = format!("{}-words", cluster.topology);
+    let shards = kinesis::list_shards(&src.client, &src.label(), &inter).await.expect("intermediate shards");
+    let parent = shards.iter().find(|s| !s.closed).expect("an open shard").shard_id.clone();
+    kinesis::split_shard(&src.client, &src.label(), &inter, &parent).await.expect("split");
+    let after = kinesis::list_shards(&src.client, &src.label(), &inter).await.unwrap();
+    assert!(after.iter().any(|s| s.parents().any(|p| p == parent)), "the split happened: {after:?}");
+    manifests.push(put(&src, 200, 24).await);
+    workers[1].kill();
+    assert!(!workers[1].is_running(), "worker 1 was killed");
+    manifests.push(put(&src, 200, 24).await);
+
+    let truth = true_counts(&manifests);
+    let rows = wait_rows(&out, Duration::from_secs(150), |s| truth.iter().all(|(w, n)| s.get(w).copied().unwrap_or(0) >= *n))
+        .await;
+    let got = sums(&rows);
+    let short: Vec<_> =
+        truth.iter().filter(|(w, n)| got.get(*w).copied().unwrap_or(0) < **n).map(|(w, n)| (w, n, got.get(w))).collect();
+    assert!(short.is_empty(), "words counted fewer times than they occur (word, true, counted): {short:?}\n{}", cluster.logs());
+    for (i, w) in workers.iter_mut().enumerate() {
+        if i != 1 {
+            assert_eq!(w.stop(Duration::from_secs(60)), Some(0), "worker {} exits cleanly", w.name);
+        }
+    }
+    cleanup(&cluster, vec![src, out]).await;
+}
