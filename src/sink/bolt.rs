@@ -190,6 +190,8 @@ pub struct KinesisSink<E: SinkEncoder> {
     shards: Option<(Instant, Arc<[OpenShard]>)>,
     error_log: LogGate,
     encode_log: LogGate,
+    /// The most bytes buffered plus in flight so far.
+    peak_bytes: usize,
 }
 
 impl<E: SinkEncoder> std::fmt::Debug for KinesisSink<E> {
@@ -241,6 +243,7 @@ impl<E: SinkEncoder> KinesisSink<E> {
             shards: None,
             error_log: LogGate::default(),
             encode_log: LogGate::default(),
+            peak_bytes: 0,
         }
     }
 
@@ -259,6 +262,12 @@ impl<E: SinkEncoder> KinesisSink<E> {
         self.queue.total_bytes()
     }
 
+    /// The most bytes buffered plus in flight at any time so far (at most
+    /// `max_in_flight_bytes`, or one record when a single record is larger).
+    pub fn peak_pending_bytes(&self) -> usize {
+        self.peak_bytes
+    }
+
     fn linger(&self) -> Duration {
         Duration::from_millis(self.cfg.linger_ms)
     }
@@ -270,8 +279,10 @@ impl<E: SinkEncoder> KinesisSink<E> {
             return; // stopping: the dropped handle fails its input
         }
         self.queue.push(e);
+        let total = self.queue.total_bytes();
+        self.peak_bytes = self.peak_bytes.max(total);
         if let Some(run) = &self.run {
-            run.m.pending_bytes.record(self.queue.total_bytes() as u64);
+            run.m.pending_bytes.record(total as u64);
         }
         self.pump(out).await;
     }
@@ -654,5 +665,224 @@ impl<E: SinkEncoder> Bolt for KinesisSink<E> {
         if left > 0 {
             tracing::warn!(stream = %self.cfg.stream, records = left, "Kinesis sink stopped with records not put; their inputs are failed (replayed by the spout)");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use squall_topology::testing::BoltHarness;
+
+    use super::super::backend::{BoxFuture, EntryError};
+    use super::super::encoder::FieldsEncoder;
+    use super::*;
+    use crate::kinesis::KinesisEndpoint;
+
+    type Script = Box<dyn FnMut(usize, &[SinkRecord]) -> PutOutcome + Send>;
+
+    /// An in-memory PutRecords: `script` answers each call (by call number); the records it
+    /// reports written are appended to `written`.
+    struct Fake {
+        written: Mutex<Vec<SinkRecord>>,
+        calls: Mutex<Vec<usize>>,
+        script: Mutex<Script>,
+        delay: Duration,
+    }
+
+    impl Fake {
+        fn new(delay: Duration, script: Script) -> Arc<Fake> {
+            Arc::new(Fake { written: Mutex::default(), calls: Mutex::default(), script: Mutex::new(script), delay })
+        }
+        fn ok() -> Script {
+            Box::new(|_, r| Ok(vec![None; r.len()]))
+        }
+        fn keys(&self) -> Vec<String> {
+            self.written.lock().unwrap().iter().map(|r| String::from_utf8(r.data.to_vec()).unwrap()).collect()
+        }
+    }
+
+    struct Shared(Arc<Fake>);
+
+    impl Backend for Shared {
+        fn put_records(&self, records: Vec<SinkRecord>) -> BoxFuture<PutOutcome> {
+            let fake = self.0.clone();
+            Box::pin(async move {
+                if !fake.delay.is_zero() {
+                    tokio::time::sleep(fake.delay).await;
+                }
+                let n = {
+                    let mut c = fake.calls.lock().unwrap();
+                    c.push(records.len());
+                    c.len() - 1
+                };
+                let outcome = (fake.script.lock().unwrap())(n, &records);
+                if let Ok(results) = &outcome {
+                    let mut w = fake.written.lock().unwrap();
+                    for (r, res) in records.iter().zip(results) {
+                        if res.is_none() {
+                            w.push(r.clone());
+                        }
+                    }
+                }
+                outcome
+            })
+        }
+        fn open_shards(&self) -> BoxFuture<Result<Vec<OpenShard>, KinesisError>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
+    }
+
+    fn vals(a: impl Into<crate::topology::Value>, b: impl Into<crate::topology::Value>) -> crate::topology::Values {
+        vec![a.into(), b.into()].into()
+    }
+
+    fn cfg(f: impl FnOnce(&mut KinesisSinkConfig)) -> KinesisSinkConfig {
+        let mut c = KinesisSinkConfig::new("out", KinesisEndpoint::default());
+        c.retry_min_backoff_ms = 1;
+        c.retry_max_backoff_ms = 4;
+        f(&mut c);
+        c
+    }
+
+    async fn harness(
+        c: KinesisSinkConfig,
+        fake: &Arc<Fake>,
+    ) -> squall_topology::testing::BoltHarness<KinesisSink<FieldsEncoder>> {
+        let sink =
+            KinesisSink::with_backend(c, Arc::new(Shared(fake.clone())), FieldsEncoder::new(&["k"]).data_field("v"));
+        BoltHarness::new(sink).input("spout", "default", &["k", "v"]).prepare().await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn full_batches_go_at_once_partial_ones_after_linger_and_drain_flushes() {
+        let fake = Fake::new(Duration::ZERO, Fake::ok());
+        let mut h = harness(
+            cfg(|c| {
+                c.max_batch_records = 4;
+                c.linger_ms = 60_000;
+            }),
+            &fake,
+        )
+        .await;
+        for i in 0..10 {
+            h.execute(vals(format!("k{i}"), format!("{i}"))).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(fake.calls.lock().unwrap().first(), Some(&4), "a full batch goes without waiting for linger");
+        assert!(h.acked().len() < 10);
+        h.drain().await.unwrap();
+        assert_eq!(h.acked().len(), 10);
+        assert!(h.failed().is_empty() && h.held().is_empty());
+        let calls = fake.calls.lock().unwrap().clone();
+        assert!(calls.iter().all(|&n| n <= 4) && calls.iter().sum::<usize>() == 10, "{calls:?}");
+
+        // a partial batch goes after linger_ms, with no more input and no drain
+        let fake = Fake::new(Duration::ZERO, Fake::ok());
+        let mut h = harness(cfg(|c| c.linger_ms = 30), &fake).await;
+        h.execute(vals("a", "1")).await.unwrap();
+        h.execute(vals("b", "2")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(fake.calls.lock().unwrap().is_empty(), "lingering");
+        h.advance(Duration::from_millis(200)).await.unwrap();
+        assert_eq!(*fake.calls.lock().unwrap(), [2]);
+        assert_eq!(h.acked().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn retried_records_keep_per_key_order_and_every_input_is_acked_once_put() {
+        // every other call fails a third of its records (throttled) or all of it (a 500)
+        let script: Script = Box::new(|n, r| match n % 4 {
+            1 => Ok((0..r.len())
+                .map(|i| {
+                    (i % 3 == 0).then(|| EntryError {
+                        code: "ProvisionedThroughputExceededException".into(),
+                        message: "slow down".into(),
+                    })
+                })
+                .collect()),
+            3 => Err(KinesisError::Service {
+                op: "PutRecords",
+                stream: "out".into(),
+                endpoint: "fake".into(),
+                message: "HTTP 500".into(),
+            }),
+            _ => Ok(vec![None; r.len()]),
+        });
+        let fake = Fake::new(Duration::from_millis(1), script);
+        let mut h = harness(
+            cfg(|c| {
+                c.max_batch_records = 5;
+                c.linger_ms = 1;
+            }),
+            &fake,
+        )
+        .await;
+        let mut ids = Vec::new();
+        for i in 0..60 {
+            ids.push(h.execute(vals(format!("k{}", i % 4), format!("k{}:{i}", i % 4))).await.unwrap());
+        }
+        h.drain().await.unwrap();
+        assert_eq!(h.acked().len(), 60, "failed {:?} held {:?}", h.failed(), h.held());
+        let written = fake.keys();
+        assert_eq!(written.len(), 60, "each record written once");
+        for k in 0..4 {
+            let seqs: Vec<u32> =
+                written.iter().filter_map(|w| w.strip_prefix(&format!("k{k}:")).map(|s| s.parse().unwrap())).collect();
+            let want: Vec<u32> = (0..60).filter(|i| i % 4 == k).collect();
+            assert_eq!(seqs, want, "key k{k}");
+        }
+        let m = &h.context().counter(metric::RETRIED_RECORDS);
+        assert!(m.get() > 0);
+        assert!(h.context().counter(metric::THROTTLED).get() > 0);
+        assert!(fake.calls.lock().unwrap().iter().all(|&n| n <= 4), "one record per key per call");
+    }
+
+    #[tokio::test]
+    async fn errors_retrying_cannot_fix_fail_the_inputs_and_encode_errors_fail_one() {
+        let script: Script =
+            Box::new(|_, _| Err(KinesisError::StreamNotFound { stream: "out".into(), endpoint: "fake".into() }));
+        let fake = Fake::new(Duration::ZERO, script);
+        let mut h = harness(cfg(|c| c.linger_ms = 1), &fake).await;
+        for i in 0..5 {
+            h.execute(vals(format!("k{i}"), "x")).await.unwrap();
+        }
+        h.drain().await.unwrap();
+        assert_eq!((h.acked().len(), h.failed().len()), (0, 5));
+        assert_eq!(h.context().counter(metric::FAILED_INPUTS).get(), 5);
+
+        let fake = Fake::new(Duration::ZERO, Fake::ok());
+        let mut h = harness(cfg(|c| c.linger_ms = 1), &fake).await;
+        let good = h.execute(vals("a", "x")).await.unwrap();
+        let bad = h.execute(vals("b", 7u64)).await.unwrap(); // data must be bytes or str
+        let empty_key = h.execute(vals("", "x")).await.unwrap();
+        h.drain().await.unwrap();
+        assert_eq!(h.acked(), [good]);
+        assert_eq!(h.failed(), [bad, empty_key]);
+        assert_eq!(h.context().counter(metric::ENCODE_ERRORS).get(), 2);
+    }
+
+    #[tokio::test]
+    async fn bytes_buffered_and_in_flight_stay_under_the_bound() {
+        let fake = Fake::new(Duration::from_millis(15), Fake::ok());
+        let mut h = harness(
+            cfg(|c| {
+                c.max_batch_bytes = 1_000;
+                c.max_in_flight_bytes = 2_000;
+                c.linger_ms = 5;
+            }),
+            &fake,
+        )
+        .await;
+        let data = "x".repeat(96);
+        for i in 0..200 {
+            h.execute(vals(format!("k{:03}", i % 50), data.clone())).await.unwrap();
+        }
+        h.drain().await.unwrap();
+        assert_eq!(h.acked().len(), 200);
+        let peak = h.bolt().unwrap().peak_pending_bytes();
+        assert!(peak <= 2_000 && peak > 1_000, "peak {peak}");
+        assert!(h.context().counter(metric::BACKPRESSURE_WAITS).get() > 0);
+        assert!(fake.calls.lock().unwrap().iter().all(|&n| n * 100 <= 1_000));
     }
 }
