@@ -151,7 +151,8 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_key() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut KinesisSinkConfig)>)> = vec![
+        type Change = Box<dyn Fn(&mut KinesisSinkConfig)>;
+        let cases: Vec<(&str, Change)> = vec![
             ("stream", Box::new(|c| c.stream = String::new())),
             ("stream", Box::new(|c| c.stream = "a b".into())),
             ("kinesis", Box::new(|c| c.kinesis.endpoint = "localhost:4566".into())),
