@@ -14,6 +14,8 @@
 //!   assignment, checkpoints, leases, watches.
 //! - [`worker`]: [`run`] and [`WorkerArgs`], the entry point of user worker binaries.
 //! - [`kinesis`]: Kinesis client construction, shard listing, stream helpers and the test producer.
+//! - [`sink`]: the Kinesis sink bolt: batched PutRecords, inputs acked once put, per-key order
+//!   kept through retries, bounded bytes in flight.
 //! - [`audit`]: delivery logs and the produced/delivered/lost/duplicates/order comparison.
 //! - [`cli`]: the `squall` command line.
 //! - [`logging`]: tracing set-up for binaries and workers.

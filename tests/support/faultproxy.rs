@@ -7,6 +7,13 @@
 //! injects at most `max_faults` faults and none after `active_for`, and counts everything it did,
 //! per operation too (the X-Amz-Target), with the time of every request.
 //!
+//! Partial failures: at rate `partial`, a PutRecords request loses some of its entries on the
+//! way (each with probability `partial_entries`, at least one): the proxy forwards the rest (the
+//! JSON `Records` array rewritten, Content-Length fixed) and splices a failed entry
+//! (`ProvisionedThroughputExceededException`) into the answer at each dropped position, with
+//! `FailedRecordCount` raised to match, as Kinesis answers when some shards are throttled. When
+//! every entry is dropped it answers itself (HTTP 200, every entry failed).
+//!
 //! It can also hide shards: [`FaultProxy::hide_shards`] removes the named shards from every
 //! ListShards answer (the JSON body is rewritten and its Content-Length fixed), which is how a
 //! test simulates shards trimmed past the retention period (kinesis-local keeps closed shards).
@@ -29,6 +36,10 @@ pub struct FaultPlan {
     pub reset: f64,
     pub latency: f64,
     pub latency_ms: u64,
+    /// Rate of PutRecords requests given partial failures (see the module docs).
+    pub partial: f64,
+    /// In such a request, the chance of each entry to fail.
+    pub partial_entries: f64,
     /// Rate of HTTP 400 answers with `client_error_code` as `__type`.
     pub client_error: f64,
     /// The error code of those answers, e.g. "AccessDeniedException".
@@ -49,6 +60,8 @@ impl Default for FaultPlan {
             reset: 0.0,
             latency: 0.0,
             latency_ms: 0,
+            partial: 0.0,
+            partial_entries: 0.3,
             client_error: 0.0,
             client_error_code: "AccessDeniedException".into(),
             only_ops: Vec::new(),
@@ -71,6 +84,10 @@ pub struct Counters {
     pub client_errors: AtomicU64,
     /// ListShards answers from which hidden shards were removed.
     pub hidden_listings: AtomicU64,
+    /// PutRecords answers with injected per-record failures.
+    pub partial_calls: AtomicU64,
+    /// Entries failed in those answers (not forwarded).
+    pub partial_entries: AtomicU64,
 }
 
 /// What the proxy saw of one operation.
@@ -94,11 +111,13 @@ pub struct Snapshot {
     pub upstream_errors: u64,
     pub client_errors: u64,
     pub hidden_listings: u64,
+    pub partial_calls: u64,
+    pub partial_entries: u64,
 }
 
 impl Snapshot {
     pub fn faults(&self) -> u64 {
-        self.throttled + self.server_errors + self.resets + self.delayed + self.client_errors
+        self.throttled + self.server_errors + self.resets + self.delayed + self.client_errors + self.partial_calls
     }
 }
 
@@ -212,6 +231,8 @@ impl FaultProxy {
             upstream_errors: c.upstream_errors.load(Ordering::Relaxed),
             client_errors: c.client_errors.load(Ordering::Relaxed),
             hidden_listings: c.hidden_listings.load(Ordering::Relaxed),
+            partial_calls: c.partial_calls.load(Ordering::Relaxed),
+            partial_entries: c.partial_entries.load(Ordering::Relaxed),
         }
     }
 
@@ -251,6 +272,8 @@ enum Fault {
     ServerError,
     Reset,
     Delay(Duration),
+    /// Per-record failures of a PutRecords request, each entry with this chance.
+    Partial(f64),
 }
 
 fn choose(sh: &Shared, op: &str) -> Fault {
@@ -260,7 +283,8 @@ fn choose(sh: &Shared, op: &str) -> Fault {
         + c.server_errors.load(Ordering::Relaxed)
         + c.resets.load(Ordering::Relaxed)
         + c.delayed.load(Ordering::Relaxed)
-        + c.client_errors.load(Ordering::Relaxed);
+        + c.client_errors.load(Ordering::Relaxed)
+        + c.partial_calls.load(Ordering::Relaxed);
     if !sh.enabled.load(Ordering::SeqCst)
         || injected >= plan.max_faults
         || sh.started.elapsed() >= plan.active_for
@@ -275,6 +299,7 @@ fn choose(sh: &Shared, op: &str) -> Fault {
         (plan.server_error, Fault::ServerError),
         (plan.reset, Fault::Reset),
         (plan.latency, Fault::Delay(Duration::from_millis(plan.latency_ms))),
+        (if op == "PutRecords" { plan.partial } else { 0.0 }, Fault::Partial(plan.partial_entries)),
     ] {
         if x < rate {
             return fault;
@@ -386,11 +411,13 @@ async fn serve(mut client: TcpStream, sh: &Shared) -> std::io::Result<()> {
     let mut cbuf = Vec::new();
     let mut upstream: Option<(TcpStream, Vec<u8>)> = None;
     loop {
-        let Some(req) = read_message(&mut client, &mut cbuf).await? else { return Ok(()) };
+        let Some(mut req) = read_message(&mut client, &mut cbuf).await? else { return Ok(()) };
         sh.counters.requests.fetch_add(1, Ordering::Relaxed);
         let op = req.header("x-amz-target").and_then(|t| t.rsplit('.').next().map(str::to_string)).unwrap_or_default();
         *sh.per_op.lock().unwrap().entry(op.clone()).or_default() += 1;
         let fault = choose(sh, &op);
+        // positions of entries failed by a partial fault, and the request's entry count
+        let mut splice: Option<(Vec<usize>, usize)> = None;
         {
             let injected = !matches!(fault, Fault::None);
             let mut by_op = sh.by_op.lock().unwrap();
@@ -435,6 +462,25 @@ async fn serve(mut client: TcpStream, sh: &Shared) -> std::io::Result<()> {
                 tokio::time::sleep(d).await;
             }
             Fault::None => {}
+            Fault::Partial(rate) => {
+                if let Some((kept, failed, total)) = drop_entries(&req, rate) {
+                    sh.counters.partial_calls.fetch_add(1, Ordering::Relaxed);
+                    sh.counters.partial_entries.fetch_add(failed.len() as u64, Ordering::Relaxed);
+                    match kept {
+                        Some(r) => {
+                            req = r;
+                            splice = Some((failed, total));
+                        }
+                        None => {
+                            // every entry failed: answer without forwarding
+                            let records: Vec<serde_json::Value> = (0..total).map(|_| failed_entry()).collect();
+                            let body = serde_json::json!({ "FailedRecordCount": total, "Records": records });
+                            client.write_all(&response("200 OK", &body.to_string())).await?;
+                            continue;
+                        }
+                    }
+                }
+            }
         }
         // Forward on this client's upstream connection (opened on first use, reopened after EOF).
         let mut attempt = 0;
@@ -468,6 +514,10 @@ async fn serve(mut client: TcpStream, sh: &Shared) -> std::io::Result<()> {
         if resp.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close")) {
             upstream = None;
         }
+        let resp = match &splice {
+            Some((failed, total)) => splice_failures(&resp, failed, *total).unwrap_or(resp),
+            None => resp,
+        };
         let hidden = sh.hidden.lock().unwrap().clone();
         let resp = if op == "ListShards" && !hidden.is_empty() {
             match hide(&resp, &hidden) {
@@ -507,6 +557,83 @@ fn plain_body(m: &Message) -> Option<Vec<u8>> {
         out.extend_from_slice(b.get(i..i + size)?);
         i += size + 2;
     }
+}
+
+/// A PutRecords entry failed by the proxy.
+fn failed_entry() -> serde_json::Value {
+    serde_json::json!({
+        "ErrorCode": "ProvisionedThroughputExceededException",
+        "ErrorMessage": "Rate exceeded for shard (injected by the fault proxy)"
+    })
+}
+
+/// `head` (a request or status line and headers) with a new body: Content-Length set,
+/// Transfer-Encoding dropped.
+fn with_body(head: &[u8], body: Vec<u8>) -> Message {
+    let text = String::from_utf8_lossy(head).to_string();
+    let mut out = String::new();
+    for (i, line) in text.split("\r\n").enumerate() {
+        let name = line.split(':').next().unwrap_or("").trim();
+        if line.is_empty()
+            || (i > 0
+                && (name.eq_ignore_ascii_case("content-length") || name.eq_ignore_ascii_case("transfer-encoding")))
+        {
+            continue;
+        }
+        out.push_str(line);
+        out.push_str("\r\n");
+    }
+    out.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    Message { head: out.into_bytes(), body }
+}
+
+/// Drops entries of a PutRecords request, each with chance `rate` (at least one): the request
+/// to forward (None when every entry was dropped), the dropped positions, the entry count.
+fn drop_entries(req: &Message, rate: f64) -> Option<(Option<Message>, Vec<usize>, usize)> {
+    let mut doc: serde_json::Value = serde_json::from_slice(&plain_body(req)?).ok()?;
+    let records = doc.get_mut("Records")?.as_array_mut()?;
+    let total = records.len();
+    if total == 0 {
+        return None;
+    }
+    let mut failed: Vec<usize> = (0..total).filter(|_| rand::random::<f64>() < rate).collect();
+    if failed.is_empty() {
+        failed.push(rand::random::<u32>() as usize % total);
+    }
+    let mut i = 0;
+    records.retain(|_| {
+        let keep = !failed.contains(&i);
+        i += 1;
+        keep
+    });
+    if records.is_empty() {
+        return Some((None, failed, total));
+    }
+    let body = serde_json::to_vec(&doc).ok()?;
+    Some((Some(with_body(&req.head, body)), failed, total))
+}
+
+/// A PutRecords answer for the forwarded entries, with a failed entry spliced in at each of
+/// `failed` (positions in the original request of `total` entries) and FailedRecordCount
+/// raised. None when the answer is not a successful JSON one (it is passed on as it is).
+fn splice_failures(resp: &Message, failed: &[usize], total: usize) -> Option<Message> {
+    let text = String::from_utf8_lossy(&resp.head).to_string();
+    if !text.starts_with("HTTP/1.1 200") || resp.header("content-encoding").is_some() {
+        return None;
+    }
+    let mut doc: serde_json::Value = serde_json::from_slice(&plain_body(resp)?).ok()?;
+    let forwarded = std::mem::take(doc.get_mut("Records")?.as_array_mut()?);
+    if forwarded.len() + failed.len() != total {
+        return None;
+    }
+    let mut forwarded = forwarded.into_iter();
+    let records: Vec<serde_json::Value> = (0..total)
+        .map(|i| if failed.contains(&i) { Some(failed_entry()) } else { forwarded.next() })
+        .collect::<Option<_>>()?;
+    let before = doc.get("FailedRecordCount").and_then(|v| v.as_u64()).unwrap_or(0);
+    doc["FailedRecordCount"] = serde_json::json!(before + failed.len() as u64);
+    doc["Records"] = serde_json::Value::Array(records);
+    Some(with_body(&resp.head, serde_json::to_vec(&doc).ok()?))
 }
 
 /// A ListShards answer without the `hidden` shards, with a fresh Content-Length (no chunking),

@@ -1,0 +1,97 @@
+//! The two Kinesis calls the sink makes, behind a small trait: the SDK client in production, an
+//! in-memory fake in unit tests.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+
+use super::encoder::{OpenShard, SinkRecord};
+use crate::kinesis::KinesisError;
+
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A per-record failure of a PutRecords call (its `ErrorCode` and `ErrorMessage`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EntryError {
+    pub code: String,
+    pub message: String,
+}
+
+/// The outcome of one PutRecords call: per record (in request order), `None` when it was
+/// written; or the error of the whole call.
+pub(crate) type PutOutcome = Result<Vec<Option<EntryError>>, KinesisError>;
+
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// One PutRecords call.
+    fn put_records(&self, records: Vec<SinkRecord>) -> BoxFuture<PutOutcome>;
+    /// The stream's open shards.
+    fn open_shards(&self) -> BoxFuture<Result<Vec<OpenShard>, KinesisError>>;
+}
+
+/// The SDK client and the stream it writes.
+pub(crate) struct SdkBackend {
+    pub client: aws_sdk_kinesis::Client,
+    pub stream: String,
+    /// The endpoint label for error messages.
+    pub endpoint: String,
+}
+
+impl Backend for SdkBackend {
+    fn put_records(&self, records: Vec<SinkRecord>) -> BoxFuture<PutOutcome> {
+        let (client, stream, endpoint) = (self.client.clone(), self.stream.clone(), self.endpoint.clone());
+        Box::pin(async move {
+            let entries = records
+                .into_iter()
+                .map(|r| {
+                    PutRecordsRequestEntry::builder()
+                        .partition_key(r.partition_key)
+                        .set_explicit_hash_key(r.explicit_hash_key)
+                        .data(Blob::new(Vec::from(r.data)))
+                        .build()
+                        .map_err(|e| KinesisError::Config { field: "record".into(), reason: e.to_string() })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let n = entries.len();
+            let out = client
+                .put_records()
+                .stream_name(&stream)
+                .set_records(Some(entries))
+                .send()
+                .await
+                .map_err(|e| KinesisError::from_sdk("PutRecords", &stream, &endpoint, e))?;
+            let mut results: Vec<Option<EntryError>> = out
+                .records()
+                .iter()
+                .map(|r| {
+                    r.error_code().map(|c| EntryError {
+                        code: c.to_string(),
+                        message: r.error_message().unwrap_or_default().to_string(),
+                    })
+                })
+                .collect();
+            // an answer with fewer results than records: the missing ones are retried
+            results.resize_with(n, || {
+                Some(EntryError { code: "MissingResult".into(), message: "no result for the record".into() })
+            });
+            Ok(results)
+        })
+    }
+
+    fn open_shards(&self) -> BoxFuture<Result<Vec<OpenShard>, KinesisError>> {
+        let (client, stream, endpoint) = (self.client.clone(), self.stream.clone(), self.endpoint.clone());
+        Box::pin(async move {
+            let shards = crate::kinesis::list_shards(&client, &endpoint, &stream).await?;
+            Ok(shards
+                .into_iter()
+                .filter(|s| !s.closed)
+                .map(|s| OpenShard {
+                    shard_id: s.shard_id,
+                    starting_hash_key: s.starting_hash_key,
+                    ending_hash_key: s.ending_hash_key,
+                })
+                .collect())
+        })
+    }
+}

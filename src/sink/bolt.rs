@@ -1,0 +1,888 @@
+//! [`KinesisSink`]: the bolt. One PutRecords call in flight while the next batch accumulates;
+//! inputs held until their record is put; back-off on throttling; bounded bytes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use super::backend::{Backend, PutOutcome, SdkBackend};
+use super::config::KinesisSinkConfig;
+use super::encoder::{OpenShard, SinkEncoder, SinkRecord};
+use super::queue::{Entry, Queue};
+use crate::kinesis::{ErrorKind, KinesisError};
+use crate::topology::metrics::{Counter, Histogram};
+use crate::topology::{AckHandle, Bolt, BoltOutput, ComponentError, TaskContext, Timer, Tuple, Watermark};
+
+/// How long the open shards handed to the encoder's hooks are reused.
+const SHARDS_TTL: Duration = Duration::from_secs(10);
+/// Encode errors are logged at most once per this period (the rest are counted).
+const ENCODE_LOG_PERIOD: Duration = Duration::from_secs(1);
+
+/// Names of the sink's user metrics (summed over its tasks in the topology's metrics).
+pub mod metric {
+    /// Records written (acknowledged by Kinesis).
+    pub const RECORDS_PUT: &str = "sink.records_put";
+    /// PutRecords calls made, retries included.
+    pub const PUT_CALLS: &str = "sink.put_calls";
+    /// Records put again after a per-record failure or a failed call.
+    pub const RETRIED_RECORDS: &str = "sink.retried_records";
+    /// Throttled records (per-record ProvisionedThroughputExceeded) and throttled calls.
+    pub const THROTTLED: &str = "sink.throttled";
+    /// Inputs failed because their record could not be put (an error retrying cannot fix).
+    pub const FAILED_INPUTS: &str = "sink.failed_inputs";
+    /// Inputs failed because they did not encode.
+    pub const ENCODE_ERRORS: &str = "sink.encode_errors";
+    /// Records of the encoder's hooks (no input) given up after an error retrying cannot fix.
+    pub const DROPPED_RECORDS: &str = "sink.dropped_records";
+    /// Times `execute` waited at the `max_in_flight_bytes` bound (backpressure).
+    pub const BACKPRESSURE_WAITS: &str = "sink.backpressure_waits";
+    /// Histogram: bytes buffered plus in flight, recorded at every record buffered (its max is
+    /// the most the sink held).
+    pub const PENDING_BYTES: &str = "sink.pending_bytes";
+    /// Histogram: records per PutRecords call.
+    pub const BATCH_RECORDS: &str = "sink.batch_records";
+}
+
+/// Where the sink's Kinesis calls go.
+enum Source {
+    /// A client for `cfg.kinesis`, built in `prepare`.
+    Endpoint,
+    /// A client given by the user.
+    Client(aws_sdk_kinesis::Client),
+    /// A stand-in (unit tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Custom(Arc<dyn Backend>),
+}
+
+struct Metrics {
+    records_put: Counter,
+    put_calls: Counter,
+    retried: Counter,
+    throttled: Counter,
+    failed_inputs: Counter,
+    encode_errors: Counter,
+    dropped: Counter,
+    backpressure: Counter,
+    pending_bytes: Histogram,
+    batch_records: Histogram,
+}
+
+impl Metrics {
+    fn new(ctx: &TaskContext) -> Self {
+        Metrics {
+            records_put: ctx.counter(metric::RECORDS_PUT),
+            put_calls: ctx.counter(metric::PUT_CALLS),
+            retried: ctx.counter(metric::RETRIED_RECORDS),
+            throttled: ctx.counter(metric::THROTTLED),
+            failed_inputs: ctx.counter(metric::FAILED_INPUTS),
+            encode_errors: ctx.counter(metric::ENCODE_ERRORS),
+            dropped: ctx.counter(metric::DROPPED_RECORDS),
+            backpressure: ctx.counter(metric::BACKPRESSURE_WAITS),
+            pending_bytes: ctx.histogram(metric::PENDING_BYTES),
+            batch_records: ctx.histogram(metric::BATCH_RECORDS),
+        }
+    }
+}
+
+/// What `prepare` sets up: the calls' target, the task, the metrics.
+struct Running {
+    backend: Arc<dyn Backend>,
+    /// The endpoint label, for classifying per-record errors.
+    endpoint: String,
+    ctx: TaskContext,
+    cancel: CancellationToken,
+    m: Metrics,
+}
+
+/// The PutRecords call in flight: its records (with their inputs) and its answer to come.
+struct InFlight {
+    entries: Vec<Entry<Option<AckHandle>>>,
+    rx: oneshot::Receiver<PutOutcome>,
+    started: Instant,
+}
+
+/// Capped exponential back-off with jitter (backon), shared by every failure of the sink:
+/// each failed call in a row doubles it, a clean call resets it.
+struct Backoff {
+    builder: ExponentialBuilder,
+    seq: Option<ExponentialBackoff>,
+    max: Duration,
+    until: Option<Instant>,
+    last: Duration,
+}
+
+impl Backoff {
+    fn new(min: Duration, max: Duration) -> Self {
+        let builder =
+            ExponentialBuilder::new().with_min_delay(min).with_max_delay(max).with_jitter().without_max_times();
+        Backoff { builder, seq: None, max, until: None, last: min }
+    }
+
+    /// A failure at `now`: no call before the returned delay has passed.
+    fn fail(&mut self, now: Instant) -> Duration {
+        let builder = self.builder;
+        let d = self.seq.get_or_insert_with(|| builder.build()).next().unwrap_or(self.max).min(self.max);
+        self.until = Some(now + d);
+        self.last = d;
+        d
+    }
+
+    fn reset(&mut self) {
+        self.seq = None;
+        self.until = None;
+    }
+
+    /// When the back-off ends, if it has not.
+    fn pending(&self, now: Instant) -> Option<Instant> {
+        self.until.filter(|u| *u > now)
+    }
+}
+
+/// Logs at most once per period; counts what it held back.
+#[derive(Default)]
+struct LogGate {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl LogGate {
+    /// `Some(suppressed since the last log)` when a log may go out now.
+    fn pass(&mut self, now: Instant, period: Duration) -> Option<u64> {
+        if self.last.is_none_or(|l| now >= l + period) {
+            self.last = Some(now);
+            Some(std::mem::take(&mut self.suppressed))
+        } else {
+            self.suppressed += 1;
+            None
+        }
+    }
+}
+
+/// A bolt that writes one Kinesis record per input (see the [module docs](super)): inputs are
+/// acked once their record is put, failed when it cannot be.
+///
+/// ```no_run
+/// use squall::kinesis::KinesisEndpoint;
+/// use squall::sink::{FieldsEncoder, KinesisSink, KinesisSinkConfig};
+/// use squall::topology::TopologyBuilder;
+/// let cfg = KinesisSinkConfig::new("results", KinesisEndpoint::default());
+/// cfg.validate().expect("valid sink config");
+/// let mut b = TopologyBuilder::new("t");
+/// // ... a spout "counts" emitting (word, count)
+/// b.set_bolt("sink", 2, move |_| KinesisSink::new(cfg.clone(), FieldsEncoder::new(&["word"])))
+///     .fields_grouping("counts", &["word"]);
+/// ```
+pub struct KinesisSink<E: SinkEncoder> {
+    cfg: KinesisSinkConfig,
+    encoder: E,
+    source: Source,
+    run: Option<Running>,
+    queue: Queue<Option<AckHandle>>,
+    in_flight: Option<InFlight>,
+    backoff: Backoff,
+    /// The earliest wake-up scheduled and its token.
+    armed: Option<(Instant, u64)>,
+    next_token: u64,
+    shards: Option<(Instant, Arc<[OpenShard]>)>,
+    error_log: LogGate,
+    encode_log: LogGate,
+    /// The most bytes buffered plus in flight so far.
+    peak_bytes: usize,
+}
+
+impl<E: SinkEncoder> std::fmt::Debug for KinesisSink<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // the config holds no secrets (credentials come from the SDK's chain); records' data
+        // is never shown
+        f.debug_struct("KinesisSink")
+            .field("cfg", &self.cfg)
+            .field("buffered", &self.queue.buffered())
+            .field("pending_bytes", &self.queue.total_bytes())
+            .field("in_flight", &self.in_flight.as_ref().map(|f| f.entries.len()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: SinkEncoder> KinesisSink<E> {
+    /// A sink writing to `cfg.stream` at `cfg.kinesis`; the client is built in `prepare`, where
+    /// an invalid `cfg` fails the topology (check it first with [`KinesisSinkConfig::validate`]).
+    pub fn new(cfg: KinesisSinkConfig, encoder: E) -> Self {
+        Self::with_source(cfg, encoder, Source::Endpoint)
+    }
+
+    /// A sink using a client of the caller's (cheap to clone, shared by the sink's tasks);
+    /// `cfg.kinesis` then only labels error messages.
+    pub fn with_client(cfg: KinesisSinkConfig, client: aws_sdk_kinesis::Client, encoder: E) -> Self {
+        Self::with_source(cfg, encoder, Source::Client(client))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn with_backend(cfg: KinesisSinkConfig, backend: Arc<dyn Backend>, encoder: E) -> Self {
+        Self::with_source(cfg, encoder, Source::Custom(backend))
+    }
+
+    fn with_source(cfg: KinesisSinkConfig, encoder: E, source: Source) -> Self {
+        let backoff = Backoff::new(
+            Duration::from_millis(cfg.retry_min_backoff_ms.max(1)),
+            Duration::from_millis(cfg.retry_max_backoff_ms.max(1)),
+        );
+        KinesisSink {
+            cfg,
+            encoder,
+            source,
+            run: None,
+            queue: Queue::default(),
+            in_flight: None,
+            backoff,
+            armed: None,
+            next_token: 0,
+            shards: None,
+            error_log: LogGate::default(),
+            encode_log: LogGate::default(),
+            peak_bytes: 0,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &KinesisSinkConfig {
+        &self.cfg
+    }
+
+    /// The encoder.
+    pub fn encoder(&self) -> &E {
+        &self.encoder
+    }
+
+    /// Bytes buffered plus in flight now.
+    pub fn pending_bytes(&self) -> usize {
+        self.queue.total_bytes()
+    }
+
+    /// The most bytes buffered plus in flight at any time so far (at most
+    /// `max_in_flight_bytes`, or one record when a single record is larger).
+    pub fn peak_pending_bytes(&self) -> usize {
+        self.peak_bytes
+    }
+
+    fn linger(&self) -> Duration {
+        Duration::from_millis(self.cfg.linger_ms)
+    }
+
+    /// Buffers a record (after making room: backpressure), then puts what is due.
+    async fn add(&mut self, record: SinkRecord, tag: Option<AckHandle>, out: &mut BoltOutput) {
+        let e = Entry::new(record, tag, Instant::now());
+        if !self.reserve(e.size, out).await {
+            return; // stopping: the dropped handle fails its input
+        }
+        self.queue.push(e);
+        let total = self.queue.total_bytes();
+        self.peak_bytes = self.peak_bytes.max(total);
+        if let Some(run) = &self.run {
+            run.m.pending_bytes.record(total as u64);
+        }
+        self.pump(out).await;
+    }
+
+    /// Waits until `size` more bytes fit under `max_in_flight_bytes` (one record always fits
+    /// an empty sink). False when the topology stops meanwhile.
+    async fn reserve(&mut self, size: usize, out: &mut BoltOutput) -> bool {
+        let mut waited = false;
+        loop {
+            let total = self.queue.total_bytes();
+            if total == 0 || total + size <= self.cfg.max_in_flight_bytes {
+                return true;
+            }
+            let Some(run) = &self.run else { return true };
+            if !waited {
+                waited = true;
+                run.m.backpressure.incr();
+            }
+            if self.in_flight.is_some() {
+                if !self.harvest(out, true).await {
+                    return false;
+                }
+                continue;
+            }
+            // nothing in flight: put what is buffered now, after the back-off
+            if !self.wait_backoff().await {
+                return false;
+            }
+            self.launch();
+            if self.in_flight.is_none() {
+                return true; // nothing to send (cannot happen with bytes buffered)
+            }
+        }
+    }
+
+    /// Sleeps out the back-off. False when the topology stops meanwhile.
+    async fn wait_backoff(&mut self) -> bool {
+        let Some(run) = &self.run else { return true };
+        let cancel = run.cancel.clone();
+        match self.backoff.pending(Instant::now()) {
+            Some(until) => tokio::select! {
+                biased;
+                _ = cancel.cancelled() => false,
+                _ = sleep_until(until) => true,
+            },
+            None => true,
+        }
+    }
+
+    /// Takes in a finished call; starts the next when a batch is full or lingered long enough;
+    /// schedules the next wake-up.
+    async fn pump(&mut self, out: &mut BoltOutput) {
+        self.harvest(out, false).await;
+        let now = Instant::now();
+        if self.in_flight.is_none() && self.queue.has_ready() && self.backoff.pending(now).is_none() {
+            let full = self.queue.ready_keys() >= self.cfg.max_batch_records
+                || self.queue.buffered_bytes() >= self.cfg.max_batch_bytes;
+            let due = self.queue.oldest_ready().is_some_and(|t| now >= t + self.linger());
+            if full || due {
+                self.launch();
+            }
+        }
+        self.arm(out, now);
+    }
+
+    /// Schedules a wake-up: to take in the call in flight (polled, more often when it is
+    /// young), or to put a lingering batch after its linger and any back-off.
+    fn arm(&mut self, out: &mut BoltOutput, now: Instant) {
+        let want = if let Some(f) = &self.in_flight {
+            let age = now.saturating_duration_since(f.started);
+            Some(now + (age / 4).clamp(Duration::from_millis(1), Duration::from_millis(20)))
+        } else if self.queue.has_ready() {
+            let due = self.queue.oldest_ready().map_or(now, |t| t + self.linger());
+            Some(self.backoff.pending(now).map_or(due, |u| due.max(u)))
+        } else {
+            None
+        };
+        if let Some(at) = want {
+            if self.armed.is_none_or(|(a, _)| at < a) {
+                self.next_token += 1;
+                out.schedule_at(at, self.next_token);
+                self.armed = Some((at, self.next_token));
+            }
+        }
+    }
+
+    /// Starts a PutRecords call with the next batch.
+    fn launch(&mut self) {
+        let Some(run) = &self.run else { return };
+        let batch = self.queue.take_batch(self.cfg.max_batch_records, self.cfg.max_batch_bytes);
+        if batch.is_empty() {
+            return;
+        }
+        let records: Vec<SinkRecord> = batch.iter().map(|e| e.record.clone()).collect();
+        let call = run.backend.put_records(records);
+        let (tx, rx) = oneshot::channel();
+        let cancel = run.cancel.clone();
+        // owned by the topology's tracker; ends with the call or at cancellation
+        drop(run.ctx.spawn(async move {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => {}
+                r = call => { let _ = tx.send(r); }
+            }
+        }));
+        run.m.put_calls.incr();
+        run.m.batch_records.record(batch.len() as u64);
+        self.in_flight = Some(InFlight { entries: batch, rx, started: Instant::now() });
+    }
+
+    /// Takes in the call in flight if it finished (or, with `block`, waits for it). False when
+    /// the topology stopped while waiting.
+    async fn harvest(&mut self, out: &mut BoltOutput, block: bool) -> bool {
+        let Some(f) = self.in_flight.as_mut() else { return true };
+        let outcome = if block {
+            let Some(run) = &self.run else { return true };
+            let cancel = run.cancel.clone();
+            tokio::select! {
+                biased;
+                r = &mut f.rx => r.ok(),
+                _ = cancel.cancelled() => return false,
+            }
+        } else {
+            match f.rx.try_recv() {
+                Ok(r) => Some(r),
+                Err(oneshot::error::TryRecvError::Empty) => return true,
+                Err(oneshot::error::TryRecvError::Closed) => None,
+            }
+        };
+        let Some(InFlight { entries, .. }) = self.in_flight.take() else { return true };
+        match outcome {
+            Some(outcome) => self.settle(entries, outcome, out),
+            // the call's task was cancelled: stopping; the dropped handles fail their inputs
+            None => {
+                for e in &entries {
+                    self.queue.release(e);
+                }
+            }
+        }
+        true
+    }
+
+    /// Acks what was put, queues what to retry (ahead of later records of its key), fails what
+    /// cannot be put.
+    fn settle(&mut self, entries: Vec<Entry<Option<AckHandle>>>, outcome: PutOutcome, out: &mut BoltOutput) {
+        let Some(run) = &self.run else { return };
+        let now = Instant::now();
+        let stream = self.cfg.stream.as_str();
+        match outcome {
+            Ok(results) => {
+                let mut retry = Vec::new();
+                let mut fatal: Option<KinesisError> = None;
+                let mut results = results.into_iter();
+                for e in entries {
+                    match results.next().flatten() {
+                        None => {
+                            self.queue.release(&e);
+                            run.m.records_put.incr();
+                            if let Some(h) = e.tag {
+                                out.ack(h);
+                            }
+                        }
+                        Some(err) => {
+                            let k = KinesisError::classify("PutRecords", stream, &run.endpoint, &err.code, err.message);
+                            if k.is_retryable() {
+                                if k.kind() == ErrorKind::Throttled {
+                                    run.m.throttled.incr();
+                                }
+                                retry.push(e);
+                            } else {
+                                self.queue.release(&e);
+                                fail_entry(e, &run.m, out);
+                                fatal = Some(k);
+                            }
+                        }
+                    }
+                }
+                run.m.retried.add(retry.len() as u64);
+                let n_retry = retry.len();
+                self.queue.requeue(retry);
+                if n_retry == 0 && fatal.is_none() {
+                    self.backoff.reset();
+                    return;
+                }
+                let delay = self.backoff.fail(now);
+                if let Some(suppressed) = self.error_log.pass(now, delay) {
+                    match &fatal {
+                        Some(k) => {
+                            tracing::warn!(stream, kind = %k.kind(), suppressed, "Kinesis sink: records refused, their inputs failed (replayed by the spout): {k}")
+                        }
+                        None => tracing::debug!(
+                            stream,
+                            retried = n_retry,
+                            backoff_ms = delay.as_millis() as u64,
+                            "Kinesis sink: records not put (throttled or failed); retrying them first"
+                        ),
+                    }
+                }
+            }
+            Err(e) if e.is_retryable() => {
+                if e.kind() == ErrorKind::Throttled {
+                    run.m.throttled.incr();
+                }
+                run.m.retried.add(entries.len() as u64);
+                self.queue.requeue(entries);
+                let delay = self.backoff.fail(now);
+                if let Some(suppressed) = self.error_log.pass(now, delay) {
+                    tracing::info!(stream, kind = %e.kind(), suppressed, backoff_ms = delay.as_millis() as u64, "Kinesis sink: PutRecords failed, retrying: {e}");
+                }
+            }
+            Err(e) => {
+                // retrying cannot fix it (stream missing, access denied, KMS key): fail every
+                // input held so the spout replays them, and back off before the next call
+                let mut failed = 0;
+                for e in entries {
+                    self.queue.release(&e);
+                    failed += u64::from(e.tag.is_some());
+                    fail_entry(e, &run.m, out);
+                }
+                for e in self.queue.take_all() {
+                    failed += u64::from(e.tag.is_some());
+                    fail_entry(e, &run.m, out);
+                }
+                let delay = self.backoff.fail(now);
+                if let Some(suppressed) = self.error_log.pass(now, delay) {
+                    tracing::error!(stream, kind = %e.kind(), failed_inputs = failed, suppressed, "Kinesis sink cannot write: {e}");
+                }
+            }
+        }
+    }
+
+    /// Puts everything buffered and waits for it (drain). Returns early when the topology stops.
+    async fn flush_all(&mut self, out: &mut BoltOutput) {
+        loop {
+            if self.run.as_ref().is_none_or(|r| r.cancel.is_cancelled()) {
+                return;
+            }
+            if self.in_flight.is_some() {
+                if !self.harvest(out, true).await {
+                    return;
+                }
+                continue;
+            }
+            if !self.queue.has_ready() {
+                return;
+            }
+            if !self.wait_backoff().await {
+                return;
+            }
+            self.launch();
+        }
+    }
+
+    /// The open shards for the encoder's hooks: cached, refreshed at most every 10 s, never
+    /// fetched for an encoder that does not need them.
+    async fn open_shards(&mut self) -> Arc<[OpenShard]> {
+        if !self.encoder.needs_shards() {
+            return Arc::from(Vec::new());
+        }
+        let now = Instant::now();
+        if let Some((at, s)) = &self.shards {
+            if now < *at + SHARDS_TTL {
+                return s.clone();
+            }
+        }
+        let Some(run) = &self.run else { return Arc::from(Vec::new()) };
+        let call = run.backend.open_shards();
+        let fetched = tokio::select! {
+            biased;
+            _ = run.cancel.cancelled() => return Arc::from(Vec::new()),
+            r = call => r,
+        };
+        let stale = self.shards.take().map(|(_, s)| s);
+        let shards: Arc<[OpenShard]> = match fetched {
+            Ok(v) => Arc::from(v),
+            Err(e) => {
+                tracing::warn!(stream = %self.cfg.stream, "Kinesis sink: listing the stream's shards failed; the encoder gets the last list: {e}");
+                stale.unwrap_or_else(|| Arc::from(Vec::new()))
+            }
+        };
+        self.shards = Some((now, shards.clone()));
+        shards
+    }
+
+    /// Buffers the records of an encoder hook (no input to ack).
+    async fn add_hook_records(&mut self, records: Vec<SinkRecord>, hook: &str, out: &mut BoltOutput) {
+        for r in records {
+            if let Err(why) = r.check() {
+                if let Some(run) = &self.run {
+                    run.m.dropped.incr();
+                }
+                tracing::warn!(stream = %self.cfg.stream, hook, "Kinesis sink: a record from the encoder's {hook} is dropped: {why}");
+                continue;
+            }
+            self.add(r, None, out).await;
+        }
+    }
+}
+
+fn fail_entry(e: Entry<Option<AckHandle>>, m: &Metrics, out: &mut BoltOutput) {
+    match e.tag {
+        Some(h) => {
+            m.failed_inputs.incr();
+            out.fail(h);
+        }
+        None => m.dropped.incr(),
+    }
+}
+
+impl<E: SinkEncoder> Bolt for KinesisSink<E> {
+    async fn prepare(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
+        self.cfg.validate().map_err(|e| ComponentError::fatal(e.to_string()))?;
+        let endpoint = self.cfg.kinesis.label();
+        let backend: Arc<dyn Backend> = match &self.source {
+            Source::Custom(b) => b.clone(),
+            Source::Client(c) => {
+                Arc::new(SdkBackend { client: c.clone(), stream: self.cfg.stream.clone(), endpoint: endpoint.clone() })
+            }
+            Source::Endpoint => {
+                let client = self.cfg.kinesis.client().await.map_err(|e| {
+                    ComponentError::fatal_from(
+                        format!("Kinesis sink to stream {:?}: cannot build the client", self.cfg.stream),
+                        e,
+                    )
+                })?;
+                Arc::new(SdkBackend { client, stream: self.cfg.stream.clone(), endpoint: endpoint.clone() })
+            }
+        };
+        self.run =
+            Some(Running { backend, endpoint, ctx: ctx.clone(), cancel: ctx.cancellation(), m: Metrics::new(ctx) });
+        Ok(())
+    }
+
+    async fn execute(&mut self, t: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let record = self.encoder.encode(&t).and_then(|r| r.check().map(|()| r).map_err(ComponentError::fatal));
+        let record = match record {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(run) = &self.run {
+                    run.m.encode_errors.incr();
+                }
+                if let Some(suppressed) = self.encode_log.pass(Instant::now(), ENCODE_LOG_PERIOD) {
+                    tracing::warn!(stream = %self.cfg.stream, suppressed, "Kinesis sink: input not encoded, failed: {e}");
+                }
+                return Err(e);
+            }
+        };
+        let handle = out.defer_ack()?;
+        self.add(record, Some(handle), out).await;
+        Ok(())
+    }
+
+    async fn on_timer(&mut self, timer: Timer, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        if let Timer::Wakeup(token) = timer {
+            if self.armed.is_some_and(|(_, t)| t == token) {
+                self.armed = None;
+            }
+        }
+        self.pump(out).await;
+        Ok(())
+    }
+
+    async fn on_watermark(&mut self, wm: Watermark, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let shards = self.open_shards().await;
+        let records = self.encoder.on_watermark(wm, &shards);
+        self.add_hook_records(records, "on_watermark", out).await;
+        Ok(())
+    }
+
+    async fn on_drain(&mut self, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let shards = self.open_shards().await;
+        let records = self.encoder.on_drain(&shards);
+        self.add_hook_records(records, "on_drain", out).await;
+        self.flush_all(out).await;
+        Ok(())
+    }
+
+    async fn cleanup(&mut self) {
+        let left = self.queue.buffered() + self.in_flight.as_ref().map_or(0, |f| f.entries.len());
+        if left > 0 {
+            tracing::warn!(stream = %self.cfg.stream, records = left, "Kinesis sink stopped with records not put; their inputs are failed (replayed by the spout)");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use squall_topology::testing::BoltHarness;
+
+    use super::super::backend::{BoxFuture, EntryError};
+    use super::super::encoder::FieldsEncoder;
+    use super::*;
+    use crate::kinesis::KinesisEndpoint;
+
+    type Script = Box<dyn FnMut(usize, &[SinkRecord]) -> PutOutcome + Send>;
+
+    /// An in-memory PutRecords: `script` answers each call (by call number); the records it
+    /// reports written are appended to `written`.
+    struct Fake {
+        written: Mutex<Vec<SinkRecord>>,
+        calls: Mutex<Vec<usize>>,
+        script: Mutex<Script>,
+        delay: Duration,
+    }
+
+    impl Fake {
+        fn new(delay: Duration, script: Script) -> Arc<Fake> {
+            Arc::new(Fake { written: Mutex::default(), calls: Mutex::default(), script: Mutex::new(script), delay })
+        }
+        fn ok() -> Script {
+            Box::new(|_, r| Ok(vec![None; r.len()]))
+        }
+        fn keys(&self) -> Vec<String> {
+            self.written.lock().unwrap().iter().map(|r| String::from_utf8(r.data.to_vec()).unwrap()).collect()
+        }
+    }
+
+    struct Shared(Arc<Fake>);
+
+    impl Backend for Shared {
+        fn put_records(&self, records: Vec<SinkRecord>) -> BoxFuture<PutOutcome> {
+            let fake = self.0.clone();
+            Box::pin(async move {
+                if !fake.delay.is_zero() {
+                    tokio::time::sleep(fake.delay).await;
+                }
+                let n = {
+                    let mut c = fake.calls.lock().unwrap();
+                    c.push(records.len());
+                    c.len() - 1
+                };
+                let outcome = (fake.script.lock().unwrap())(n, &records);
+                if let Ok(results) = &outcome {
+                    let mut w = fake.written.lock().unwrap();
+                    for (r, res) in records.iter().zip(results) {
+                        if res.is_none() {
+                            w.push(r.clone());
+                        }
+                    }
+                }
+                outcome
+            })
+        }
+        fn open_shards(&self) -> BoxFuture<Result<Vec<OpenShard>, KinesisError>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
+    }
+
+    fn vals(a: impl Into<crate::topology::Value>, b: impl Into<crate::topology::Value>) -> crate::topology::Values {
+        vec![a.into(), b.into()].into()
+    }
+
+    fn cfg(f: impl FnOnce(&mut KinesisSinkConfig)) -> KinesisSinkConfig {
+        let mut c = KinesisSinkConfig::new("out", KinesisEndpoint::default());
+        c.retry_min_backoff_ms = 1;
+        c.retry_max_backoff_ms = 4;
+        f(&mut c);
+        c
+    }
+
+    async fn harness(
+        c: KinesisSinkConfig,
+        fake: &Arc<Fake>,
+    ) -> squall_topology::testing::BoltHarness<KinesisSink<FieldsEncoder>> {
+        let sink =
+            KinesisSink::with_backend(c, Arc::new(Shared(fake.clone())), FieldsEncoder::new(&["k"]).data_field("v"));
+        BoltHarness::new(sink).input("spout", "default", &["k", "v"]).prepare().await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn full_batches_go_at_once_partial_ones_after_linger_and_drain_flushes() {
+        let fake = Fake::new(Duration::ZERO, Fake::ok());
+        let mut h = harness(
+            cfg(|c| {
+                c.max_batch_records = 4;
+                c.linger_ms = 60_000;
+            }),
+            &fake,
+        )
+        .await;
+        for i in 0..10 {
+            h.execute(vals(format!("k{i}"), format!("{i}"))).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(fake.calls.lock().unwrap().first(), Some(&4), "a full batch goes without waiting for linger");
+        assert!(h.acked().len() < 10);
+        h.drain().await.unwrap();
+        assert_eq!(h.acked().len(), 10);
+        assert!(h.failed().is_empty() && h.held().is_empty());
+        let calls = fake.calls.lock().unwrap().clone();
+        assert!(calls.iter().all(|&n| n <= 4) && calls.iter().sum::<usize>() == 10, "{calls:?}");
+
+        // a partial batch goes after linger_ms, with no more input and no drain
+        let fake = Fake::new(Duration::ZERO, Fake::ok());
+        let mut h = harness(cfg(|c| c.linger_ms = 30), &fake).await;
+        h.execute(vals("a", "1")).await.unwrap();
+        h.execute(vals("b", "2")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(fake.calls.lock().unwrap().is_empty(), "lingering");
+        h.advance(Duration::from_millis(200)).await.unwrap();
+        assert_eq!(*fake.calls.lock().unwrap(), [2]);
+        assert_eq!(h.acked().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn retried_records_keep_per_key_order_and_every_input_is_acked_once_put() {
+        // every other call fails a third of its records (throttled) or all of it (a 500)
+        let script: Script = Box::new(|n, r| match n % 4 {
+            1 => Ok((0..r.len())
+                .map(|i| {
+                    (i % 3 == 0).then(|| EntryError {
+                        code: "ProvisionedThroughputExceededException".into(),
+                        message: "slow down".into(),
+                    })
+                })
+                .collect()),
+            3 => Err(KinesisError::Service {
+                op: "PutRecords",
+                stream: "out".into(),
+                endpoint: "fake".into(),
+                message: "HTTP 500".into(),
+            }),
+            _ => Ok(vec![None; r.len()]),
+        });
+        let fake = Fake::new(Duration::from_millis(1), script);
+        let mut h = harness(
+            cfg(|c| {
+                c.max_batch_records = 5;
+                c.linger_ms = 1;
+            }),
+            &fake,
+        )
+        .await;
+        let mut ids = Vec::new();
+        for i in 0..60 {
+            ids.push(h.execute(vals(format!("k{}", i % 4), format!("k{}:{i}", i % 4))).await.unwrap());
+        }
+        h.drain().await.unwrap();
+        assert_eq!(h.acked().len(), 60, "failed {:?} held {:?}", h.failed(), h.held());
+        let written = fake.keys();
+        assert_eq!(written.len(), 60, "each record written once");
+        for k in 0..4 {
+            let seqs: Vec<u32> =
+                written.iter().filter_map(|w| w.strip_prefix(&format!("k{k}:")).map(|s| s.parse().unwrap())).collect();
+            let want: Vec<u32> = (0..60).filter(|i| i % 4 == k).collect();
+            assert_eq!(seqs, want, "key k{k}");
+        }
+        let m = &h.context().counter(metric::RETRIED_RECORDS);
+        assert!(m.get() > 0);
+        assert!(h.context().counter(metric::THROTTLED).get() > 0);
+        assert!(fake.calls.lock().unwrap().iter().all(|&n| n <= 4), "one record per key per call");
+    }
+
+    #[tokio::test]
+    async fn errors_retrying_cannot_fix_fail_the_inputs_and_encode_errors_fail_one() {
+        let script: Script =
+            Box::new(|_, _| Err(KinesisError::StreamNotFound { stream: "out".into(), endpoint: "fake".into() }));
+        let fake = Fake::new(Duration::ZERO, script);
+        let mut h = harness(cfg(|c| c.linger_ms = 1), &fake).await;
+        for i in 0..5 {
+            h.execute(vals(format!("k{i}"), "x")).await.unwrap();
+        }
+        h.drain().await.unwrap();
+        assert_eq!((h.acked().len(), h.failed().len()), (0, 5));
+        assert_eq!(h.context().counter(metric::FAILED_INPUTS).get(), 5);
+
+        let fake = Fake::new(Duration::ZERO, Fake::ok());
+        let mut h = harness(cfg(|c| c.linger_ms = 1), &fake).await;
+        let good = h.execute(vals("a", "x")).await.unwrap();
+        let bad = h.execute(vals("b", 7u64)).await.unwrap(); // data must be bytes or str
+        let empty_key = h.execute(vals("", "x")).await.unwrap();
+        h.drain().await.unwrap();
+        assert_eq!(h.acked(), [good]);
+        assert_eq!(h.failed(), [bad, empty_key]);
+        assert_eq!(h.context().counter(metric::ENCODE_ERRORS).get(), 2);
+    }
+
+    #[tokio::test]
+    async fn bytes_buffered_and_in_flight_stay_under_the_bound() {
+        let fake = Fake::new(Duration::from_millis(15), Fake::ok());
+        let mut h = harness(
+            cfg(|c| {
+                c.max_batch_bytes = 1_000;
+                c.max_in_flight_bytes = 2_000;
+                c.linger_ms = 5;
+            }),
+            &fake,
+        )
+        .await;
+        let data = "x".repeat(96);
+        for i in 0..200 {
+            h.execute(vals(format!("k{:03}", i % 50), data.clone())).await.unwrap();
+        }
+        h.drain().await.unwrap();
+        assert_eq!(h.acked().len(), 200);
+        let peak = h.bolt().unwrap().peak_pending_bytes();
+        assert!(peak <= 2_000 && peak > 1_000, "peak {peak}");
+        assert!(h.context().counter(metric::BACKPRESSURE_WAITS).get() > 0);
+        assert!(fake.calls.lock().unwrap().iter().all(|&n| n * 100 <= 1_000));
+    }
+}
