@@ -134,8 +134,10 @@ async fn main() -> anyhow::Result<()> {
             .fields_grouping(input, &["word"])
             .fields(&["word", "row"])
             .config(flush);
-        b.set_bolt("output", 1, move |_| KinesisSink::new(sink_cfg.clone(), FieldsEncoder::new(&["word"]).data_field("row")))
-            .shuffle_grouping("count");
+        b.set_bolt("output", 1, move |_| {
+            KinesisSink::new(sink_cfg.clone(), FieldsEncoder::new(&["word"]).data_field("row"))
+        })
+        .shuffle_grouping("count");
     });
     squall::stage::run(args.worker, stages).await
 }

@@ -365,8 +365,7 @@ impl Engines {
         for (boundary, name, build) in stages.rest {
             let stream = boundary.stream_name(&args.topology);
             // the writer, in the previous stage
-            let registrar =
-                ProducerRegistrar::new(session.clone(), &args.zk_root, &args.topology, &stream, deployment);
+            let registrar = ProducerRegistrar::new(session.clone(), &args.zk_root, &args.topology, &stream, deployment);
             let prev = built.last_mut().map(|b| &mut b.2).expect("the first stage is built");
             let sink_cfg = KinesisSinkConfig::new(stream.clone(), spout_cfg.kinesis.clone());
             sink_cfg.validate().map_err(|e| anyhow::anyhow!("boundary {}: {e}", boundary.name))?;
@@ -391,8 +390,12 @@ impl Engines {
                 stream.clone(),
                 followers.clone(),
             );
-            let spec =
-                StageInputSpec { fields: boundary.fields.clone(), deployment: deployment.to_string(), producers, drain: drain.subscribe() };
+            let spec = StageInputSpec {
+                fields: boundary.fields.clone(),
+                deployment: deployment.to_string(),
+                producers,
+                drain: drain.subscribe(),
+            };
             let cfg = KinesisSpoutConfig {
                 stream: stream.clone(),
                 stage_input: true,
@@ -585,12 +588,7 @@ fn same_status(a: &WorkerStatus, b: &WorkerStatus) -> bool {
 }
 
 /// Obeys a drain notification of this deployment (once); ignores one of another deployment.
-async fn check_drain(
-    store: &ZkStore,
-    running: &Engines,
-    deployment: &str,
-    draining: &mut bool,
-) {
+async fn check_drain(store: &ZkStore, running: &Engines, deployment: &str, draining: &mut bool) {
     if *draining {
         return;
     }

@@ -162,12 +162,20 @@ async fn a_split_of_the_intermediate_stream_and_a_killed_worker_lose_no_count() 
     manifests.push(put(&src, 200, 24).await);
 
     let truth = true_counts(&manifests);
-    let rows = wait_rows(&out, Duration::from_secs(150), |s| truth.iter().all(|(w, n)| s.get(w).copied().unwrap_or(0) >= *n))
-        .await;
+    let rows =
+        wait_rows(&out, Duration::from_secs(150), |s| truth.iter().all(|(w, n)| s.get(w).copied().unwrap_or(0) >= *n))
+            .await;
     let got = sums(&rows);
-    let short: Vec<_> =
-        truth.iter().filter(|(w, n)| got.get(*w).copied().unwrap_or(0) < **n).map(|(w, n)| (w, n, got.get(w))).collect();
-    assert!(short.is_empty(), "words counted fewer times than they occur (word, true, counted): {short:?}\n{}", cluster.logs());
+    let short: Vec<_> = truth
+        .iter()
+        .filter(|(w, n)| got.get(*w).copied().unwrap_or(0) < **n)
+        .map(|(w, n)| (w, n, got.get(w)))
+        .collect();
+    assert!(
+        short.is_empty(),
+        "words counted fewer times than they occur (word, true, counted): {short:?}\n{}",
+        cluster.logs()
+    );
     for (i, w) in workers.iter_mut().enumerate() {
         if i != 1 {
             assert_eq!(w.stop(Duration::from_secs(60)), Some(0), "worker {} exits cleanly", w.name);

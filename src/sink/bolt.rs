@@ -100,7 +100,7 @@ struct Running {
 
 /// The PutRecords call in flight: its records (with their inputs) and its answer to come.
 struct InFlight {
-    entries: Vec<Entry<Option<AckHandle>>>,
+    entries: Vec<Entry<Held>>,
     rx: oneshot::Receiver<PutOutcome>,
     started: Instant,
 }
@@ -181,7 +181,7 @@ pub struct KinesisSink<E: SinkEncoder> {
     encoder: E,
     source: Source,
     run: Option<Running>,
-    queue: Queue<Option<AckHandle>>,
+    queue: Queue<Held>,
     in_flight: Option<InFlight>,
     backoff: Backoff,
     /// The earliest wake-up scheduled and its token.
@@ -273,12 +273,15 @@ impl<E: SinkEncoder> KinesisSink<E> {
     }
 
     /// Buffers a record (after making room: backpressure), then puts what is due.
-    async fn add(&mut self, record: SinkRecord, tag: Option<AckHandle>, out: &mut BoltOutput) {
+    async fn add(&mut self, record: SinkRecord, tag: Held, out: &mut BoltOutput) {
         let e = Entry::new(record, tag, Instant::now());
         if !self.reserve(e.size, out).await {
             return; // stopping: the dropped handle fails its input
         }
-        self.queue.push(e);
+        let encoder = &mut self.encoder;
+        self.queue.push_combining(e, |into, next| {
+            into.size() + next.data.len() <= super::config::MAX_RECORD_BYTES && encoder.combine(into, next)
+        });
         let total = self.queue.total_bytes();
         self.peak_bytes = self.peak_bytes.max(total);
         if let Some(run) = &self.run {
@@ -427,7 +430,7 @@ impl<E: SinkEncoder> KinesisSink<E> {
 
     /// Acks what was put, queues what to retry (ahead of later records of its key), fails what
     /// cannot be put.
-    fn settle(&mut self, entries: Vec<Entry<Option<AckHandle>>>, outcome: PutOutcome, out: &mut BoltOutput) {
+    fn settle(&mut self, entries: Vec<Entry<Held>>, outcome: PutOutcome, out: &mut BoltOutput) {
         let Some(run) = &self.run else { return };
         let now = Instant::now();
         let stream = self.cfg.stream.as_str();
@@ -441,7 +444,7 @@ impl<E: SinkEncoder> KinesisSink<E> {
                         None => {
                             self.queue.release(&e);
                             run.m.records_put.incr();
-                            if let Some(h) = e.tag {
+                            for h in e.tag {
                                 out.ack(h);
                             }
                         }
@@ -499,11 +502,11 @@ impl<E: SinkEncoder> KinesisSink<E> {
                 let mut failed = 0;
                 for e in entries {
                     self.queue.release(&e);
-                    failed += u64::from(e.tag.is_some());
+                    failed += e.tag.len() as u64;
                     fail_entry(e, &run.m, out);
                 }
                 for e in self.queue.take_all() {
-                    failed += u64::from(e.tag.is_some());
+                    failed += e.tag.len() as u64;
                     fail_entry(e, &run.m, out);
                 }
                 let delay = self.backoff.fail(now);
@@ -577,20 +580,24 @@ impl<E: SinkEncoder> KinesisSink<E> {
                 tracing::warn!(stream = %self.cfg.stream, hook, "Kinesis sink: a record from the encoder's {hook} is dropped: {why}");
                 continue;
             }
-            self.add(r, None, out).await;
+            self.add(r, Vec::new(), out).await;
         }
     }
 }
 
-fn fail_entry(e: Entry<Option<AckHandle>>, m: &Metrics, out: &mut BoltOutput) {
-    match e.tag {
-        Some(h) => {
-            m.failed_inputs.incr();
-            out.fail(h);
-        }
-        None => m.dropped.incr(),
+fn fail_entry(e: Entry<Held>, m: &Metrics, out: &mut BoltOutput) {
+    if e.tag.is_empty() {
+        m.dropped.incr();
+    }
+    for h in e.tag {
+        m.failed_inputs.incr();
+        out.fail(h);
     }
 }
+
+/// The inputs a buffered record acks once it is put: one, several when the encoder combined
+/// records of one key ([`SinkEncoder::combine`]), none for a hook's record.
+type Held = Vec<AckHandle>;
 
 impl<E: SinkEncoder> Bolt for KinesisSink<E> {
     async fn prepare(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
@@ -631,7 +638,7 @@ impl<E: SinkEncoder> Bolt for KinesisSink<E> {
             }
         };
         let handle = out.defer_ack()?;
-        self.add(record, Some(handle), out).await;
+        self.add(record, vec![handle], out).await;
         Ok(())
     }
 

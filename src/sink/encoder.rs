@@ -97,6 +97,16 @@ pub trait SinkEncoder: Send + 'static {
         Vec::new()
     }
 
+    /// Merges `next` into `into`, two records of one key (partition and explicit hash key)
+    /// waiting to be put, `next` encoded after `into`, when the encoder's format can carry
+    /// both in one record (an aggregated record, as the KPL writes). The merged record is put,
+    /// acked and retried as one, so a hot key costs one record per PutRecords call instead of
+    /// one call per record. The sink only offers merges that stay within 1 MiB. Default: never.
+    fn combine(&mut self, into: &mut SinkRecord, next: &SinkRecord) -> bool {
+        let _ = (into, next);
+        false
+    }
+
     /// Records to write when every input drained, before the final flush.
     fn on_drain(&mut self, shards: &[OpenShard]) -> Vec<SinkRecord> {
         let _ = shards;

@@ -106,6 +106,25 @@ impl<T> Queue<T> {
         }
     }
 
+    /// Appends a record behind every buffered record of its key, or into the last of them when
+    /// `combine(last, next)` merges it there (the sink then puts both as one record, and acks
+    /// both tags' inputs once it is put).
+    pub fn push_combining<X>(&mut self, e: Entry<Vec<X>>, combine: impl FnOnce(&mut SinkRecord, &SinkRecord) -> bool)
+    where
+        T: From<Vec<X>> + AsMut<Vec<X>>,
+    {
+        if let Some(last) = self.keys.get_mut(&e.key()).and_then(|st| st.fifo.back_mut()) {
+            let before = last.size;
+            if combine(&mut last.record, &e.record) {
+                last.size = last.record.size();
+                last.tag.as_mut().extend(e.tag);
+                self.buffered_bytes = self.buffered_bytes + last.size - before;
+                return;
+            }
+        }
+        self.push(Entry { record: e.record, tag: T::from(e.tag), size: e.size, since: e.since });
+    }
+
     /// A batch: the head record of ready keys, in order, up to `max_records` and `max_bytes`
     /// (a first record larger than `max_bytes` goes alone). Its keys are now in flight.
     pub fn take_batch(&mut self, max_records: usize, max_bytes: usize) -> Vec<Entry<T>> {

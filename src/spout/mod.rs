@@ -399,11 +399,25 @@ impl KinesisSpout {
 }
 
 impl KinesisSpout {
+    /// Emits a record's tuples (one, or several for an aggregated stage record) as one tracked
+    /// spout tuple.
+    fn emit_record(
+        out: &mut SpoutOutput<SpoutMsgId>,
+        mut tuples: Vec<Values>,
+        id: SpoutMsgId,
+    ) -> Result<(), squall_topology::EmitError> {
+        if tuples.len() == 1 {
+            out.emit_tracked(tuples.pop().unwrap_or_default(), id)
+        } else {
+            out.emit_tracked_all(squall_topology::DEFAULT_STREAM, tuples, id).map(|_| ())
+        }
+    }
+
     /// The values of a record replayed after a failure: decoded again when reading a stage's
     /// input (a record that was emitted once decodes again).
-    fn replay_values(&mut self, rec: &tracker::Record, epoch: u64) -> Option<Values> {
+    fn replay_values(&mut self, rec: &tracker::Record, epoch: u64) -> Option<Vec<Values>> {
         match &mut self.stage {
-            None => Some(Self::values(rec)),
+            None => Some(vec![Self::values(rec)]),
             Some(stage) => match stage.on_record(rec, epoch) {
                 stage_input::Step::Emit(values) => Some(values),
                 stage_input::Step::Consumed => None,
@@ -562,9 +576,9 @@ impl Spout for KinesisSpout {
             match id {
                 SpoutMsgId::Record(id) => {
                     let rec = lock(&self.tracker).replay_record(&id.shard_id, id.epoch, &id.sequence);
-                    if let Some(values) = rec.and_then(|rec| self.replay_values(&rec, id.epoch)) {
+                    if let Some(tuples) = rec.and_then(|rec| self.replay_values(&rec, id.epoch)) {
                         self.stats.replayed.fetch_add(1, Ordering::Relaxed);
-                        out.emit_tracked(values, SpoutMsgId::Record(id))?;
+                        Self::emit_record(out, tuples, SpoutMsgId::Record(id))?;
                         return Ok(());
                     }
                 }
@@ -582,10 +596,10 @@ impl Spout for KinesisSpout {
             let next = lock(&self.tracker).next_to_emit();
             let Some((rec, epoch)) = next else { return Ok(()) };
             self.space.notify_waiters();
-            let values = match &mut self.stage {
-                None => Self::values(&rec),
+            let tuples = match &mut self.stage {
+                None => vec![Self::values(&rec)],
                 Some(stage) => match stage.on_record(&rec, epoch) {
-                    stage_input::Step::Emit(values) => values,
+                    stage_input::Step::Emit(tuples) => tuples,
                     stage_input::Step::Consumed => {
                         // a control record: handled here, so its checkpoint may move at once
                         lock(&self.tracker).ack(&rec.shard_id, epoch, &rec.sequence);
@@ -595,7 +609,7 @@ impl Spout for KinesisSpout {
             };
             self.stats.emitted.fetch_add(1, Ordering::Relaxed);
             let id = KinesisMsgId { shard_id: rec.shard_id.clone(), sequence: rec.sequence.clone(), epoch };
-            out.emit_tracked(values, SpoutMsgId::Record(id))?;
+            Self::emit_record(out, tuples, SpoutMsgId::Record(id))?;
             return Ok(());
         }
     }

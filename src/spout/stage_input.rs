@@ -98,8 +98,8 @@ struct ShardInput {
 /// What to do with a record taken from a shard's queue.
 #[derive(Debug)]
 pub(crate) enum Step {
-    /// Emit these values (a data record).
-    Emit(Values),
+    /// Emit these tuples (a data record), as one tracked spout tuple.
+    Emit(Vec<Values>),
     /// Consumed here (a control record, or a malformed one): ack it at once.
     Consumed,
 }
@@ -286,7 +286,10 @@ mod tests {
         let owned = || vec![(a.clone(), 1u64)];
         let wm = |si: &StageInput| si.task_watermark(owned().iter().map(|(s, e)| (s, *e)), true, 5);
         assert_eq!(wm(&si), None, "no producer seen yet");
-        assert!(matches!(si.on_record(&rec(&a, encode_data(1, "dep", Some(100), &[Value::from("w")])), 1), Step::Emit(_)));
+        assert!(matches!(
+            si.on_record(&rec(&a, encode_data(1, "dep", Some(100), &[Value::from("w")])), 1),
+            Step::Emit(_)
+        ));
         assert_eq!(wm(&si), None, "producer 2 not seen yet");
         assert!(matches!(si.on_record(&rec(&a, encode_control(2, "dep", Some(50), false)), 1), Step::Consumed));
         assert_eq!(wm(&si), Some(50), "min(100, 50)");

@@ -204,13 +204,12 @@ impl StreamCoordinator {
             self.stop_listing();
             self.assignment = None;
             let setup = async {
-                let store =
-                    if self.cfg.stage_input {
-                        ZkStore::open_stage_input(session, &self.cfg.zookeeper.root, &self.cfg.topology, &self.cfg.stream)
-                            .await?
-                    } else {
-                        ZkStore::open(session, &self.cfg.zookeeper.root, &self.cfg.topology, &self.cfg.stream).await?
-                    };
+                let store = if self.cfg.stage_input {
+                    ZkStore::open_stage_input(session, &self.cfg.zookeeper.root, &self.cfg.topology, &self.cfg.stream)
+                        .await?
+                } else {
+                    ZkStore::open(session, &self.cfg.zookeeper.root, &self.cfg.topology, &self.cfg.stream).await?
+                };
                 let events = store.watch(&[WatchOn::Tasks, WatchOn::Assignment]).await?;
                 Ok::<_, CoordError>((store, events))
             };

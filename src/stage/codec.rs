@@ -2,22 +2,27 @@
 //! (a producer's watermark, or its drain marker).
 //!
 //! ```text
-//! record   = magic:u8 (0x53 'S') version:u8 (1) kind:u8 producer:u64le deployment:str watermark:varint body
+//! record   = magic:u8 (0x53 'S') version:u8 (1) kind:u8 producer:u64le deployment:str watermark:u64le body
 //! kind     = 0 data | 1 watermark | 2 drain
 //! watermark= 0 when the producer's low watermark is unknown, else millis + 1
-//! body     = (data)    count:varint value*      (control) nothing
+//! body     = (data)    tuple+ (to the end of the record)      (control) nothing
+//! tuple    = count:varint value*
 //! value    = 0 null | 1 false | 2 true | 3 int:zigzag-varint | 4 uint:varint | 5 float:f64le
 //!          | 6 str:len-varint utf8 | 7 bytes:len-varint bytes
 //! str      = len:varint utf8
 //! ```
 //!
 //! Varints are LEB128 (7 bits per byte, low first). Field names are not carried: a stage's input
-//! declares the fields of the stream the boundary reads from, and a record whose value count
-//! differs is refused with both counts. Every record carries its producer's low watermark, so a
-//! stage that writes data into a shard needs no separate watermark record for it; control
+//! declares the fields of the stream the boundary reads from, and a tuple whose value count
+//! differs is refused with both counts. A data record carries one or more tuples of one key:
+//! the boundary writer appends the tuples of a key buffered behind each other into one record
+//! ([`append`], up to 1 MiB), as the KPL aggregates, so a hot key costs one Kinesis record per
+//! PutRecords call rather than one call per tuple, and the record is acked, checkpointed and
+//! replayed as a whole. Every record carries its producer's low watermark (of its last tuple),
+//! so a stage that writes data into a shard needs no separate watermark record for it; control
 //! records go only to shards a producer wrote nothing to during a watermark interval. The
-//! header costs 3 + 8 + 1 + len(deployment id) + 1..10 bytes: 25 to 34 bytes with the
-//! 12-character deployment ids the workers use. A word of 6 letters is 8 bytes of body.
+//! header costs 3 + 8 + 1 + len(deployment id) + 8 bytes: 32 bytes with the 12-character
+//! deployment ids the workers use. A word of 6 letters is 9 bytes of body.
 
 use bytes::Bytes;
 use squall_topology::{Value, Values};
@@ -30,8 +35,9 @@ pub const VERSION: u8 = 1;
 /// What a record carries.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Payload {
-    /// One tuple's values, in the order of the boundary stream's declared fields.
-    Data(Values),
+    /// Tuples of one key, each with the values of the boundary stream's declared fields, in
+    /// the order they were written.
+    Data(Vec<Values>),
     /// The producer's low watermark advanced (it is in the header); nothing else.
     Watermark,
     /// The producer drained: it writes nothing more to this shard in this deployment.
@@ -63,7 +69,9 @@ pub enum DecodeError {
         found: u8,
     },
     /// Written by a newer Squall.
-    #[error("stage record format version {found} is not supported (this build reads version {VERSION}): upgrade the consuming workers first")]
+    #[error(
+        "stage record format version {found} is not supported (this build reads version {VERSION}): upgrade the consuming workers first"
+    )]
     Version {
         /// The version found.
         found: u8,
@@ -100,12 +108,12 @@ fn header(out: &mut Vec<u8>, kind: u8, producer: u64, deployment: &str, watermar
     out.extend_from_slice(&[MAGIC, VERSION, kind]);
     out.extend_from_slice(&producer.to_le_bytes());
     put_str(out, deployment.as_bytes());
-    put_varint(out, watermark.map_or(0, |w| w.saturating_add(1)));
+    out.extend_from_slice(&watermark.map_or(0, |w| w.saturating_add(1)).to_le_bytes());
 }
 
 /// Encodes one tuple's values as a data record.
 pub fn encode_data(producer: u64, deployment: &str, watermark: Option<u64>, values: &[Value]) -> Bytes {
-    let mut out = Vec::with_capacity(32 + values.len() * 12);
+    let mut out = Vec::with_capacity(40 + values.len() * 12);
     header(&mut out, 0, producer, deployment, watermark);
     put_varint(&mut out, values.len() as u64);
     for v in values {
@@ -136,6 +144,42 @@ pub fn encode_data(producer: u64, deployment: &str, watermark: Option<u64>, valu
         }
     }
     Bytes::from(out)
+}
+
+/// The header length of a record (up to the body), checking it is a data record.
+fn data_header_len(data: &[u8]) -> Result<usize, DecodeError> {
+    let mut r = Reader { b: data, data: &Bytes::new() };
+    let magic = r.byte()?;
+    if magic != MAGIC {
+        return Err(DecodeError::Magic { found: magic });
+    }
+    if r.byte()? != VERSION {
+        return Err(DecodeError::Version { found: data[1] });
+    }
+    if r.byte()? != 0 {
+        return Err(DecodeError::Malformed("not a data record"));
+    }
+    r.take(8)?;
+    let n = r.len()?;
+    r.take(n)?;
+    r.take(8)?;
+    Ok(data.len() - r.b.len())
+}
+
+/// Appends the tuples of data record `next` to data record `into` (both of one producer, `next`
+/// written after `into`); `into` takes `next`'s watermark. Copies only `next`'s body when
+/// `into`'s buffer is not shared.
+pub fn append(into: &mut Bytes, next: &Bytes) -> Result<(), DecodeError> {
+    let head = data_header_len(into)?;
+    let next_head = data_header_len(next)?;
+    if into[3..head - 8] != next[3..next_head - 8] {
+        return Err(DecodeError::Malformed("records of different producers or deployments"));
+    }
+    let mut m = bytes::BytesMut::from(std::mem::take(into));
+    m[head - 8..head].copy_from_slice(&next[next_head - 8..next_head]);
+    m.extend_from_slice(&next[next_head..]);
+    *into = m.freeze();
+    Ok(())
 }
 
 /// Encodes a control record: the producer's watermark, or its drain marker.
@@ -203,18 +247,26 @@ pub fn decode(data: &Bytes, fields: usize) -> Result<StageRecord, DecodeError> {
     let kind = r.byte()?;
     let producer = u64::from_le_bytes(r.take(8)?.try_into().map_err(|_| DecodeError::Malformed("producer"))?);
     let deployment = r.str()?.to_owned();
-    let watermark = r.varint()?.checked_sub(1);
+    let watermark =
+        u64::from_le_bytes(r.take(8)?.try_into().map_err(|_| DecodeError::Malformed("watermark"))?).checked_sub(1);
     let payload = match kind {
         0 => {
-            let n = r.len_values()?;
-            if n != fields {
-                return Err(DecodeError::FieldCount { found: n, expected: fields });
+            let mut tuples = Vec::new();
+            loop {
+                let n = r.len_values()?;
+                if n != fields {
+                    return Err(DecodeError::FieldCount { found: n, expected: fields });
+                }
+                let mut values = Values::new();
+                for _ in 0..n {
+                    values.push(r.value()?);
+                }
+                tuples.push(values);
+                if r.b.is_empty() {
+                    break;
+                }
             }
-            let mut values = Values::new();
-            for _ in 0..n {
-                values.push(r.value()?);
-            }
-            Payload::Data(values)
+            Payload::Data(tuples)
         }
         1 => Payload::Watermark,
         2 => Payload::Drain,
@@ -242,9 +294,9 @@ impl Reader<'_> {
                 Value::Int(((z >> 1) as i64) ^ -((z & 1) as i64))
             }
             4 => Value::UInt(self.varint()?),
-            5 => Value::Float(f64::from_le_bytes(
-                self.take(8)?.try_into().map_err(|_| DecodeError::Malformed("float"))?,
-            )),
+            5 => {
+                Value::Float(f64::from_le_bytes(self.take(8)?.try_into().map_err(|_| DecodeError::Malformed("float"))?))
+            }
             6 => Value::Str(self.str()?.into()),
             7 => {
                 let n = self.len()?;
@@ -283,7 +335,21 @@ mod tests {
             prop_assert_eq!(back.producer, producer);
             prop_assert_eq!(back.deployment.as_str(), "d3adb33f0001");
             prop_assert_eq!(back.watermark, wm);
-            prop_assert_eq!(back.payload, Payload::Data(values.into_iter().collect()));
+            prop_assert_eq!(back.payload, Payload::Data(vec![values.into_iter().collect()]));
+        }
+
+        #[test]
+        fn appended_records_carry_every_tuple_in_order(
+            tuples in proptest::collection::vec(proptest::collection::vec(value(), 2), 1..20),
+        ) {
+            let mut rec = encode_data(3, "dep", Some(1), &tuples[0]);
+            for (i, t) in tuples.iter().enumerate().skip(1) {
+                append(&mut rec, &encode_data(3, "dep", Some(1 + i as u64), t)).unwrap();
+            }
+            let back = decode(&rec, 2).unwrap();
+            prop_assert_eq!(back.watermark, Some(tuples.len() as u64));
+            let want: Vec<Values> = tuples.into_iter().map(|t| t.into_iter().collect()).collect();
+            prop_assert_eq!(back.payload, Payload::Data(want));
         }
 
         #[test]
@@ -312,6 +378,11 @@ mod tests {
         let e = decode(&Bytes::from_static(b"{\"json\":1}"), 1).unwrap_err();
         assert!(e.to_string().contains("not a Squall stage record"), "{e}");
         let data = encode_data(1, "d", None, &[Value::from("word"), Value::UInt(1)]);
+        assert!(
+            append(&mut data.clone(), &encode_data(2, "d", None, &[Value::Null, Value::Null])).is_err(),
+            "producers differ"
+        );
+        assert!(append(&mut data.clone(), &drain).is_err(), "not a data record");
         let e = decode(&data, 1).unwrap_err();
         assert_eq!(e, DecodeError::FieldCount { found: 2, expected: 1 });
         let mut v2 = data.to_vec();
@@ -322,7 +393,7 @@ mod tests {
     #[test]
     fn a_word_record_is_small() {
         let rec = encode_data(u64::MAX, "0123456789ab", Some(1_764_590_000_000), &[Value::from("word42")]);
-        // 3 + 8 + 13 + 6 (watermark) + 1 + 8
-        assert_eq!(rec.len(), 39, "{rec:?}");
+        // 3 + 8 + 13 + 8 (watermark) + 1 + 8
+        assert_eq!(rec.len(), 41, "{rec:?}");
     }
 }

@@ -11,8 +11,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::coord::{SharedSession, ZkStore};
 use crate::coord::now_ms;
+use crate::coord::{SharedSession, ZkStore};
 use crate::spout::{LiveProducers, Producers};
 
 /// Follows the registry of `stream` until `cancel`; the receiver holds `None` until the first
@@ -30,7 +30,9 @@ pub fn follow_producers(
         loop {
             let view = views.borrow_and_update().clone();
             let listed = async {
-                let Some(s) = view.session.clone() else { return Err::<(), String>("no ZooKeeper session".to_string()) };
+                let Some(s) = view.session.clone() else {
+                    return Err::<(), String>("no ZooKeeper session".to_string());
+                };
                 let store = ZkStore::open(s, &root, &topology, &stream).await.map_err(|e| e.to_string())?;
                 loop {
                     let listed_at_ms = now_ms();

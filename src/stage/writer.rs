@@ -17,9 +17,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use squall_topology::{
-    Bolt, BoltOutput, ComponentError, Inputs, TaskContext, Timer, Tuple, Value, Watermark,
-};
+use squall_topology::{Bolt, BoltOutput, ComponentError, Inputs, TaskContext, Timer, Tuple, Value, Watermark};
 
 use super::codec;
 use crate::coord::{SharedSession, ZkStore};
@@ -147,6 +145,11 @@ impl SinkEncoder for StageEncoder {
         true
     }
 
+    /// The tuples of one key buffered behind each other travel in one record.
+    fn combine(&mut self, into: &mut SinkRecord, next: &SinkRecord) -> bool {
+        codec::append(&mut into.data, &next.data).is_ok()
+    }
+
     fn on_watermark(&mut self, wm: Watermark, shards: &[OpenShard]) -> Vec<SinkRecord> {
         self.watermark = Some(wm.millis());
         self.set_shards(shards);
@@ -155,7 +158,10 @@ impl SinkEncoder for StageEncoder {
             return Vec::new();
         }
         self.last_round = Some(now);
-        let out = (0..self.shards.len()).filter(|i| !self.written[*i]).map(|i| self.control(self.shards[i].0, false)).collect();
+        let out = (0..self.shards.len())
+            .filter(|i| !self.written[*i])
+            .map(|i| self.control(self.shards[i].0, false))
+            .collect();
         self.written.iter_mut().for_each(|w| *w = false);
         out
     }
@@ -326,6 +332,22 @@ mod tests {
         let drains = e.on_drain(&shards(4));
         assert_eq!(drains.len(), 4);
         assert!(drains.iter().all(|r| codec::decode(&r.data, 1).unwrap().payload == codec::Payload::Drain));
+    }
+
+    #[test]
+    fn tuples_of_one_key_combine_into_one_record_and_others_do_not() {
+        let mut e = StageEncoder::new(1, "d", vec!["word".into()], Duration::ZERO);
+        let t = |w: &str| Tuple::new_for_test("c", "default", &["word"], [w].into());
+        let mut a = e.encode(&t("x")).unwrap();
+        let b = e.encode(&t("x")).unwrap();
+        assert!(e.combine(&mut a, &b));
+        let tuples = match codec::decode(&a.data, 1).unwrap().payload {
+            codec::Payload::Data(t) => t,
+            p => panic!("{p:?}"),
+        };
+        assert_eq!(tuples.len(), 2);
+        let mut control = e.on_drain(&shards(1)).remove(0);
+        assert!(!e.combine(&mut control, &b), "a control record takes no data");
     }
 
     #[test]

@@ -693,3 +693,68 @@ async fn stream_handles_for_emits_and_subscriptions() {
     assert_eq!(running.metrics().component("s").unwrap().errors, 0);
     running.cancel().await.unwrap();
 }
+
+/// Emits record `i` as `i % 3 + 1` tuples under one message id; a record whose tuples include
+/// `bad` (every 5th) fails as a whole.
+struct Batches {
+    next: u64,
+    n: u64,
+    acked: Arc<Mutex<Vec<u64>>>,
+    failed: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Spout for Batches {
+    type MsgId = u64;
+    async fn next_tuple(&mut self, out: &mut SpoutOutput<u64>) -> Result<(), ComponentError> {
+        if self.next == self.n {
+            out.finish();
+            return Ok(());
+        }
+        let i = self.next;
+        let tuples =
+            (0..i % 3 + 1).map(|k| [if i % 5 == 0 && k == i % 3 { "bad".to_string() } else { format!("{i}.{k}") }]);
+        let n = out.emit_tracked_all("default", tuples, i)?;
+        assert_eq!(n as u64, i % 3 + 1);
+        self.next += 1;
+        Ok(())
+    }
+    async fn ack(&mut self, id: u64) {
+        self.acked.lock().unwrap().push(id);
+    }
+    async fn fail(&mut self, id: u64) {
+        self.failed.lock().unwrap().push(id);
+    }
+}
+
+struct FailBad(Arc<AtomicU64>);
+
+impl Bolt for FailBad {
+    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        if t.get_str("part")? == "bad" {
+            return Err(ComponentError::retryable("bad part"));
+        }
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_tuples_under_one_message_id_are_acked_once_and_fail_together() {
+    let (acked, failed) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+    let executed = Arc::new(AtomicU64::new(0));
+    let mut b = TopologyBuilder::new("multi");
+    let (a, f) = (acked.clone(), failed.clone());
+    b.set_spout("s", 1, move |_| Batches { next: 0, n: 30, acked: a.clone(), failed: f.clone() }).fields(&["part"]);
+    let e = executed.clone();
+    b.set_bolt("b", 2, move |_| FailBad(e.clone())).shuffle_grouping("s");
+    let running = run_local(b.build().unwrap(), TopologyConfig::default()).unwrap();
+    tokio::time::timeout(SECS, running.wait()).await.expect("finishes").unwrap();
+    let mut acked = acked.lock().unwrap().clone();
+    let mut failed = failed.lock().unwrap().clone();
+    acked.sort_unstable();
+    failed.sort_unstable();
+    assert_eq!(failed, (0..30).filter(|i| i % 5 == 0).collect::<Vec<_>>(), "a record with a failed part fails once");
+    assert_eq!(acked, (0..30).filter(|i| i % 5 != 0).collect::<Vec<_>>(), "every other record is acked once");
+    // 0+1+2+... parts: 30 records of 1, 2, 3 tuples = 60, minus the 6 bad ones
+    assert_eq!(executed.load(Ordering::Relaxed), 60 - 6);
+}

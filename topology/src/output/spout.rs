@@ -174,6 +174,60 @@ impl<M: Send> SpoutOutput<M> {
         self.emit_inner(s, self.outbox.encode(values)?, Some(task), msg_id)
     }
 
+    /// Emits several tuples on `stream` as one tracked spout tuple: `ack(msg_id)` follows once
+    /// every one of them (and everything anchored to them) is processed, `fail(msg_id)` as soon
+    /// as one fails or the tree times out. For a source record that carries a batch of events
+    /// (an aggregated Kinesis record, say): it is acked, checkpointed or replayed as a whole.
+    /// Returns how many tuples were emitted. If one of them is refused (e.g. a wrong field
+    /// count) the error is returned and the message is failed (those emitted before it may
+    /// still be processed: at least once).
+    pub fn emit_tracked_all<V: IntoValues>(
+        &mut self,
+        stream: impl StreamRef,
+        tuples: impl IntoIterator<Item = V>,
+        msg_id: M,
+    ) -> Result<usize, EmitError> {
+        let s = self.outbox.stream_ref(&stream)?;
+        if !self.acking {
+            let mut n = 0;
+            for v in tuples {
+                self.outbox.dispatch(s, self.outbox.encode(v)?, None, |_| Anchors::new())?;
+                n += 1;
+            }
+            self.acks.acked.push(msg_id);
+            return Ok(n);
+        }
+        let root = acker::make_root(self.slot, self.seq);
+        self.seq = self.seq.wrapping_add(1);
+        let (mut xor, mut copies, mut n) = (0u64, 0usize, 0usize);
+        for v in tuples {
+            let sent = self.outbox.encode(v).and_then(|values| {
+                self.outbox.dispatch(s, values, None, |rng| {
+                    let edge = rng.next_edge();
+                    xor ^= edge;
+                    let mut a = Anchors::new();
+                    a.push((root, edge));
+                    a
+                })
+            });
+            match sent {
+                Ok(c) => copies += c,
+                Err(e) => {
+                    // the tree is never registered: updates for it are ignored
+                    self.acks.failed.push(msg_id);
+                    return Err(e);
+                }
+            }
+            n += 1;
+        }
+        if copies == 0 {
+            self.acks.acked.push(msg_id);
+        } else {
+            self.acks.pending.insert(root, msg_id, xor, self.now + self.timeout);
+        }
+        Ok(n)
+    }
+
     /// Advances this task's low watermark (event time in ms). Lower values than before are
     /// ignored. Sent in band, after the tuples emitted before it.
     pub fn watermark(&mut self, ts_millis: u64) {
