@@ -307,6 +307,9 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
     Ok(())
 }
 
+/// The stage-input counters of each input task of a stage.
+type InputStats = Arc<Mutex<Vec<Arc<StageInputStats>>>>;
+
 /// One running stage of this worker.
 struct StageRun {
     name: String,
@@ -315,7 +318,7 @@ struct StageRun {
     running: squall_topology::RunningTopology,
     registry: SpoutRegistry,
     /// Stage-input counters of each input task (later stages).
-    input_stats: Arc<Mutex<Vec<Arc<StageInputStats>>>>,
+    input_stats: InputStats,
     /// Registrar of the producers writing this stage's output boundary, if any.
     registrar: Option<ProducerRegistrar>,
 }
@@ -345,8 +348,7 @@ impl Engines {
             ensure_intermediate_streams(args, &stages, &spout_cfg).await?;
         }
         // builders first: a stage's output writer is added once the next boundary is known
-        let mut built: Vec<(String, String, TopologyBuilder, SpoutRegistry, Arc<Mutex<Vec<Arc<StageInputStats>>>>)> =
-            Vec::new();
+        let mut built: Vec<(String, String, TopologyBuilder, SpoutRegistry, InputStats)> = Vec::new();
         let (first_name, first_build) = stages.first;
         let registry = SpoutRegistry::default();
         let mut builder = TopologyBuilder::new(args.topology.clone());
@@ -406,7 +408,7 @@ impl Engines {
                 ..spout_cfg.clone()
             };
             let registry = SpoutRegistry::default();
-            let stats: Arc<Mutex<Vec<Arc<StageInputStats>>>> = Arc::default();
+            let stats: InputStats = Arc::default();
             let mut builder = TopologyBuilder::new(format!("{}.{name}", args.topology));
             let input_id = boundary.input_id();
             KinesisSpout::declare_stage_input(
