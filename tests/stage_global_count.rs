@@ -51,8 +51,7 @@ async fn read_rows(out: &TestStream) -> Vec<Row> {
             .send()
             .await
             .expect("iterator")
-            .shard_iterator
-            .map(String::from);
+            .shard_iterator;
         while let Some(i) = it.take() {
             let r = out.client.get_records().shard_iterator(i).limit(10_000).send().await.expect("get records");
             for rec in r.records() {
