@@ -16,6 +16,12 @@
 //! squall drain windows --wait 30
 //! ```
 //!
+//! With `--boundary-shards N` it runs in two stages: `forward` sends each record's key and
+//! arrival time through an intermediate Kinesis stream of N shards, partitioned by key, and the
+//! windows read it in the second stage. The watermark crosses the boundary in band (each record
+//! carries its producer's, and idle shards get watermark records), so windows fire as in one
+//! stage, and a drain flushes both stages in turn.
+//!
 //! `--out PATH` appends each fired window as a JSON line, `--watermarks PATH` each watermark a
 //! window task saw, `--deliveries PATH` every record (for `squall audit`).
 
@@ -23,6 +29,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use squall::audit::{DeliveryLog, DeliverySink};
+use squall::stage::{Boundary, Stages};
 use squall::topology::window::{Count, TumblingWindowConfig};
 use squall::topology::{Bolt, BoltOutput, ComponentError, TaskContext, Tuple, Watermark};
 
@@ -46,6 +53,21 @@ struct Args {
     /// Record every delivered record here (for `squall audit`).
     #[arg(long)]
     deliveries: Option<PathBuf>,
+    /// Run in two stages: the records' keys and times go through an intermediate Kinesis stream
+    /// of this many shards (partitioned by key) to the windows, which then see the watermark
+    /// carried across the boundary. 0: one stage.
+    #[arg(long, default_value_t = 0)]
+    boundary_shards: i32,
+}
+
+/// Stage one of the two-stage form: forwards each record's key and arrival time.
+struct Forward;
+
+impl Bolt for Forward {
+    async fn execute(&mut self, t: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        out.emit(squall::topology::values![t.get_str("partition_key")?.to_string(), t.get_i64("arrival_ms")?])?;
+        Ok(())
+    }
 }
 
 /// Prints (and optionally records) fired windows and late records, and the watermarks it sees.
@@ -106,17 +128,38 @@ async fn main() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let worker = format!("{}-{}", args.worker.topology, std::process::id());
     let window_tasks = args.window_tasks;
-    squall::run(args.worker, move |b, spout| {
+    let windowed = move |b: &mut squall::topology::TopologyBuilder, input: &str| {
         let mut w = b.set_bolt("windows", window_tasks, windows.factory());
-        w.fields_grouping(spout, &["partition_key"]);
+        w.fields_grouping(input, &["partition_key"]);
         windows.declare_outputs(&mut w);
         b.set_bolt("output", 1, move |_| Output { out: out.clone(), watermarks: watermarks.clone(), task: 0 })
             .global_grouping("windows")
             .global_grouping_from("windows", "late");
+    };
+    let audit = move |b: &mut squall::topology::TopologyBuilder, spout: &str| {
         if let Some(log) = deliveries {
             b.set_bolt("audit", 1, move |_| DeliverySink::new(log.clone(), worker.clone()))
                 .fields_grouping(spout, &["partition_key"]);
         }
+    };
+    if args.boundary_shards == 0 {
+        return squall::run(args.worker, move |b, spout| {
+            windowed(b, spout);
+            audit(b, spout);
+        })
+        .await;
+    }
+    // two stages: the windows read the intermediate stream, keyed like the windows
+    let stages = Stages::new("forward", move |b, spout| {
+        b.set_bolt("forward", 2, |_| Forward).shuffle_grouping(spout).fields(&["partition_key", "arrival_ms"]);
+        audit(b, spout);
     })
-    .await
+    .then(
+        Boundary::new("keys", "forward", &["partition_key", "arrival_ms"])
+            .key(&["partition_key"])
+            .shards(args.boundary_shards),
+        "windows",
+        windowed,
+    );
+    squall::stage::run(args.worker, stages).await
 }
