@@ -435,15 +435,14 @@ impl Engines {
         Ok(Engines { stages: out, drain, followers })
     }
 
-    /// Returns when every stage finished (the first error, if any).
+    /// Returns when every stage finished, or at once when one failed (its error).
     async fn wait(&self) -> Result<(), squall_topology::TopologyError> {
-        let mut first_err = None;
-        for s in &self.stages {
-            if let Err(e) = s.running.wait().await {
-                first_err.get_or_insert(e);
-            }
+        use futures::StreamExt;
+        let mut waits: futures::stream::FuturesUnordered<_> = self.stages.iter().map(|s| s.running.wait()).collect();
+        while let Some(r) = waits.next().await {
+            r?;
         }
-        first_err.map_or(Ok(()), Err)
+        Ok(())
     }
 
     async fn activate(&self) {
