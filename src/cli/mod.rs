@@ -11,7 +11,7 @@ macro_rules! outln {
 mod stream;
 mod topology;
 
-pub use topology::{ResetTarget, ShardReport, StatusReport, StreamReport, WorkerReport};
+pub use topology::{ResetTarget, ShardReport, StageReport, StatusReport, StreamReport, WorkerReport};
 
 use clap::{Parser, Subcommand};
 
