@@ -86,7 +86,8 @@ pub enum Command {
         #[arg(long)]
         wait: Option<u64>,
     },
-    /// State, workers, shards (owner, checkpoint, lag, errors) and counters.
+    /// State, workers, shards (owner, checkpoint, lag, errors), counters, and stages (their
+    /// intermediate streams, producers and lag).
     Status {
         /// Topology name.
         topology: String,
