@@ -11,7 +11,7 @@ macro_rules! outln {
 mod stream;
 mod topology;
 
-pub use topology::{ResetTarget, ShardReport, StatusReport, StreamReport, WorkerReport};
+pub use topology::{ResetTarget, ShardReport, StageReport, StatusReport, StreamReport, WorkerReport};
 
 use clap::{Parser, Subcommand};
 
@@ -86,7 +86,8 @@ pub enum Command {
         #[arg(long)]
         wait: Option<u64>,
     },
-    /// State, workers, shards (owner, checkpoint, lag, errors) and counters.
+    /// State, workers, shards (owner, checkpoint, lag, errors), counters, and stages (their
+    /// intermediate streams, producers and lag).
     Status {
         /// Topology name.
         topology: String,

@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use super::Cli;
 use crate::coord::{
-    Admin, CheckpointPosition, CoordError, DrainRequest, Lifecycle, TopologyState, WorkerStatus, ZkAuth, ZkConfig,
-    ZkStore, now_ms,
+    Admin, CheckpointPosition, CoordError, DrainRequest, Lifecycle, StageRuntime, TopologyState, WorkerStatus, ZkAuth,
+    ZkConfig, ZkSession, ZkStore, now_ms,
 };
 
 /// Where `checkpoints reset` rewinds to.
@@ -300,8 +300,76 @@ pub struct StatusReport {
     pub deployment_id: String,
     /// Live workers.
     pub workers: Vec<WorkerReport>,
-    /// Streams read, with their shards.
+    /// Source streams read, with their shards (a topology in stages lists its intermediate
+    /// streams in `stages`, not here).
     pub streams: Vec<StreamReport>,
+    /// The stages of a topology in stages ([`crate::stage`]), first stage first; empty for a
+    /// single-stage topology.
+    pub stages: Vec<StageReport>,
+}
+
+/// A stage in [`StatusReport`].
+#[derive(Debug, Serialize)]
+pub struct StageReport {
+    /// The stage's name, as live workers report it; null when no live worker runs the stage
+    /// (it is known from ZooKeeper only).
+    pub name: Option<String>,
+    /// The stream the stage reads: the source stream (first stage) or an intermediate stream.
+    pub input_stream: String,
+    /// True for a later stage, reading an intermediate stream.
+    pub intermediate: bool,
+    /// Live workers running the stage.
+    pub workers: usize,
+    /// A later stage's intermediate stream with its shards (the same view as `streams`); null
+    /// for the first stage, whose source stream is in `streams`.
+    pub stream: Option<StreamReport>,
+    /// Live producers writing into the intermediate stream (the previous stage's writer tasks,
+    /// from the registry `{topology}/stages/{stream}/producers`); null for the first stage.
+    pub producers: Option<usize>,
+    /// Largest MillisBehindLatest over the input's shards (null when none reports one).
+    pub max_millis_behind_latest: Option<i64>,
+    /// Sum of MillisBehindLatest over the input's shards (null when none reports one).
+    pub sum_millis_behind_latest: Option<i64>,
+    /// How many of the input's shards report a MillisBehindLatest.
+    pub shards_with_lag: usize,
+    /// Watermark control records the stage's input consumed, summed over live workers.
+    pub watermark_records: u64,
+    /// Drain markers of this deployment the stage's input consumed, summed over live workers.
+    pub drain_markers: u64,
+    /// Drain markers of other deployments (ignored), summed over live workers.
+    pub stale_drain_markers: u64,
+    /// Input records that were not valid stage records (skipped), summed over live workers.
+    pub malformed: u64,
+}
+
+impl StageReport {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        name: Option<String>,
+        input_stream: String,
+        intermediate: bool,
+        stream: Option<StreamReport>,
+        producers: Option<usize>,
+        (max, sum, with_lag): (Option<i64>, Option<i64>, usize),
+        counters: StageRuntime,
+        workers: usize,
+    ) -> Self {
+        Self {
+            name,
+            input_stream,
+            intermediate,
+            workers,
+            stream,
+            producers,
+            max_millis_behind_latest: max,
+            sum_millis_behind_latest: sum,
+            shards_with_lag: with_lag,
+            watermark_records: counters.watermark_records,
+            drain_markers: counters.drain_markers,
+            stale_drain_markers: counters.stale_drain_markers,
+            malformed: counters.malformed,
+        }
+    }
 }
 
 /// A live worker in [`StatusReport`].
@@ -362,98 +430,188 @@ pub struct ShardReport {
     pub error_since_ms: Option<i64>,
 }
 
+/// Reads one stream's shards (list, owners, assignment, checkpoints) from `store`, with the lag
+/// and errors the workers report in `runtime` under `key(shard id)`.
+async fn stream_report(
+    store: &ZkStore,
+    stream: &str,
+    runtime: &BTreeMap<String, crate::coord::ShardRuntime>,
+    key: impl Fn(&str) -> String,
+) -> anyhow::Result<StreamReport> {
+    let owners = store.shard_owners().await?;
+    // One malformed checkpoint is that shard's error, not the whole report's.
+    let cps = store.scan_checkpoints().await?;
+    // A broken shard list is the stream's error, not the report's: the leader rewrites it.
+    let (list, list_error) = match store.read_shard_list().await {
+        Ok(l) => (l.map(|l| l.value.shards).unwrap_or_default(), None),
+        Err(e @ CoordError::Malformed { .. }) => {
+            let known = cps
+                .keys()
+                .map(|id| crate::coord::ShardRecord {
+                    shard_id: id.clone(),
+                    parent_shard_id: None,
+                    adjacent_parent_shard_id: None,
+                    starting_hash_key: String::new(),
+                    ending_hash_key: String::new(),
+                    closed: false,
+                })
+                .collect();
+            (known, Some(e.to_string()))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let assignment = store.read_assignment().await.ok().flatten().map(|a| a.value);
+    let assigned = assignment.as_ref().map(|a| a.owner_of()).unwrap_or_default();
+    let mut shards = Vec::new();
+    for sh in list {
+        let (cp, cp_error) = match cps.get(&sh.shard_id) {
+            Some(Ok(c)) => (Some(&c.value), None),
+            Some(Err(e)) => (None, Some(e.to_string())),
+            None => (None, None),
+        };
+        let finished = cp.is_some_and(|c| c.finished);
+        let rt = runtime.get(&key(&sh.shard_id));
+        shards.push(ShardReport {
+            parent_shard_ids: sh.parents().map(str::to_string).collect(),
+            state: if finished {
+                "finished"
+            } else if sh.closed {
+                "closed"
+            } else {
+                "open"
+            }
+            .into(),
+            owner: owners.get(&sh.shard_id).map(|o| o.holder.clone()),
+            assigned_to: assigned.get(sh.shard_id.as_str()).map(|t| t.to_string()),
+            checkpoint: cp.map(|c| c.position.to_string()),
+            finished,
+            millis_behind_latest: rt.and_then(|r| r.millis_behind_latest),
+            error: cp_error.clone().or_else(|| rt.and_then(|r| r.last_error.clone())),
+            retryable: cp_error.is_none() && rt.is_none_or(|r| r.retryable),
+            error_kind: if cp_error.is_some() {
+                Some("malformed_checkpoint".into())
+            } else {
+                rt.and_then(|r| r.error_kind.clone())
+            },
+            error_since_ms: rt.and_then(|r| r.error_since_ms),
+            shard_id: sh.shard_id,
+        });
+    }
+    let error = assignment.and_then(|a| a.error).or(list_error);
+    Ok(StreamReport { stream: stream.to_string(), error, shards })
+}
+
+/// The stages the live workers report, in stage order, their counters summed over workers
+/// (keyed by input stream: a stage is known by the stream it reads).
+fn worker_stages(workers: &[WorkerStatus]) -> Vec<(StageRuntime, usize)> {
+    // The longest list first (every worker of one deployment runs the same stages), then
+    // whatever another deployment's worker runs besides.
+    let mut order: Vec<&WorkerStatus> = workers.iter().collect();
+    order.sort_by_key(|w| std::cmp::Reverse(w.stages.len()));
+    let mut out: Vec<(StageRuntime, usize)> = Vec::new();
+    for w in order {
+        for st in &w.stages {
+            match out.iter_mut().find(|(s, _)| s.input == st.input) {
+                Some((s, n)) => {
+                    s.watermark_records += st.watermark_records;
+                    s.drain_markers += st.drain_markers;
+                    s.stale_drain_markers += st.stale_drain_markers;
+                    s.malformed += st.malformed;
+                    *n += 1;
+                }
+                None => out.push((st.clone(), 1)),
+            }
+        }
+    }
+    out
+}
+
+/// A stage's lag: max, sum and count of the MillisBehindLatest its input's shards report.
+fn stage_lag(stream: &StreamReport) -> (Option<i64>, Option<i64>, usize) {
+    let lags: Vec<i64> = stream.shards.iter().filter_map(|s| s.millis_behind_latest).collect();
+    (lags.iter().copied().max(), (!lags.is_empty()).then(|| lags.iter().sum()), lags.len())
+}
+
 pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<StatusReport> {
     let admin = admin(cli).await?;
-    let streams = admin.streams(topology).await?;
+    let all_streams = admin.streams(topology).await?;
     let mut report = StatusReport {
         topology: topology.to_string(),
         state: "-".into(),
         deployment_id: String::new(),
         workers: Vec::new(),
         streams: Vec::new(),
+        stages: Vec::new(),
     };
+    let Some(first) = all_streams.first() else { return Ok(report) };
+    // One session for every read.
+    let session = ZkSession::connect(&zk_config(cli)).await?;
+    let base = ZkStore::open(session.clone(), &cli.zk_root, topology, first).await?;
+    if let Some(st) = base.read_state().await? {
+        report.state = lifecycle_name(st.value.state).into();
+        report.deployment_id = st.value.deployment_id;
+    }
+    let workers: Vec<WorkerStatus> = base.workers().await?;
     let mut runtime: BTreeMap<String, crate::coord::ShardRuntime> = BTreeMap::new();
-    for (i, stream) in streams.iter().enumerate() {
-        let store = admin.store(topology, stream).await?;
-        if i == 0 {
-            if let Some(st) = store.read_state().await? {
-                report.state = lifecycle_name(st.value.state).into();
-                report.deployment_id = st.value.deployment_id;
-            }
-            let workers: Vec<WorkerStatus> = store.workers().await?;
-            for w in workers {
-                runtime.extend(w.shards.clone());
-                report.workers.push(WorkerReport {
-                    worker_id: w.worker_id,
-                    host: w.host,
-                    pid: w.pid,
-                    tasks: w.tasks,
-                    since_ms: w.since_ms,
-                    components: w.components,
-                });
-            }
+    for w in &workers {
+        runtime.extend(w.shards.clone());
+    }
+    let live_stages = worker_stages(&workers);
+    // Intermediate streams: the inputs of later stages the workers report, and those ZooKeeper
+    // marks as such (a stage no live worker runs any more, or no worker alive at all).
+    let mut intermediate: Vec<String> = live_stages.iter().skip(1).map(|(s, _)| s.input.clone()).collect();
+    for s in admin.intermediate_streams(topology).await? {
+        if !intermediate.contains(&s) && live_stages.first().is_none_or(|(first, _)| first.input != s) {
+            intermediate.push(s);
         }
-        let owners = store.shard_owners().await?;
-        // One malformed checkpoint is that shard's error, not the whole report's.
-        let cps = store.scan_checkpoints().await?;
-        // A broken shard list is the stream's error, not the report's: the leader rewrites it.
-        let (list, list_error) = match store.read_shard_list().await {
-            Ok(l) => (l.map(|l| l.value.shards).unwrap_or_default(), None),
-            Err(e @ CoordError::Malformed { .. }) => {
-                let known = cps
-                    .keys()
-                    .map(|id| crate::coord::ShardRecord {
-                        shard_id: id.clone(),
-                        parent_shard_id: None,
-                        adjacent_parent_shard_id: None,
-                        starting_hash_key: String::new(),
-                        ending_hash_key: String::new(),
-                        closed: false,
-                    })
-                    .collect();
-                (known, Some(e.to_string()))
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let assignment = store.read_assignment().await.ok().flatten().map(|a| a.value);
-        let assigned = assignment.as_ref().map(|a| a.owner_of()).unwrap_or_default();
-        let mut shards = Vec::new();
-        for sh in list {
-            let (cp, cp_error) = match cps.get(&sh.shard_id) {
-                Some(Ok(c)) => (Some(&c.value), None),
-                Some(Err(e)) => (None, Some(e.to_string())),
-                None => (None, None),
-            };
-            let finished = cp.is_some_and(|c| c.finished);
-            let rt = runtime.get(&sh.shard_id);
-            shards.push(ShardReport {
-                parent_shard_ids: sh.parents().map(str::to_string).collect(),
-                state: if finished {
-                    "finished"
-                } else if sh.closed {
-                    "closed"
-                } else {
-                    "open"
-                }
-                .into(),
-                owner: owners.get(&sh.shard_id).map(|o| o.holder.clone()),
-                assigned_to: assigned.get(sh.shard_id.as_str()).map(|t| t.to_string()),
-                checkpoint: cp.map(|c| c.position.to_string()),
-                finished,
-                millis_behind_latest: rt.and_then(|r| r.millis_behind_latest),
-                error: cp_error.clone().or_else(|| rt.and_then(|r| r.last_error.clone())),
-                retryable: cp_error.is_none() && rt.is_none_or(|r| r.retryable),
-                error_kind: if cp_error.is_some() {
-                    Some("malformed_checkpoint".into())
-                } else {
-                    rt.and_then(|r| r.error_kind.clone())
-                },
-                error_since_ms: rt.and_then(|r| r.error_since_ms),
-                shard_id: sh.shard_id,
-            });
-        }
-        let error = assignment.and_then(|a| a.error).or(list_error);
-        report.streams.push(StreamReport { stream: stream.clone(), error, shards });
+    }
+    let sources: Vec<&String> = all_streams.iter().filter(|s| !intermediate.contains(s)).collect();
+    for w in workers {
+        report.workers.push(WorkerReport {
+            worker_id: w.worker_id,
+            host: w.host,
+            pid: w.pid,
+            tasks: w.tasks,
+            since_ms: w.since_ms,
+            components: w.components,
+        });
+    }
+    for stream in &sources {
+        let store = ZkStore::open(session.clone(), &cli.zk_root, topology, stream).await?;
+        report.streams.push(stream_report(&store, stream, &runtime, str::to_string).await?);
+    }
+    if intermediate.is_empty() {
+        return Ok(report);
+    }
+    // The first stage: the one the workers report, else (no live worker) one per source stream.
+    let firsts: Vec<(Option<String>, String, Option<StageRuntime>, usize)> = match live_stages.first() {
+        Some((s, n)) => vec![(Some(s.name.clone()), s.input.clone(), Some(s.clone()), *n)],
+        None => sources.iter().map(|s| (None, s.to_string(), None, 0)).collect(),
+    };
+    for (name, input, rt, n) in firsts {
+        let lag = report.streams.iter().find(|s| s.stream == input).map(stage_lag).unwrap_or_default();
+        report.stages.push(StageReport::new(name, input, false, None, None, lag, rt.unwrap_or_default(), n));
+    }
+    for stream in &intermediate {
+        let live = live_stages.iter().find(|(s, _)| &s.input == stream);
+        let store = ZkStore::open_stage_input(session.clone(), &cli.zk_root, topology, stream)
+            .await
+            .with_context(|| format!("opening the intermediate stream {stream:?} of topology {topology:?}"))?;
+        let view = stream_report(&store, stream, &runtime, |shard| format!("{stream}/{shard}"))
+            .await
+            .with_context(|| format!("reading the intermediate stream {stream:?} of topology {topology:?}"))?;
+        let producers = store.producers(stream).await?.len();
+        let lag = stage_lag(&view);
+        report.stages.push(StageReport::new(
+            live.map(|(s, _)| s.name.clone()),
+            stream.clone(),
+            true,
+            Some(view),
+            Some(producers),
+            lag,
+            live.map(|(s, _)| s.clone()).unwrap_or_default(),
+            live.map_or(0, |(_, n)| *n),
+        ));
     }
     Ok(report)
 }
@@ -484,27 +642,77 @@ pub(super) async fn status(cli: &Cli, topology: &str, json: bool) -> anyhow::Res
     }
     for s in &r.streams {
         outln!("stream {}: {} shards", s.stream, s.shards.len());
-        if let Some(e) = &s.error {
-            outln!("  ERROR {e}");
-        }
-        outln!("  {:<22} {:<9} {:<44} {:<16} {:>10}  CHECKPOINT", "SHARD", "STATE", "PARENTS", "OWNER", "LAG MS");
-        for sh in &s.shards {
+        print_shards(s);
+    }
+    if r.stages.is_empty() {
+        return Ok(());
+    }
+    outln!("stages: {}", r.stages.len());
+    if r.workers.is_empty() {
+        outln!(
+            "  no live worker: stage names and counters are unknown; the intermediate streams are those ZooKeeper shows"
+        );
+    }
+    let ms = |v: Option<i64>| v.map(|m| format!("{m} ms")).unwrap_or_else(|| "-".into());
+    for (i, st) in r.stages.iter().enumerate() {
+        outln!(
+            "stage {} {}  reads {} stream {}  workers {}",
+            i + 1,
+            st.name.as_deref().unwrap_or("(no live worker runs it)"),
+            if st.intermediate { "intermediate" } else { "source" },
+            st.input_stream,
+            st.workers
+        );
+        outln!(
+            "  lag: max {}  sum {}  ({} shard(s) reporting)",
+            ms(st.max_millis_behind_latest),
+            ms(st.sum_millis_behind_latest),
+            st.shards_with_lag
+        );
+        if st.intermediate {
             outln!(
-                "  {:<22} {:<9} {:<44} {:<16} {:>10}  {}{}",
-                sh.shard_id,
-                sh.state,
-                if sh.parent_shard_ids.is_empty() { "-".into() } else { sh.parent_shard_ids.join(",") },
-                sh.owner.as_deref().unwrap_or("-"),
-                sh.millis_behind_latest.map(|m| m.to_string()).unwrap_or_else(|| "-".into()),
-                sh.checkpoint.as_deref().unwrap_or("-"),
-                sh.error
-                    .as_ref()
-                    .map(|e| format!("  {} {e}", if sh.retryable { "ERROR" } else { "ERROR (not retryable)" }))
-                    .unwrap_or_default()
+                "  control records: watermarks {}  drain markers {}  stale drain markers {}  malformed {}",
+                st.watermark_records,
+                st.drain_markers,
+                st.stale_drain_markers,
+                st.malformed
             );
+        }
+        if let Some(p) = st.producers {
+            outln!("  producers writing {}: {p}", st.input_stream);
+        }
+        match &st.stream {
+            Some(s) => {
+                outln!("  intermediate stream {}: {} shards", s.stream, s.shards.len());
+                print_shards(s);
+            }
+            None => outln!("  (its shards are listed under stream {} above)", st.input_stream),
         }
     }
     Ok(())
+}
+
+/// The shard table of one stream.
+fn print_shards(s: &StreamReport) {
+    if let Some(e) = &s.error {
+        outln!("  ERROR {e}");
+    }
+    outln!("  {:<22} {:<9} {:<44} {:<16} {:>10}  CHECKPOINT", "SHARD", "STATE", "PARENTS", "OWNER", "LAG MS");
+    for sh in &s.shards {
+        outln!(
+            "  {:<22} {:<9} {:<44} {:<16} {:>10}  {}{}",
+            sh.shard_id,
+            sh.state,
+            if sh.parent_shard_ids.is_empty() { "-".into() } else { sh.parent_shard_ids.join(",") },
+            sh.owner.as_deref().unwrap_or("-"),
+            sh.millis_behind_latest.map(|m| m.to_string()).unwrap_or_else(|| "-".into()),
+            sh.checkpoint.as_deref().unwrap_or("-"),
+            sh.error
+                .as_ref()
+                .map(|e| format!("  {} {e}", if sh.retryable { "ERROR" } else { "ERROR (not retryable)" }))
+                .unwrap_or_default()
+        );
+    }
 }
 
 #[cfg(test)]

@@ -58,6 +58,30 @@ impl Admin {
         self.list_sorted(&format!("{topo}/streams")).await
     }
 
+    /// The intermediate streams of a topology in stages ([`crate::stage`]), as ZooKeeper shows
+    /// them, sorted: the children of `{topology}/streams/` that have a producer registry
+    /// (`{topology}/stages/{stream}`) or a task registry of their own (`streams/{stream}/tasks`).
+    /// Only the stage machinery creates either (the writers of a boundary and the readers of a
+    /// later stage), never the reader of a source stream, whose tasks register under
+    /// `{topology}/tasks`; so this holds with no worker alive.
+    pub async fn intermediate_streams(&self, topology: &str) -> Result<Vec<String>, CoordError> {
+        let topo = format!("{}/{topology}", self.topologies_dir());
+        let mut out = Vec::new();
+        for stream in self.streams(topology).await? {
+            for marker in [format!("{topo}/stages/{stream}"), format!("{topo}/streams/{stream}/tasks")] {
+                match self.client.check_stat(&marker).await {
+                    Ok(Some(_)) => {
+                        out.push(stream.clone());
+                        break;
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(CoordError::zk(&marker, "stat", e)),
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// A store for one stream of an existing topology (its own session).
     pub async fn store(&self, topology: &str, stream: &str) -> Result<ZkStore, CoordError> {
         ZkStore::connect(&self.cfg, topology, stream).await

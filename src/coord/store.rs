@@ -357,6 +357,18 @@ impl ZkStore {
         }
     }
 
+    /// The live producers of `stream` (producer id -> deployment id), read once without a watch
+    /// (for operators); none when the registry does not exist yet.
+    pub async fn producers(&self, stream: &str) -> Result<BTreeMap<u64, String>, CoordError> {
+        validate_name("stream name", stream)?;
+        let dir = self.paths.producers(stream);
+        match self.client().list_children(&dir).await {
+            Ok(names) => Ok(parse_producers(&names)),
+            Err(zk::Error::NoNode) => Ok(BTreeMap::new()),
+            Err(e) => Err(CoordError::zk(&dir, "list", e)),
+        }
+    }
+
     /// Every live worker's status, sorted by worker id.
     pub async fn workers(&self) -> Result<Vec<WorkerStatus>, CoordError> {
         let dir = self.paths.workers();
