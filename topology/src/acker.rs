@@ -139,62 +139,136 @@ struct Entry<M> {
 
 /// The pending trees of one spout task, with their message ids and deadlines.
 ///
+/// Roots come from a per-task sequence ([`make_root`]), so they are kept in a ring indexed by
+/// `root - base` (no hashing): a new root is pushed at the back, completed roots leave holes,
+/// and the holes at the front are popped. Roots out of sequence, and old roots that would keep
+/// a mostly empty ring alive (a tree that takes long to complete), live in a hash map instead,
+/// so memory stays bounded by the number of pending trees. Deadlines grow with the sequence
+/// (`now + timeout`), so the ring's front holds the next to expire.
+///
 /// Each root completes at most once: the first of ack, fail or timeout removes it, and later
 /// updates for it are ignored.
 #[derive(Debug)]
 pub struct PendingTrees<M> {
-    entries: U64Map<Entry<M>>,
-    deadlines: VecDeque<(Instant, u64)>,
+    ring: VecDeque<Option<Entry<M>>>,
+    /// The root of `ring[0]`.
+    base: u64,
+    /// Live entries in `ring`.
+    in_ring: usize,
+    others: U64Map<Entry<M>>,
 }
 
 impl<M> Default for PendingTrees<M> {
     fn default() -> Self {
-        PendingTrees { entries: U64Map::default(), deadlines: VecDeque::new() }
+        PendingTrees { ring: VecDeque::new(), base: 0, in_ring: 0, others: U64Map::default() }
     }
 }
 
 impl<M> PendingTrees<M> {
     /// Number of trees in flight.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.in_ring + self.others.len()
     }
 
     /// True when nothing is in flight.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 
     /// Starts tracking `root` with initial value `xor` (the XOR of the edges sent).
+    #[inline]
     pub fn insert(&mut self, root: u64, msg: M, xor: u64, deadline: Instant) {
-        self.entries.insert(root, Entry { msg, xor, deadline });
-        self.deadlines.push_back((deadline, root));
-        // Acked roots leave stale deadline records behind; compact so memory stays bounded by
-        // the number of pending trees.
-        if self.deadlines.len() > 2 * self.entries.len() + 64 {
-            // Trees mostly complete in emit order: drop the stale records at the front first
-            // (one lookup each), and scan the whole queue only when that is not enough.
-            while let Some(&(d, r)) = self.deadlines.front() {
-                if self.entries.get(&r).is_some_and(|e| e.deadline == d) {
-                    break;
-                }
-                self.deadlines.pop_front();
+        let entry = Entry { msg, xor, deadline };
+        if self.ring.is_empty() {
+            self.base = root;
+        }
+        let idx = root.wrapping_sub(self.base);
+        if idx == self.ring.len() as u64 && (self.others.is_empty() || !self.others.contains_key(&root)) {
+            self.ring.push_back(Some(entry));
+            self.in_ring += 1;
+            // a ring mostly made of holes: move its oldest live entries out
+            if self.ring.len() > 4 * self.in_ring + 64 {
+                self.thin();
             }
-            if self.deadlines.len() > self.entries.len() + self.entries.len() / 2 + 64 {
-                let entries = &self.entries;
-                self.deadlines.retain(|(d, r)| entries.get(r).is_some_and(|e| e.deadline == *d));
+        } else {
+            self.insert_other(root, entry);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn insert_other(&mut self, root: u64, entry: Entry<M>) {
+        // a root already in the ring moves to the map
+        if self.take_slot(root).is_none() {
+            self.pop_holes();
+        }
+        self.others.insert(root, entry);
+    }
+
+    /// Moves the live entries of the ring's older half to the map.
+    #[cold]
+    #[inline(never)]
+    fn thin(&mut self) {
+        let keep = self.ring.len() / 2;
+        while self.ring.len() > keep {
+            let root = self.base;
+            self.base = self.base.wrapping_add(1);
+            if let Some(Some(e)) = self.ring.pop_front() {
+                self.in_ring -= 1;
+                self.others.insert(root, e);
             }
         }
+        self.pop_holes();
+    }
+
+    #[inline]
+    fn pop_holes(&mut self) {
+        while let Some(None) = self.ring.front() {
+            self.ring.pop_front();
+            self.base = self.base.wrapping_add(1);
+        }
+    }
+
+    #[inline]
+    fn slot(&mut self, root: u64) -> Option<&mut Option<Entry<M>>> {
+        let idx = root.wrapping_sub(self.base);
+        if idx < self.ring.len() as u64 { self.ring.get_mut(idx as usize) } else { None }
+    }
+
+    /// Removes a ring entry, popping the holes at the front.
+    #[inline]
+    fn take_slot(&mut self, root: u64) -> Option<Entry<M>> {
+        let e = self.slot(root)?.take()?;
+        self.in_ring -= 1;
+        self.pop_holes();
+        Some(e)
     }
 
     /// The message id of a pending root.
     pub fn get(&self, root: u64) -> Option<&M> {
-        self.entries.get(&root).map(|e| &e.msg)
+        let idx = root.wrapping_sub(self.base);
+        let in_ring = if idx < self.ring.len() as u64 { self.ring.get(idx as usize) } else { None };
+        match in_ring {
+            Some(Some(e)) => Some(&e.msg),
+            _ => self.others.get(&root).map(|e| &e.msg),
+        }
     }
 
     /// XORs an update into a root; returns the message id when the tree completes.
+    #[inline]
     pub fn apply(&mut self, root: u64, xor: u64) -> Option<M> {
+        if let Some(Some(e)) = self.slot(root) {
+            e.xor ^= xor;
+            return if e.xor == 0 { self.take_slot(root).map(|e| e.msg) } else { None };
+        }
+        if self.others.is_empty() { None } else { self.apply_other(root, xor) }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn apply_other(&mut self, root: u64, xor: u64) -> Option<M> {
         // one lookup: the entry is removed through the same slot when the tree completes
-        match self.entries.entry(root) {
+        match self.others.entry(root) {
             std::collections::hash_map::Entry::Occupied(mut o) => {
                 let e = o.get_mut();
                 e.xor ^= xor;
@@ -206,18 +280,34 @@ impl<M> PendingTrees<M> {
 
     /// Fails a root; returns its message id if it was still pending.
     pub fn fail(&mut self, root: u64) -> Option<M> {
-        self.entries.remove(&root).map(|e| e.msg)
+        match self.take_slot(root) {
+            Some(e) => Some(e.msg),
+            None => self.others.remove(&root).map(|e| e.msg),
+        }
     }
 
     /// Removes the trees whose deadline is at or before `now`, appending their message ids.
     pub fn expire(&mut self, now: Instant, out: &mut Vec<M>) {
-        while let Some(&(d, root)) = self.deadlines.front() {
-            if d > now {
-                break;
+        // the ring is in deadline order: expire from the front
+        while let Some(front) = self.ring.front() {
+            match front {
+                Some(e) if e.deadline > now => break,
+                Some(_) => {
+                    if let Some(Some(e)) = self.ring.pop_front() {
+                        self.in_ring -= 1;
+                        out.push(e.msg);
+                    }
+                }
+                None => {
+                    self.ring.pop_front();
+                }
             }
-            self.deadlines.pop_front();
-            if self.entries.get(&root).is_some_and(|e| e.deadline == d) {
-                if let Some(e) = self.entries.remove(&root) {
+            self.base = self.base.wrapping_add(1);
+        }
+        if !self.others.is_empty() {
+            let expired: Vec<u64> = self.others.iter().filter(|(_, e)| e.deadline <= now).map(|(r, _)| *r).collect();
+            for r in expired {
+                if let Some(e) = self.others.remove(&r) {
                     out.push(e.msg);
                 }
             }
@@ -268,14 +358,46 @@ mod tests {
     }
 
     #[test]
-    fn deadline_records_are_compacted() {
+    fn ring_stays_bounded() {
         let now = Instant::now();
         let mut p = PendingTrees::default();
         for i in 0..10_000u64 {
             p.insert(i, i, 1, now);
             assert_eq!(p.apply(i, 1), Some(i));
         }
-        assert!(p.deadlines.len() <= 64 + 1);
+        assert!(p.ring.len() <= 1);
+        // one tree that never completes does not keep a ring of holes alive
+        p.insert(10_000, 10_000, 1, now + Duration::from_secs(60));
+        for i in 10_001..20_000u64 {
+            p.insert(i, i, 1, now);
+            assert_eq!(p.apply(i, 1), Some(i));
+        }
+        assert!(p.ring.len() <= 4 * p.in_ring + 65, "{}", p.ring.len());
+        assert_eq!(p.len(), 1);
+        assert_eq!(p.get(10_000), Some(&10_000));
+        assert_eq!(p.apply(10_000, 1), Some(10_000));
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn out_of_sequence_roots() {
+        let now = Instant::now();
+        let mut p = PendingTrees::default();
+        for r in [5u64, 3, 6, 100, 7, 5] {
+            p.insert(r, r, r, now + Duration::from_secs(r));
+        }
+        // 5 was inserted twice: the second replaces the first
+        assert_eq!(p.len(), 5);
+        assert_eq!(p.apply(3, 3), Some(3));
+        assert_eq!(p.apply(5, 5), Some(5));
+        assert_eq!(p.apply(5, 5), None);
+        assert_eq!(p.fail(100), Some(100));
+        let mut out = vec![];
+        p.expire(now + Duration::from_secs(6), &mut out);
+        assert_eq!(out, vec![6]);
+        p.expire(now + Duration::from_secs(7), &mut out);
+        assert_eq!(out, vec![6, 7]);
+        assert!(p.is_empty());
     }
 
     #[test]
