@@ -222,14 +222,14 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
             r = engines.wait() => {
                 if draining && r.is_ok() {
                     finish_drain(&store, &identity.worker_id, &deployment).await;
-                    engines.stop_followers();
+                    engines.stop_followers().await;
                     drop(events);
                     drop(store);
                     session.close().await;
                     tracing::info!(topology = %args.topology, "drained: every in-flight tuple acked, checkpoints written; worker stopped");
                     return Ok(());
                 }
-                engines.stop_followers();
+                engines.stop_followers().await;
                 return r.map_err(|e| anyhow::anyhow!("topology {} stopped: {e}", args.topology));
             }
             _ = tokio::signal::ctrl_c() => break "SIGINT",
@@ -329,6 +329,8 @@ struct Engines {
     /// Tells later stages' inputs that the topology drains.
     drain: tokio::sync::watch::Sender<bool>,
     followers: tokio_util::sync::CancellationToken,
+    /// The producer-registry followers (they hold the session while they watch).
+    follower_tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Engines {
@@ -344,6 +346,7 @@ impl Engines {
     ) -> anyhow::Result<Engines> {
         let (drain, _) = tokio::sync::watch::channel(false);
         let followers = tokio_util::sync::CancellationToken::new();
+        let mut follower_tasks = Vec::new();
         if !stages.rest.is_empty() {
             ensure_intermediate_streams(args, &stages, &spout_cfg).await?;
         }
@@ -385,13 +388,14 @@ impl Engines {
             );
             *registrars.last_mut().expect("one per stage") = Some(registrar);
             // the stage reading it
-            let producers = crate::stage::registry::follow_producers(
-                session.clone(),
+            let (producers, follower) = crate::stage::registry::follow_producers(
+                session,
                 args.zk_root.clone(),
                 args.topology.clone(),
                 stream.clone(),
                 followers.clone(),
             );
+            follower_tasks.push(follower);
             let spec = StageInputSpec {
                 fields: boundary.fields.clone(),
                 deployment: deployment.to_string(),
@@ -432,7 +436,7 @@ impl Engines {
             let running = run_local(topology, topo_cfg.clone()).map_err(|e| anyhow::anyhow!("stage {name}: {e}"))?;
             out.push(StageRun { name, input, running, registry, input_stats, registrar });
         }
-        Ok(Engines { stages: out, drain, followers })
+        Ok(Engines { stages: out, drain, followers, follower_tasks: std::sync::Mutex::new(follower_tasks) })
     }
 
     /// Returns when every stage finished, or at once when one failed (its error).
@@ -465,7 +469,7 @@ impl Engines {
     }
 
     async fn kill(self, wait: Duration) -> Result<(), squall_topology::TopologyError> {
-        self.followers.cancel();
+        self.stop_followers().await;
         // every stage stops at once (each waits for its own in-flight tuples)
         let kills: Vec<_> = self.stages.into_iter().map(|s| tokio::spawn(s.running.kill(wait))).collect();
         let mut result = Ok(());
@@ -479,8 +483,14 @@ impl Engines {
         result
     }
 
-    fn stop_followers(&self) {
+    /// Stops the producer-registry followers and waits for them, so that closing the session
+    /// right after really closes it (its ephemeral znodes go at once).
+    async fn stop_followers(&self) {
         self.followers.cancel();
+        let tasks = std::mem::take(&mut *lock(&self.follower_tasks));
+        for t in tasks {
+            let _ = t.await;
+        }
     }
 
     async fn register_producers_again(&self) {

@@ -9,44 +9,13 @@
 mod support;
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use squall::coord::{CheckpointPosition, sequence_cmp};
 use squall::kinesis::{self, PutOptions};
 use support::TestStream;
+use support::ops::{assert_watermarks_monotonic, json_lines, squall_run};
 use support::workers::{Cluster, example_bin, read_deliveries, read_log_entries, scratch};
-
-fn lines(path: &std::path::Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
-}
-
-fn squall(cluster: &Cluster, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_squall"))
-        .env("SQUALL_ZK", support::zk_connect())
-        .env("SQUALL_ZK_ROOT", &cluster.zk_root)
-        .env_remove("RUST_LOG")
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn assert_monotonic(path: &std::path::Path) -> usize {
-    let mut last: HashMap<u64, u64> = HashMap::new();
-    let ws = lines(path);
-    for w in &ws {
-        let (task, wm) = (w["task"].as_u64().unwrap(), w["watermark"].as_u64().unwrap());
-        if let Some(prev) = last.insert(task, wm) {
-            assert!(wm > prev, "watermark moved backwards or repeated at task {task}: {prev} then {wm}");
-        }
-    }
-    ws.len()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_shard_does_not_hold_windows_back_longer_than_the_idle_timeout() {
@@ -68,7 +37,7 @@ async fn an_idle_shard_does_not_hold_windows_back_longer_than_the_idle_timeout()
     let opts = PutOptions { count: 400, keys: 1, rate: Some(60.0), ..PutOptions::default() };
     kinesis::put_records(&s.client, &s.label(), &s.name, &opts).await.unwrap();
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let fired: Vec<_> = lines(&out).into_iter().filter(|l| l.get("late").is_none()).collect();
+    let fired: Vec<_> = json_lines(&out).into_iter().filter(|l| l.get("late").is_none()).collect();
     assert!(fired.len() >= 4, "windows fired while a shard was idle: {fired:?}\n{}", cluster.logs());
     let limit = idle_ms + 1500;
     for f in &fired {
@@ -78,7 +47,7 @@ async fn an_idle_shard_does_not_hold_windows_back_longer_than_the_idle_timeout()
     }
     let total: u64 = fired.iter().map(|f| f["count"].as_u64().unwrap()).sum();
     assert!(total > 300, "most records counted in fired windows before any drain: {total}");
-    assert!(assert_monotonic(&wms) > 5, "watermarks observed");
+    assert!(assert_watermarks_monotonic(&wms) > 5, "watermarks observed");
     assert_eq!(w.stop(Duration::from_secs(30)), Some(0));
     let zk = support::zk_client().await;
     support::zk_delete_tree(&zk, &cluster.zk_root).await;
@@ -129,12 +98,12 @@ async fn drain_under_load_flushes_windows_checkpoints_exactly_and_ignores_stale_
     // Drain under load.
     let drained_at = squall::coord::now_ms();
     let t0 = Instant::now();
-    let (rc, out, err) = squall(&cluster, &["drain", &cluster.topology, "--wait", "60"]);
+    let (rc, out, err) = squall_run(&cluster, &["drain", &cluster.topology, "--wait", "60"]);
     assert_eq!(rc, 0, "{out}{err}\n{}", cluster.logs());
     eprintln!("drain took {:?}: {out}", t0.elapsed());
     assert_eq!(a.stop(Duration::from_secs(20)), Some(0), "worker exits 0 after the drain\n{}", cluster.logs());
     assert_eq!(b.stop(Duration::from_secs(20)), Some(0));
-    let (_, st, _) = squall(&cluster, &["status", &cluster.topology, "--json"]);
+    let (_, st, _) = squall_run(&cluster, &["status", &cluster.topology, "--json"]);
     let st: serde_json::Value = serde_json::from_str(&st).unwrap();
     assert_eq!(st["state"], "DRAINED");
     assert_eq!(st["deployment_id"], deployment.as_str());
@@ -158,16 +127,16 @@ async fn drain_under_load_flushes_windows_checkpoints_exactly_and_ignores_stale_
         .collect();
     let counted: u64 = windows
         .iter()
-        .flat_map(|p| lines(p))
+        .flat_map(|p| json_lines(p))
         .filter(|l| l.get("late").is_none())
         .map(|l| l["count"].as_u64().unwrap())
         .sum();
-    let late = windows.iter().flat_map(|p| lines(p)).filter(|l| l.get("late").is_some()).count() as u64;
+    let late = windows.iter().flat_map(|p| json_lines(p)).filter(|l| l.get("late").is_some()).count() as u64;
     assert_eq!(counted + late, delivered.len() as u64, "windows flushed at the drain count every delivered record");
     for p in cluster.dir.read_dir().unwrap().filter_map(|e| e.ok()).map(|e| e.path()) {
         if p.to_string_lossy().ends_with(".watermarks.jsonl") {
-            assert_monotonic(&p);
-            let last = lines(&p).last().cloned().unwrap();
+            assert_watermarks_monotonic(&p);
+            let last = json_lines(&p).last().cloned().unwrap();
             assert_eq!(last["watermark"].as_u64(), Some(u64::MAX), "+infinity watermark at the drain");
         }
     }
@@ -196,7 +165,7 @@ async fn drain_under_load_flushes_windows_checkpoints_exactly_and_ignores_stale_
     let r = cluster.wait_delivered(std::slice::from_ref(&manifest), Duration::from_secs(60)).await;
     assert_eq!(r.lost, 0, "{r:?}\n{}", cluster.logs());
     assert_eq!(r.duplicates, 0, "the drain checkpointed exactly: {r:?}");
-    let (_, st, _) = squall(&cluster, &["status", &cluster.topology, "--json"]);
+    let (_, st, _) = squall_run(&cluster, &["status", &cluster.topology, "--json"]);
     let st: serde_json::Value = serde_json::from_str(&st).unwrap();
     assert_eq!(st["state"], "ACTIVE");
     assert_ne!(st["deployment_id"], deployment.as_str(), "a new deployment id after a drain");

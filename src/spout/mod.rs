@@ -310,16 +310,20 @@ impl KinesisSpout {
         let cfg = Arc::new(cfg);
         builder
             .set_spout(id, parallelism, move |_ctx: &TaskContext| {
-                let spout = KinesisSpout::with_shared(cfg.clone(), worker.clone(), shared.clone());
-                lock(&registry.0).push(SpoutTaskHandle {
-                    task_name: spout.task_name.clone(),
-                    status: spout.status.clone(),
-                    stats: spout.stats.clone(),
-                });
-                spout
+                KinesisSpout::with_shared(cfg.clone(), worker.clone(), shared.clone()).registered(&registry)
             })
             .fields(&FIELDS)
             .output(DEAD_LETTER_STREAM, &DEAD_LETTER_FIELDS);
+    }
+
+    /// Records this task in `registry` (for the worker's status).
+    fn registered(self, registry: &SpoutRegistry) -> Self {
+        lock(&registry.0).push(SpoutTaskHandle {
+            task_name: self.task_name.clone(),
+            status: self.status.clone(),
+            stats: self.stats.clone(),
+        });
+        self
     }
 
     /// Declares the spout reading a stage's input, the intermediate stream `cfg.stream` (which
@@ -346,12 +350,7 @@ impl KinesisSpout {
                 let input = stage_input::StageInput::new(spec.clone(), &cfg.stream);
                 lock(&stats).push(input.stats.clone());
                 spout.stage = Some(input);
-                lock(&registry.0).push(SpoutTaskHandle {
-                    task_name: spout.task_name.clone(),
-                    status: spout.status.clone(),
-                    stats: spout.stats.clone(),
-                });
-                spout
+                spout.registered(&registry)
             })
             .fields(&fields)
             .output(DEAD_LETTER_STREAM, &DEAD_LETTER_FIELDS);

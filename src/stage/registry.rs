@@ -16,17 +16,18 @@ use crate::coord::{SharedSession, ZkStore};
 use crate::spout::{LiveProducers, Producers};
 
 /// Follows the registry of `stream` until `cancel`; the receiver holds `None` until the first
-/// listing. Survives ZooKeeper session loss (it lists again on the new session).
+/// listing. Survives ZooKeeper session loss (it lists again on the new session). Await the task
+/// after cancelling it before closing the session: it holds the session while it watches.
 pub fn follow_producers(
-    session: Arc<SharedSession>,
+    session: &SharedSession,
     root: String,
     topology: String,
     stream: String,
     cancel: CancellationToken,
-) -> watch::Receiver<LiveProducers> {
+) -> (watch::Receiver<LiveProducers>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(None);
-    tokio::spawn(async move {
-        let mut views = session.subscribe();
+    let mut views = session.subscribe();
+    let task = tokio::spawn(async move {
         loop {
             let view = views.borrow_and_update().clone();
             let listed = async {
@@ -60,7 +61,7 @@ pub fn follow_producers(
             }
         }
     });
-    rx
+    (rx, task)
 }
 
 /// A fixed registry (tests, and stages whose producers are known).

@@ -35,6 +35,25 @@ pub fn squall_run(cluster: &Cluster, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// The JSON lines of a file (missing file: none; unparsable lines skipped).
+pub fn json_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+/// Asserts that the watermarks a window example logged (`--watermarks`: `{task, watermark}`
+/// lines) only move forward per task; returns how many there were.
+pub fn assert_watermarks_monotonic(path: &std::path::Path) -> usize {
+    let mut last: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    let ws = json_lines(path);
+    for w in &ws {
+        let (task, wm) = (w["task"].as_u64().unwrap(), w["watermark"].as_u64().unwrap());
+        if let Some(prev) = last.insert(task, wm) {
+            assert!(wm > prev, "watermark moved backwards or repeated at task {task}: {prev} then {wm}");
+        }
+    }
+    ws.len()
+}
+
 /// Runs `squall ARGS` and panics (with the worker logs) unless it exits 0. Returns stdout.
 pub fn squall_ok(cluster: &Cluster, args: &[&str]) -> String {
     let (rc, out, err) = squall_run(cluster, args);
