@@ -1245,6 +1245,8 @@ async fn with_stage_worker<T>(
         endpoint,
         "--region",
         REGION,
+        "--max-spout-pending",
+        &std::env::var("SQUALL_BENCH_STAGE_PENDING").unwrap_or_else(|_| "1000".into()),
     ])?;
     let count = move |b: &mut TopologyBuilder, input: &str| {
         b.set_bolt("count", 2, move |_| KeyCount { seen: seen.clone(), counts: HashMap::new() })
@@ -1313,12 +1315,17 @@ async fn with_stage_worker<T>(
 }
 
 /// What a boundary wrote into its intermediate stream.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct Written {
     data_records: u64,
     tuples: u64,
     watermarks: u64,
     drains: u64,
+    /// Approximate arrival time (ms) of each control record.
+    control_arrivals: Vec<i64>,
+    /// Per tuple: its put time (`t_ms`) and from then to its record's arrival in the
+    /// intermediate stream (ms): the first stage's share of the latency.
+    transit: Vec<(i64, i64)>,
 }
 
 impl Written {
@@ -1355,13 +1362,25 @@ async fn read_intermediate(client: &Client, endpoint: &str, stream: &str) -> any
             for r in out.records() {
                 let rec = decode(&bytes::Bytes::copy_from_slice(r.data().as_ref()), 2)
                     .map_err(|e| anyhow::anyhow!("record of {stream} does not decode: {e}"))?;
+                let arrival = r.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
                 match rec.payload {
                     Payload::Data(t) => {
                         w.data_records += 1;
                         w.tuples += t.len() as u64;
+                        for v in &t {
+                            if let Some(Value::Int(put)) = v.get(1) {
+                                w.transit.push((*put, arrival - put));
+                            }
+                        }
                     }
-                    Payload::Watermark => w.watermarks += 1,
-                    Payload::Drain => w.drains += 1,
+                    Payload::Watermark => {
+                        w.watermarks += 1;
+                        w.control_arrivals.push(arrival);
+                    }
+                    Payload::Drain => {
+                        w.drains += 1;
+                        w.control_arrivals.push(arrival);
+                    }
                 }
             }
             if !out.records().is_empty() || out.millis_behind_latest().unwrap_or(0) > 0 {
@@ -1514,6 +1533,19 @@ struct StageLatency {
     /// From the worker's start to the kill.
     ran: Duration,
     written: Option<Written>,
+    /// The measured window of put times (wall ms).
+    window: std::ops::Range<i64>,
+}
+
+impl StageLatency {
+    /// Sorted first-stage latencies (put -> record in the intermediate stream) of the measured
+    /// records, and the control records that arrived in the measured window.
+    fn boundary(&self) -> (Vec<i64>, u64) {
+        let Some(w) = &self.written else { return (Vec::new(), 0) };
+        let mut t: Vec<i64> = w.transit.iter().filter(|(put, _)| self.window.contains(put)).map(|x| x.1).collect();
+        t.sort_unstable();
+        (t, w.control_arrivals.iter().filter(|a| self.window.contains(a)).count() as u64)
+    }
 }
 
 /// One latency run on a fresh 4-shard source stream (kinesis-local): the worker and the
@@ -1555,11 +1587,11 @@ async fn stage_latency_run(
             .filter(|(put, _)| (from..to).contains(put))
             .map(|(_, l)| *l)
             .collect();
-        Ok((latencies, produced))
+        Ok((latencies, produced, from..to))
     })
     .await;
     let out = match result {
-        Ok(((mut latencies, produced), topology, ran)) => {
+        Ok(((mut latencies, produced, window), topology, ran)) => {
             latencies.sort_unstable();
             let written = if two {
                 let stream = format!("{topology}-{STAGE_BOUNDARY}");
@@ -1569,7 +1601,7 @@ async fn stage_latency_run(
             } else {
                 None
             };
-            Ok(StageLatency { latencies, produced, ran, written })
+            Ok(StageLatency { latencies, produced, ran, written, window })
         }
         Err(e) => Err(e),
     };
@@ -1591,7 +1623,11 @@ async fn stages(env: &Env) -> anyhow::Result<()> {
     let mut tput_rows = Vec::new();
     let mut cost_rows = Vec::new();
     let mut summary = Vec::new();
+    let only = std::env::var("SQUALL_BENCH_STAGE_ENGINES").unwrap_or_default();
     for (engine, endpoint, per_shard) in engines {
+        if !only.is_empty() && !only.split(',').any(|e| e == engine) {
+            continue;
+        }
         let client = client(&endpoint).await?;
         if !reachable(&client).await {
             println!(
@@ -1643,7 +1679,7 @@ async fn stages(env: &Env) -> anyhow::Result<()> {
                 median(&ratio_s),
                 ratio_s.iter().map(|r| (r * 100.0).round() / 100.0).collect::<Vec<_>>(),
             ));
-            let written: Vec<(Written, Duration)> = two.iter().filter_map(|r| r.written.map(|w| (w, r.ran))).collect();
+            let written: Vec<(Written, Duration)> = two.iter().filter_map(|r| r.written.clone().map(|w| (w, r.ran))).collect();
             cost_rows.push(cost_row(&format!("throughput, {engine}, backlog"), total, &written));
             Ok(())
         }
@@ -1668,11 +1704,12 @@ async fn stages(env: &Env) -> anyhow::Result<()> {
     }
     const RATE: f64 = 200.0;
     let (warm, measure) = (Duration::from_secs(5), Duration::from_secs(20));
-    let rounds: usize = std::env::var("SQUALL_BENCH_STAGE_LATENCY_REPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(2);
+    let rounds: usize = std::env::var("SQUALL_BENCH_STAGE_LATENCY_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    if rounds == 0 {
+        println!("\nlatency skipped (SQUALL_BENCH_STAGE_LATENCY_REPS=0)");
+        print_stage_cost(&cost_rows, &summary);
+        return Ok(());
+    }
     println!(
         "\nlatency (kinesis-local): {RATE} rec/s of 100 bytes, 100 keys, into a fresh 4-shard source per run; {} s warm-up not measured, then {} s measured; {rounds} rounds (one stage, two stages)",
         warm.as_secs(),
@@ -1720,6 +1757,20 @@ async fn stages(env: &Env) -> anyhow::Result<()> {
         percentile(&b, 0.5) - percentile(&a, 0.5),
         percentile(&b, 0.99) - percentile(&a, 0.99)
     );
+    let mut first: Vec<i64> = two.iter().flat_map(|r| r.boundary().0).collect();
+    first.sort_unstable();
+    println!(
+        "| two stages, put -> record in the intermediate stream (its approximate arrival time) | {} | {:.0} | {:.0} | {:.0} |",
+        first.len(),
+        percentile(&first, 0.5),
+        percentile(&first, 0.99),
+        percentile(&first, 1.0)
+    );
+    let in_window: Vec<u64> = two.iter().map(|r| r.boundary().1).collect();
+    println!();
+    println!(
+        "control records written while the producer ran (measured window, every shard receiving data), per two-stage run: {in_window:?}"
+    );
     summary.push(format!(
         "(g) latency kinesis-local {RATE} rec/s: one stage p50 {:.0} / p99 {:.0} ms; two stages p50 {:.0} / p99 {:.0} ms; per run {:?}",
         percentile(&a, 0.5),
@@ -1729,9 +1780,13 @@ async fn stages(env: &Env) -> anyhow::Result<()> {
         lat_rows
     ));
     let produced: u64 = two.iter().map(|r| r.produced).sum::<u64>() / two.len().max(1) as u64;
-    let written: Vec<(Written, Duration)> = two.iter().filter_map(|r| r.written.map(|w| (w, r.ran))).collect();
+    let written: Vec<(Written, Duration)> = two.iter().filter_map(|r| r.written.clone().map(|w| (w, r.ran))).collect();
     cost_rows.push(cost_row(&format!("steady {RATE} rec/s, kinesis-local"), produced, &written));
+    print_stage_cost(&cost_rows, &summary);
+    Ok(())
+}
 
+fn print_stage_cost(cost_rows: &[String], summary: &[String]) {
     println!();
     println!(
         "### cost: Kinesis records written into the intermediate stream (read back from it; medians over the two-stage runs)\n"
@@ -1743,14 +1798,13 @@ async fn stages(env: &Env) -> anyhow::Result<()> {
         "| workload | source records | records written (data + control) | per source record | data records | tuples per data record | control records | control / data | bound P*S*T/interval (T) |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for r in &cost_rows {
+    for r in cost_rows {
         println!("{r}");
     }
     println!();
     for s in summary {
         println!("{s}");
     }
-    Ok(())
 }
 
 /// A cost table row: medians over the runs of what the boundary wrote.
