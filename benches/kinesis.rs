@@ -1554,12 +1554,13 @@ impl StageLatency {
 async fn stage_latency_run(
     env: &Env,
     client: &Client,
+    endpoint: &str,
     two: bool,
     rate: f64,
     warm: Duration,
     measure: Duration,
 ) -> anyhow::Result<StageLatency> {
-    let endpoint = env.kinesis_local.clone();
+    let endpoint = endpoint.to_string();
     let source = create_stream(client, &endpoint, 4, "bench-stage-lat").await?;
     let seen = Arc::new(StageSeen { record_latency: true, ..StageSeen::default() });
     let s = seen.clone();
@@ -1697,10 +1698,16 @@ async fn stages(env: &Env) -> anyhow::Result<()> {
         println!("{r}");
     }
 
-    // Latency, kinesis-local only.
-    let client = client(&env.kinesis_local).await?;
+    // Latency, on kinesis-local unless SQUALL_BENCH_STAGE_LATENCY_ENGINE=kinesalite.
+    let lat_engine = std::env::var("SQUALL_BENCH_STAGE_LATENCY_ENGINE").unwrap_or_else(|_| "kinesis-local".into());
+    let lat_endpoint = match lat_engine.as_str() {
+        "kinesis-local" => env.kinesis_local.clone(),
+        "kinesalite" => env.kinesalite.clone(),
+        other => bail!("SQUALL_BENCH_STAGE_LATENCY_ENGINE is {other:?}; use kinesis-local (default) or kinesalite"),
+    };
+    let client = client(&lat_endpoint).await?;
     if !reachable(&client).await {
-        bail!("kinesis-local does not answer at {}: start it (localstack/up)", env.kinesis_local);
+        bail!("{lat_engine} does not answer at {lat_endpoint}: start it (localstack/up, localstack/kinesalite-up)");
     }
     const RATE: f64 = 200.0;
     let (warm, measure) = (Duration::from_secs(5), Duration::from_secs(20));
@@ -1711,7 +1718,7 @@ async fn stages(env: &Env) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "\nlatency (kinesis-local): {RATE} rec/s of 100 bytes, 100 keys, into a fresh 4-shard source per run; {} s warm-up not measured, then {} s measured; {rounds} rounds (one stage, two stages)",
+        "\nlatency ({lat_engine}): {RATE} rec/s of 100 bytes, 100 keys, into a fresh 4-shard source per run; {} s warm-up not measured, then {} s measured; {rounds} rounds (one stage, two stages)",
         warm.as_secs(),
         measure.as_secs()
     );
@@ -1719,7 +1726,7 @@ async fn stages(env: &Env) -> anyhow::Result<()> {
     let mut lat_rows = Vec::new();
     for round in 0..rounds {
         for is_two in [false, true] {
-            let r = stage_latency_run(env, &client, is_two, RATE, warm, measure).await?;
+            let r = stage_latency_run(env, &client, &lat_endpoint, is_two, RATE, warm, measure).await?;
             let label = if is_two { "two stages" } else { "one stage" };
             println!(
                 "  round {round}: {label}: {} records put, {} measured, p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
@@ -1740,7 +1747,7 @@ async fn stages(env: &Env) -> anyhow::Result<()> {
     };
     let (a, b) = (pooled(&one), pooled(&two));
     println!();
-    println!("### latency from put to the counting bolt (kinesis-local, {RATE} rec/s, pooled over {rounds} rounds)\n");
+    println!("### latency from put to the counting bolt ({lat_engine}, {RATE} rec/s, pooled over {rounds} rounds)\n");
     println!("| topology | records measured | p50 (ms) | p99 (ms) | max (ms) |");
     println!("| --- | ---: | ---: | ---: | ---: |");
     for (label, v) in [("one stage", &a), ("two stages", &b)] {
@@ -1772,7 +1779,7 @@ async fn stages(env: &Env) -> anyhow::Result<()> {
         "control records written while the producer ran (measured window, every shard receiving data), per two-stage run: {in_window:?}"
     );
     summary.push(format!(
-        "(g) latency kinesis-local {RATE} rec/s: one stage p50 {:.0} / p99 {:.0} ms; two stages p50 {:.0} / p99 {:.0} ms; per run {:?}",
+        "(g) latency {lat_engine} {RATE} rec/s: one stage p50 {:.0} / p99 {:.0} ms; two stages p50 {:.0} / p99 {:.0} ms; per run {:?}",
         percentile(&a, 0.5),
         percentile(&a, 0.99),
         percentile(&b, 0.5),
@@ -1781,7 +1788,7 @@ async fn stages(env: &Env) -> anyhow::Result<()> {
     ));
     let produced: u64 = two.iter().map(|r| r.produced).sum::<u64>() / two.len().max(1) as u64;
     let written: Vec<(Written, Duration)> = two.iter().filter_map(|r| r.written.clone().map(|w| (w, r.ran))).collect();
-    cost_rows.push(cost_row(&format!("steady {RATE} rec/s, kinesis-local"), produced, &written));
+    cost_rows.push(cost_row(&format!("steady {RATE} rec/s, {lat_engine}"), produced, &written));
     print_stage_cost(&cost_rows, &summary);
     Ok(())
 }
