@@ -28,9 +28,12 @@
 //!   4-shard intermediate stream) between keyer and count; records/s until every record was
 //!   counted, interleaved one, two, one, two..., on kinesis-local and kinesalite. Latency: from a
 //!   record's put (a timestamp in its payload) to the counting bolt under a steady 200 rec/s
-//!   producer on kinesis-local (`SQUALL_BENCH_STAGE_LATENCY_REPS` rounds, default 2). Cost: the
-//!   intermediate stream is read back: records written per source record, control records as a
-//!   share of data records, against the writer's bound P x S / interval.
+//!   producer on kinesis-local (`SQUALL_BENCH_STAGE_LATENCY_REPS` rounds, default 2; 0 skips;
+//!   `SQUALL_BENCH_STAGE_LATENCY_ENGINE=kinesalite` moves it). Cost: the intermediate stream is
+//!   read back: records written per source record, control records as a share of data records,
+//!   against the writer's bound P x S / interval. `SQUALL_BENCH_STAGE_PENDING` sets the
+//!   worker's `--max-spout-pending` (default 1000, the product default);
+//!   `SQUALL_BENCH_STAGE_ENGINES` (e.g. `kinesalite`, or `none`) limits the throughput part.
 //!
 //! Needs ZooKeeper and the engines on loopback (`make bench` starts them) and the audit example
 //! built in the same profile (`cargo build --release --examples`). `SQUALL_BENCH_REPS` sets the
