@@ -22,6 +22,18 @@
 //!   (kinesis-local's puts slow down as the stream fills: 500 MB would take hours);
 //!   `SQUALL_BENCH_MEMORY_ENGINE=kinesis-local` and `SQUALL_BENCH_MEMORY_BACKLOG` (records per
 //!   shard, default 10000) change that.
+//! - `stages` (g): the cost of a stage boundary. Throughput: a pre-filled 4-shard stream read by
+//!   a fresh in-process worker (`squall::stage::run`): spout -> keyer (one tuple per record,
+//!   keyed by its partition key) -> count (fields grouping), in one stage or with a boundary (a
+//!   4-shard intermediate stream) between keyer and count; records/s until every record was
+//!   counted, interleaved one, two, one, two..., on kinesis-local and kinesalite. Latency: from a
+//!   record's put (a timestamp in its payload) to the counting bolt under a steady 200 rec/s
+//!   producer on kinesis-local (`SQUALL_BENCH_STAGE_LATENCY_REPS` rounds, default 2; 0 skips;
+//!   `SQUALL_BENCH_STAGE_LATENCY_ENGINE=kinesalite` moves it). Cost: the intermediate stream is
+//!   read back: records written per source record, control records as a share of data records,
+//!   against the writer's bound P x S / interval. `SQUALL_BENCH_STAGE_PENDING` sets the
+//!   worker's `--max-spout-pending` (default 1000, the product default);
+//!   `SQUALL_BENCH_STAGE_ENGINES` (e.g. `kinesalite`, or `none`) limits the throughput part.
 //!
 //! Needs ZooKeeper and the engines on loopback (`make bench` starts them) and the audit example
 //! built in the same profile (`cargo build --release --examples`). `SQUALL_BENCH_REPS` sets the
@@ -39,11 +51,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::types::ShardIteratorType;
+use clap::Parser;
 use common::{unique, zk_client, zk_delete_tree};
 use squall::audit::Delivery;
 use squall::kinesis::{KinesisEndpoint, PutOptions};
 use squall::spout::{KinesisSpout, KinesisSpoutConfig, ReadLogEntry, WorkerIdentity};
-use squall::topology::{Bolt, BoltOutput, ComponentError, TopologyBuilder, TopologyConfig, Tuple, run_local};
+use squall::stage::{Boundary, Stages};
+use squall::topology::{Bolt, BoltOutput, ComponentError, TopologyBuilder, TopologyConfig, Tuple, Value, run_local};
 
 const REGION: &str = "us-east-1";
 
@@ -1141,6 +1155,688 @@ async fn memory(env: &Env) -> anyhow::Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// (g) stages: one stage vs two stages through an intermediate stream
+
+/// What the counting bolt saw: how many tuples, the first and last arrival, and (when asked)
+/// each tuple's put time and latency (ms).
+#[derive(Default)]
+struct StageSeen {
+    count: AtomicU64,
+    times: Mutex<(Option<Instant>, Option<Instant>)>,
+    record_latency: bool,
+    latencies: Mutex<Vec<(i64, i64)>>,
+}
+
+/// The put time a latency producer wrote at the head of a record (`t=<ms>;`).
+fn payload_put_ms(data: &[u8]) -> Option<i64> {
+    let rest = data.strip_prefix(b"t=")?;
+    let end = rest.iter().position(|&b| b == b';')?;
+    std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
+}
+
+/// One tuple per record: its partition key and its put time (from the payload when a latency
+/// producer wrote it, else the record's approximate arrival time).
+struct Keyer;
+
+impl Bolt for Keyer {
+    async fn execute(&mut self, t: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let key = t.get_arc_str("partition_key")?;
+        let data = t.get_bytes("data")?;
+        let put_ms = match payload_put_ms(&data) {
+            Some(ms) => ms,
+            None => t.get_i64("arrival_ms")?,
+        };
+        out.emit([Value::from(key), Value::from(put_ms)])?;
+        Ok(())
+    }
+}
+
+/// The counting bolt (fields grouping on the key): counts per key, and into the shared counter.
+struct KeyCount {
+    seen: Arc<StageSeen>,
+    counts: HashMap<Arc<str>, u64>,
+}
+
+impl Bolt for KeyCount {
+    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let now = Instant::now();
+        *self.counts.entry(t.get_arc_str("key")?).or_default() += 1;
+        if self.seen.record_latency {
+            let put = t.get_i64("t_ms")?;
+            self.seen.latencies.lock().unwrap_or_else(|p| p.into_inner()).push((put, now_ms() - put));
+        }
+        self.seen.count.fetch_add(1, Ordering::Relaxed);
+        let mut times = self.seen.times.lock().unwrap_or_else(|p| p.into_inner());
+        times.0.get_or_insert(now);
+        times.1 = Some(now);
+        Ok(())
+    }
+}
+
+/// Boundary name of the two-stage topology (its intermediate stream is `{topology}-keys`).
+const STAGE_BOUNDARY: &str = "keys";
+const STAGE_BOUNDARY_SHARDS: i32 = 4;
+
+/// A worker (`squall::stage::run`, in this process) of a fresh topology (own name and
+/// ZooKeeper root) reading `source`: spout -> keyer -> count (one stage), or spout -> keyer ->
+/// boundary (4 shards) -> count (two stages). `body` runs while it works; then the topology is
+/// killed (`squall kill --wait 2`) and the worker awaited. Returns what `body` returned, the
+/// topology name and the time from start until the worker stopped (the boundary writer's
+/// lifetime, at most). On an error, the intermediate stream is deleted here.
+async fn with_stage_worker<T>(
+    env: &Env,
+    client: &Client,
+    endpoint: &str,
+    source: &str,
+    two: bool,
+    seen: Arc<StageSeen>,
+    body: impl AsyncFnOnce(&str, Instant) -> anyhow::Result<T>,
+) -> anyhow::Result<(T, String, Duration)> {
+    let topology = unique(if two { "bench-stage2" } else { "bench-stage1" });
+    let root = format!("/{}", unique("squall-bench"));
+    let args = squall::WorkerArgs::try_parse_from([
+        "worker",
+        "--topology",
+        &topology,
+        "--stream",
+        source,
+        "--zk",
+        &env.zk,
+        "--zk-root",
+        &root,
+        "--endpoint",
+        endpoint,
+        "--region",
+        REGION,
+        "--max-spout-pending",
+        &std::env::var("SQUALL_BENCH_STAGE_PENDING").unwrap_or_else(|_| "1000".into()),
+    ])?;
+    let count = move |b: &mut TopologyBuilder, input: &str| {
+        b.set_bolt("count", 2, move |_| KeyCount { seen: seen.clone(), counts: HashMap::new() })
+            .fields_grouping(input, &["key"]);
+    };
+    let stages = if two {
+        Stages::new("key", |b, spout| {
+            b.set_bolt("keyer", 2, |_| Keyer).shuffle_grouping(spout).fields(&["key", "t_ms"]);
+        })
+        .then(
+            Boundary::new(STAGE_BOUNDARY, "keyer", &["key", "t_ms"]).key(&["key"]).shards(STAGE_BOUNDARY_SHARDS),
+            "count",
+            count,
+        )
+    } else {
+        Stages::new("main", move |b, spout| {
+            b.set_bolt("keyer", 2, |_| Keyer).shuffle_grouping(spout).fields(&["key", "t_ms"]);
+            count(b, "keyer");
+        })
+    };
+    let start = Instant::now();
+    let worker = squall::stage::run(args, stages);
+    tokio::pin!(worker);
+    let out = tokio::select! {
+        w = &mut worker => Err(match w {
+            Ok(()) => anyhow::anyhow!("worker of {topology} stopped early"),
+            Err(e) => e.context(format!("worker of {topology} stopped early")),
+        }),
+        r = body(&topology, start) => r,
+    };
+    let kill = async {
+        let cli = squall::cli::Cli::try_parse_from([
+            "squall",
+            "--zk",
+            &env.zk,
+            "--zk-root",
+            &root,
+            "--endpoint",
+            endpoint,
+            "kill",
+            &topology,
+            "--wait",
+            "2",
+        ])?;
+        squall::cli::run(cli).await
+    };
+    let out = match out {
+        Ok(t) => tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(&mut worker, kill) })
+            .await
+            .with_context(|| format!("stopping the worker of {topology}"))
+            .and_then(|(w, k)| {
+                k.with_context(|| format!("squall kill {topology}"))?;
+                w.with_context(|| format!("worker of {topology}"))?;
+                Ok(t)
+            }),
+        Err(e) => Err(e),
+    };
+    let ran = start.elapsed();
+    if let Ok(zk) = zk_client(&env.zk).await {
+        zk_delete_tree(&zk, &root).await;
+    }
+    if out.is_err() && two {
+        delete_stream(client, endpoint, &format!("{topology}-{STAGE_BOUNDARY}")).await;
+    }
+    out.map(|t| (t, topology.clone(), ran))
+}
+
+/// What a boundary wrote into its intermediate stream.
+#[derive(Debug, Default, Clone)]
+struct Written {
+    data_records: u64,
+    tuples: u64,
+    watermarks: u64,
+    drains: u64,
+    /// Approximate arrival time (ms) of each control record.
+    control_arrivals: Vec<i64>,
+    /// Per tuple: its put time (`t_ms`) and from then to its record's arrival in the
+    /// intermediate stream (ms): the first stage's share of the latency.
+    transit: Vec<(i64, i64)>,
+}
+
+impl Written {
+    fn records(&self) -> u64 {
+        self.data_records + self.watermarks + self.drains
+    }
+    fn control(&self) -> u64 {
+        self.watermarks + self.drains
+    }
+}
+
+/// Reads every record of an intermediate stream from TRIM_HORIZON and classifies it.
+async fn read_intermediate(client: &Client, endpoint: &str, stream: &str) -> anyhow::Result<Written> {
+    use squall::stage::codec::{Payload, decode};
+    let mut w = Written::default();
+    for s in squall::kinesis::list_shards(client, endpoint, stream).await? {
+        let mut it = client
+            .get_shard_iterator()
+            .stream_name(stream)
+            .shard_id(&s.shard_id)
+            .shard_iterator_type(ShardIteratorType::TrimHorizon)
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("{}", aws_sdk_kinesis::error::DisplayErrorContext(e)))?
+            .shard_iterator;
+        while let Some(i) = it.take() {
+            let out = client
+                .get_records()
+                .shard_iterator(i)
+                .limit(10_000)
+                .send()
+                .await
+                .map_err(|e| anyhow::anyhow!("{}", aws_sdk_kinesis::error::DisplayErrorContext(e)))?;
+            for r in out.records() {
+                let rec = decode(&bytes::Bytes::copy_from_slice(r.data().as_ref()), 2)
+                    .map_err(|e| anyhow::anyhow!("record of {stream} does not decode: {e}"))?;
+                let arrival = r.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
+                match rec.payload {
+                    Payload::Data(t) => {
+                        w.data_records += 1;
+                        w.tuples += t.len() as u64;
+                        for v in &t {
+                            if let Some(Value::Int(put)) = v.get(1) {
+                                w.transit.push((*put, arrival - put));
+                            }
+                        }
+                    }
+                    Payload::Watermark => {
+                        w.watermarks += 1;
+                        w.control_arrivals.push(arrival);
+                    }
+                    Payload::Drain => {
+                        w.drains += 1;
+                        w.control_arrivals.push(arrival);
+                    }
+                }
+            }
+            if !out.records().is_empty() || out.millis_behind_latest().unwrap_or(0) > 0 {
+                it = out.next_shard_iterator().map(str::to_string);
+            }
+        }
+    }
+    Ok(w)
+}
+
+/// One throughput run: records/s from the worker's start to the last record counted, and from
+/// the first to the last; what the boundary wrote (two stages).
+struct StageTput {
+    total: f64,
+    steady: f64,
+    startup_ms: f64,
+    ran: Duration,
+    written: Option<Written>,
+}
+
+async fn stage_throughput_run(
+    env: &Env,
+    client: &Client,
+    endpoint: &str,
+    source: &str,
+    expect: u64,
+    two: bool,
+) -> anyhow::Result<StageTput> {
+    let seen = Arc::new(StageSeen::default());
+    let s = seen.clone();
+    let ((start, first, last), topology, ran) =
+        with_stage_worker(env, client, endpoint, source, two, seen.clone(), async |topology: &str, start: Instant| {
+            let deadline = start + Duration::from_secs(300);
+            while s.count.load(Ordering::Relaxed) < expect {
+                if Instant::now() > deadline {
+                    bail!("{topology} counted {} of {expect} records in 300 s", s.count.load(Ordering::Relaxed));
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let (first, last) = *s.times.lock().unwrap_or_else(|p| p.into_inner());
+            Ok((start, first.unwrap_or(start), last.unwrap_or(start)))
+        })
+        .await?;
+    let counted = seen.count.load(Ordering::Relaxed);
+    if counted != expect {
+        println!("  note: {topology} counted {counted} tuples for {expect} records (replays?)");
+    }
+    let written = if two {
+        let stream = format!("{topology}-{STAGE_BOUNDARY}");
+        let w = read_intermediate(client, endpoint, &stream).await;
+        delete_stream(client, endpoint, &stream).await;
+        Some(w?)
+    } else {
+        None
+    };
+    Ok(StageTput {
+        total: expect as f64 / last.duration_since(start).as_secs_f64().max(1e-6),
+        steady: expect.saturating_sub(1) as f64 / last.duration_since(first).as_secs_f64().max(1e-6),
+        startup_ms: first.duration_since(start).as_secs_f64() * 1e3,
+        ran,
+        written,
+    })
+}
+
+/// A steady producer of latency records: every 25 ms a PutRecords of the records due, keys
+/// `lat-0..keys` in turn, each payload `t=<ms>;` (the put time) padded to `size` bytes. `put`
+/// counts the records Kinesis accepted. Aborted on drop; [`LatencyProducer::stop`] lets the
+/// put in flight finish.
+struct LatencyProducer {
+    task: Option<tokio::task::JoinHandle<()>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    put: Arc<AtomicU64>,
+}
+
+impl LatencyProducer {
+    fn start(client: &Client, stream: &str, rate: f64, keys: u64, size: usize) -> Self {
+        let (client, stream) = (client.clone(), stream.to_string());
+        let put = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (counter, stopped) = (put.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut timer = tokio::time::interval(Duration::from_millis(25));
+            timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let (mut n, start) = (0u64, Instant::now());
+            while !stopped.load(Ordering::Relaxed) {
+                timer.tick().await;
+                let due = (start.elapsed().as_secs_f64() * rate) as u64;
+                if due <= n {
+                    continue;
+                }
+                let t = now_ms();
+                let entries: Vec<_> = (n..due)
+                    .filter_map(|i| {
+                        let mut data = format!("t={t};").into_bytes();
+                        data.resize(size.max(data.len()), b'x');
+                        aws_sdk_kinesis::types::PutRecordsRequestEntry::builder()
+                            .partition_key(format!("lat-{}", i % keys))
+                            .data(aws_sdk_kinesis::primitives::Blob::new(data))
+                            .build()
+                            .ok()
+                    })
+                    .collect();
+                n = due;
+                match client.put_records().stream_name(&stream).set_records(Some(entries)).send().await {
+                    Ok(out) => {
+                        let ok = out.records().iter().filter(|r| r.error_code().is_none()).count() as u64;
+                        counter.fetch_add(ok, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        eprintln!("latency producer on {stream}: {}", aws_sdk_kinesis::error::DisplayErrorContext(e))
+                    }
+                }
+            }
+        });
+        LatencyProducer { task: Some(task), stop, put }
+    }
+
+    /// Stops after the put in flight; returns the records Kinesis accepted.
+    async fn stop(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+        self.put.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for LatencyProducer {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+fn percentile(sorted: &[i64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)] as f64
+}
+
+/// One latency run.
+struct StageLatency {
+    /// Latencies (ms) of the records put in the measured window.
+    latencies: Vec<i64>,
+    /// Source records put.
+    produced: u64,
+    /// From the worker's start to the kill.
+    ran: Duration,
+    written: Option<Written>,
+    /// The measured window of put times (wall ms).
+    window: std::ops::Range<i64>,
+}
+
+impl StageLatency {
+    /// Sorted first-stage latencies (put -> record in the intermediate stream) of the measured
+    /// records, and the control records that arrived in the measured window.
+    fn boundary(&self) -> (Vec<i64>, u64) {
+        let Some(w) = &self.written else { return (Vec::new(), 0) };
+        let mut t: Vec<i64> = w.transit.iter().filter(|(put, _)| self.window.contains(put)).map(|x| x.1).collect();
+        t.sort_unstable();
+        (t, w.control_arrivals.iter().filter(|a| self.window.contains(a)).count() as u64)
+    }
+}
+
+/// One latency run on a fresh 4-shard source stream (kinesis-local): the worker and the
+/// producer start together; records put in the first `warm` are not measured, those put in the
+/// next `measure` are; the run ends once every record put was counted.
+async fn stage_latency_run(
+    env: &Env,
+    client: &Client,
+    endpoint: &str,
+    two: bool,
+    rate: f64,
+    warm: Duration,
+    measure: Duration,
+) -> anyhow::Result<StageLatency> {
+    let endpoint = endpoint.to_string();
+    let source = create_stream(client, &endpoint, 4, "bench-stage-lat").await?;
+    let seen = Arc::new(StageSeen { record_latency: true, ..StageSeen::default() });
+    let s = seen.clone();
+    let result = with_stage_worker(env, client, &endpoint, &source, two, seen, async |topology: &str, _| {
+        let producer = LatencyProducer::start(client, &source, rate, 100, 100);
+        let t0 = now_ms();
+        tokio::time::sleep(warm + measure).await;
+        let produced = producer.stop().await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while s.count.load(Ordering::Relaxed) < produced {
+            if Instant::now() > deadline {
+                bail!(
+                    "{topology} counted {} of {produced} records 60 s after the producer stopped",
+                    s.count.load(Ordering::Relaxed)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let (from, to) = (t0 + warm.as_millis() as i64, t0 + (warm + measure).as_millis() as i64);
+        let latencies: Vec<i64> = s
+            .latencies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(put, _)| (from..to).contains(put))
+            .map(|(_, l)| *l)
+            .collect();
+        Ok((latencies, produced, from..to))
+    })
+    .await;
+    let out = match result {
+        Ok(((mut latencies, produced, window), topology, ran)) => {
+            latencies.sort_unstable();
+            let written = if two {
+                let stream = format!("{topology}-{STAGE_BOUNDARY}");
+                let w = read_intermediate(client, &endpoint, &stream).await;
+                delete_stream(client, &endpoint, &stream).await;
+                Some(w?)
+            } else {
+                None
+            };
+            Ok(StageLatency { latencies, produced, ran, written, window })
+        }
+        Err(e) => Err(e),
+    };
+    delete_stream(client, &endpoint, &source).await;
+    out
+}
+
+async fn stages(env: &Env) -> anyhow::Result<()> {
+    // the in-process workers would log at info; the tables are the output here
+    squall::logging::init_with("warn");
+    println!("\n## (g) stages: one stage vs two stages through an intermediate stream\n");
+    println!(
+        "Topology: Kinesis spout -> keyer (2 tasks; one tuple per record, keyed by its partition key) -> count (2 tasks, fields grouping on the key), in one stage, or with a boundary ({STAGE_BOUNDARY_SHARDS}-shard intermediate stream, 1 writer) between keyer and count. In-process worker (`squall::stage::run`), product defaults, fresh topology and ZooKeeper root per run."
+    );
+    const SHARDS: i32 = 4;
+    let reps = env.reps.max(3);
+    let engines =
+        [("kinesis-local", env.kinesis_local.clone(), 5_000u64), ("kinesalite", env.kinesalite.clone(), 25_000)];
+    let mut tput_rows = Vec::new();
+    let mut cost_rows = Vec::new();
+    let mut summary = Vec::new();
+    let only = std::env::var("SQUALL_BENCH_STAGE_ENGINES").unwrap_or_default();
+    for (engine, endpoint, per_shard) in engines {
+        if !only.is_empty() && !only.split(',').any(|e| e == engine) {
+            continue;
+        }
+        let client = client(&endpoint).await?;
+        if !reachable(&client).await {
+            println!(
+                "{engine} at {endpoint} does not answer: skipped (start it: localstack/up, localstack/kinesalite-up)\n"
+            );
+            continue;
+        }
+        let source = create_stream(&client, &endpoint, SHARDS, "bench-stage-src").await?;
+        let total = per_shard * SHARDS as u64;
+        let took = fill(&client, &endpoint, &source, total, 4).await?;
+        println!(
+            "{engine}: source {source}, {SHARDS} shards, {total} records (400 keys), filled in {:.1} s; {reps} rounds (one stage, two stages), after one warm-up of each",
+            took.as_secs_f64()
+        );
+        let result: anyhow::Result<()> = async {
+            stage_throughput_run(env, &client, &endpoint, &source, total, false).await?;
+            stage_throughput_run(env, &client, &endpoint, &source, total, true).await?;
+            let (mut one, mut two) = (Vec::new(), Vec::new());
+            for round in 0..reps {
+                let a = stage_throughput_run(env, &client, &endpoint, &source, total, false).await?;
+                let b = stage_throughput_run(env, &client, &endpoint, &source, total, true).await?;
+                println!(
+                    "  round {round}: one stage {:.0} rec/s ({:.0} steady), two stages {:.0} rec/s ({:.0} steady)",
+                    a.total, a.steady, b.total, b.steady
+                );
+                one.push(a);
+                two.push(b);
+            }
+            let col = |v: &[StageTput], f: fn(&StageTput) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
+            let ratio = |f: fn(&StageTput) -> f64| {
+                one.iter().zip(&two).map(|(a, b)| f(b) / f(a)).collect::<Vec<_>>()
+            };
+            let (ratio_t, ratio_s) = (ratio(|r| r.total), ratio(|r| r.steady));
+            tput_rows.push(format!(
+                "| {engine} | {total} | {:.0} | {:.0} | **{:.2}** | {:.0} | {:.0} | {:.2} | {:.0} / {:.0} |",
+                col(&one, |r| r.total),
+                col(&two, |r| r.total),
+                median(&ratio_t),
+                col(&one, |r| r.steady),
+                col(&two, |r| r.steady),
+                median(&ratio_s),
+                col(&one, |r| r.startup_ms),
+                col(&two, |r| r.startup_ms),
+            ));
+            summary.push(format!(
+                "(g) {engine}: two stages / one stage, records/s from start: {:.2} (per round {:?}); steady {:.2} (per round {:?})",
+                median(&ratio_t),
+                ratio_t.iter().map(|r| (r * 100.0).round() / 100.0).collect::<Vec<_>>(),
+                median(&ratio_s),
+                ratio_s.iter().map(|r| (r * 100.0).round() / 100.0).collect::<Vec<_>>(),
+            ));
+            let written: Vec<(Written, Duration)> = two.iter().filter_map(|r| r.written.clone().map(|w| (w, r.ran))).collect();
+            cost_rows.push(cost_row(&format!("throughput, {engine}, backlog"), total, &written));
+            Ok(())
+        }
+        .await;
+        delete_stream(&client, &endpoint, &source).await;
+        result?;
+    }
+    println!();
+    println!("### throughput: records/s until every record was counted (medians of {reps} interleaved rounds)\n");
+    println!(
+        "| engine | records | one stage rec/s | two stages rec/s | two / one (median of per-round) | one stage steady | two stages steady | steady two / one | start-up to first count, one / two (ms) |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for r in &tput_rows {
+        println!("{r}");
+    }
+
+    // Latency, on kinesis-local unless SQUALL_BENCH_STAGE_LATENCY_ENGINE=kinesalite.
+    let lat_engine = std::env::var("SQUALL_BENCH_STAGE_LATENCY_ENGINE").unwrap_or_else(|_| "kinesis-local".into());
+    let lat_endpoint = match lat_engine.as_str() {
+        "kinesis-local" => env.kinesis_local.clone(),
+        "kinesalite" => env.kinesalite.clone(),
+        other => bail!("SQUALL_BENCH_STAGE_LATENCY_ENGINE is {other:?}; use kinesis-local (default) or kinesalite"),
+    };
+    let client = client(&lat_endpoint).await?;
+    if !reachable(&client).await {
+        bail!("{lat_engine} does not answer at {lat_endpoint}: start it (localstack/up, localstack/kinesalite-up)");
+    }
+    const RATE: f64 = 200.0;
+    let (warm, measure) = (Duration::from_secs(5), Duration::from_secs(20));
+    let rounds: usize = std::env::var("SQUALL_BENCH_STAGE_LATENCY_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    if rounds == 0 {
+        println!("\nlatency skipped (SQUALL_BENCH_STAGE_LATENCY_REPS=0)");
+        print_stage_cost(&cost_rows, &summary);
+        return Ok(());
+    }
+    println!(
+        "\nlatency ({lat_engine}): {RATE} rec/s of 100 bytes, 100 keys, into a fresh 4-shard source per run; {} s warm-up not measured, then {} s measured; {rounds} rounds (one stage, two stages)",
+        warm.as_secs(),
+        measure.as_secs()
+    );
+    let (mut one, mut two) = (Vec::new(), Vec::new());
+    let mut lat_rows = Vec::new();
+    for round in 0..rounds {
+        for is_two in [false, true] {
+            let r = stage_latency_run(env, &client, &lat_endpoint, is_two, RATE, warm, measure).await?;
+            let label = if is_two { "two stages" } else { "one stage" };
+            println!(
+                "  round {round}: {label}: {} records put, {} measured, p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+                r.produced,
+                r.latencies.len(),
+                percentile(&r.latencies, 0.5),
+                percentile(&r.latencies, 0.99),
+                percentile(&r.latencies, 1.0)
+            );
+            lat_rows.push((round, label, percentile(&r.latencies, 0.5), percentile(&r.latencies, 0.99)));
+            if is_two { two.push(r) } else { one.push(r) }
+        }
+    }
+    let pooled = |v: &[StageLatency]| {
+        let mut all: Vec<i64> = v.iter().flat_map(|r| r.latencies.iter().copied()).collect();
+        all.sort_unstable();
+        all
+    };
+    let (a, b) = (pooled(&one), pooled(&two));
+    println!();
+    println!("### latency from put to the counting bolt ({lat_engine}, {RATE} rec/s, pooled over {rounds} rounds)\n");
+    println!("| topology | records measured | p50 (ms) | p99 (ms) | max (ms) |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    for (label, v) in [("one stage", &a), ("two stages", &b)] {
+        println!(
+            "| {label} | {} | {:.0} | {:.0} | {:.0} |",
+            v.len(),
+            percentile(v, 0.5),
+            percentile(v, 0.99),
+            percentile(v, 1.0)
+        );
+    }
+    println!(
+        "| **two - one** | | **{:+.0}** | **{:+.0}** | |",
+        percentile(&b, 0.5) - percentile(&a, 0.5),
+        percentile(&b, 0.99) - percentile(&a, 0.99)
+    );
+    let mut first: Vec<i64> = two.iter().flat_map(|r| r.boundary().0).collect();
+    first.sort_unstable();
+    println!(
+        "| two stages, put -> record in the intermediate stream (its approximate arrival time) | {} | {:.0} | {:.0} | {:.0} |",
+        first.len(),
+        percentile(&first, 0.5),
+        percentile(&first, 0.99),
+        percentile(&first, 1.0)
+    );
+    let in_window: Vec<u64> = two.iter().map(|r| r.boundary().1).collect();
+    println!();
+    println!(
+        "control records written while the producer ran (measured window, every shard receiving data), per two-stage run: {in_window:?}"
+    );
+    summary.push(format!(
+        "(g) latency {lat_engine} {RATE} rec/s: one stage p50 {:.0} / p99 {:.0} ms; two stages p50 {:.0} / p99 {:.0} ms; per run {:?}",
+        percentile(&a, 0.5),
+        percentile(&a, 0.99),
+        percentile(&b, 0.5),
+        percentile(&b, 0.99),
+        lat_rows
+    ));
+    let produced: u64 = two.iter().map(|r| r.produced).sum::<u64>() / two.len().max(1) as u64;
+    let written: Vec<(Written, Duration)> = two.iter().filter_map(|r| r.written.clone().map(|w| (w, r.ran))).collect();
+    cost_rows.push(cost_row(&format!("steady {RATE} rec/s, {lat_engine}"), produced, &written));
+    print_stage_cost(&cost_rows, &summary);
+    Ok(())
+}
+
+fn print_stage_cost(cost_rows: &[String], summary: &[String]) {
+    println!();
+    println!(
+        "### cost: Kinesis records written into the intermediate stream (read back from it; medians over the two-stage runs)\n"
+    );
+    println!(
+        "P = 1 writer, S = {STAGE_BOUNDARY_SHARDS} shards, watermark interval 1 s: control records <= P x S x T / interval over a writer lifetime of T s.\n"
+    );
+    println!(
+        "| workload | source records | records written (data + control) | per source record | data records | tuples per data record | control records | control / data | bound P*S*T/interval (T) |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for r in cost_rows {
+        println!("{r}");
+    }
+    println!();
+    for s in summary {
+        println!("{s}");
+    }
+}
+
+/// A cost table row: medians over the runs of what the boundary wrote.
+fn cost_row(label: &str, source: u64, runs: &[(Written, Duration)]) -> String {
+    let m = |f: &dyn Fn(&(Written, Duration)) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+    let secs = m(&|r| r.1.as_secs_f64());
+    format!(
+        "| {label} | {source} | {:.0} ({:.0} + {:.0}) | **{:.3}** | {:.0} | {:.1} | {:.0} | **{:.2}%** | {:.0} ({:.1} s) |",
+        m(&|r| r.0.records() as f64),
+        m(&|r| r.0.data_records as f64),
+        m(&|r| r.0.control() as f64),
+        m(&|r| r.0.records() as f64 / source as f64),
+        m(&|r| r.0.data_records as f64),
+        m(&|r| r.0.tuples as f64 / r.0.data_records.max(1) as f64),
+        m(&|r| r.0.control() as f64),
+        m(&|r| r.0.control() as f64 * 100.0 / r.0.data_records.max(1) as f64),
+        1.0 * STAGE_BOUNDARY_SHARDS as f64 * secs / 1.0,
+        secs
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
@@ -1175,6 +1871,11 @@ async fn main() -> anyhow::Result<()> {
     if run("memory") {
         if let Err(e) = memory(&env).await {
             failed.push(format!("memory: {e:#}"));
+        }
+    }
+    if run("stages") {
+        if let Err(e) = stages(&env).await {
+            failed.push(format!("stages: {e:#}"));
         }
     }
     println!("\nKinesis benchmarks took {:.0} s", started.elapsed().as_secs_f64());
