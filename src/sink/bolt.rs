@@ -668,9 +668,14 @@ impl<E: SinkEncoder> Bolt for KinesisSink<E> {
     }
 
     async fn cleanup(&mut self) {
-        let left = self.queue.buffered() + self.in_flight.as_ref().map_or(0, |f| f.entries.len());
-        if left > 0 {
-            tracing::warn!(stream = %self.cfg.stream, records = left, "Kinesis sink stopped with records not put; their inputs are failed (replayed by the spout)");
+        let in_flight = self.in_flight.as_ref().map_or(&[][..], |f| &f.entries[..]);
+        let left = self.queue.buffered() + in_flight.len();
+        let inputs: usize = self.queue.iter().chain(in_flight).map(|e| e.tag.len()).sum();
+        if inputs > 0 {
+            tracing::warn!(stream = %self.cfg.stream, records = left, inputs, "Kinesis sink stopped with records not put; their inputs are failed (replayed by the spout)");
+        } else if left > 0 {
+            // only records of the encoder's hooks (watermarks, markers): no input to replay
+            tracing::debug!(stream = %self.cfg.stream, records = left, "Kinesis sink stopped with hook records not put");
         }
     }
 }

@@ -188,6 +188,11 @@ impl<T> Queue<T> {
         }
     }
 
+    /// The buffered records (not those in flight), in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &Entry<T>> {
+        self.keys.values().flat_map(|st| st.fifo.iter())
+    }
+
     /// Every buffered record (not those in flight), in no particular order.
     pub fn take_all(&mut self) -> Vec<Entry<T>> {
         let mut out = Vec::with_capacity(self.buffered);

@@ -8,9 +8,13 @@
 //! - Every record carries the producer's current low watermark (its input watermark). Once per
 //!   `watermark_interval` the writer also writes a watermark control record to each open shard
 //!   it wrote no data record to since the last round. Control records per second are therefore
-//!   at most `P × S / interval` (P producers, S open shards) and zero for shards that receive
-//!   data; with the defaults (1 s) a stage with 4 writers into 4 shards writes at most 16
-//!   control records per second, under 5% of the data records from 320 records/s on.
+//!   at most `P × S / interval` (P producers, S open shards), and none for a shard that receives
+//!   data in every round; with the defaults (1 s) a stage with 4 writers into 4 shards writes at
+//!   most 16 control records per second, under 5% of the data records from 320 records/s on
+//!   (measured in BENCHMARKS.md, Stages: 0.01-2% of the data records).
+//! - The writer acks an input only once its record is put, so the previous stage's spout tuples
+//!   stay pending for a put's round trip: give the first stage's spouts room
+//!   (`--max-spout-pending`, e.g. 5000), which also lets more tuples of a key share a record.
 //! - At drain, a drain marker (tagged with producer and deployment) goes to every open shard,
 //!   after every data record, and the sink flushes before the stage's task stops.
 
