@@ -11,7 +11,8 @@ use std::time::Duration;
 use squall::kinesis::{self, PutOptions, payload::Manifest};
 use support::TestStream;
 use support::ops::{squall_ok, status_json, wait_for};
-use support::workers::{Cluster, Worker, example_bin, scratch};
+use support::stages::{read_json_records, start_word_count_global};
+use support::workers::{Cluster, Worker, scratch};
 
 /// Workers started, and writer tasks per worker (the example's boundary has the default 1).
 const WORKERS: usize = 2;
@@ -19,43 +20,14 @@ const WRITERS: usize = 1;
 /// Shards of the intermediate stream (the example's default `--boundary-shards`).
 const BOUNDARY_SHARDS: usize = 4;
 
-/// The sum of the count deltas in the (one-shard) output stream.
+/// The sum of the count deltas in the output stream.
 async fn counted(out: &TestStream) -> u64 {
-    let shards = kinesis::list_shards(&out.client, &out.label(), &out.name).await.expect("list output shards");
-    let mut total = 0;
-    for s in shards {
-        let mut it = out
-            .client
-            .get_shard_iterator()
-            .stream_name(&out.name)
-            .shard_id(&s.shard_id)
-            .shard_iterator_type(aws_sdk_kinesis::types::ShardIteratorType::TrimHorizon)
-            .send()
-            .await
-            .expect("iterator")
-            .shard_iterator;
-        while let Some(i) = it.take() {
-            let r = out.client.get_records().shard_iterator(i).limit(10_000).send().await.expect("get records");
-            for rec in r.records() {
-                let row: serde_json::Value = serde_json::from_slice(rec.data().as_ref()).expect("a delta row");
-                total += row["delta"].as_u64().expect("a delta");
-            }
-            if r.records().is_empty() {
-                break;
-            }
-            it = r.next_shard_iterator().map(String::from);
-        }
-    }
-    total
+    read_json_records(out).await.iter().map(|row| row["delta"].as_u64().expect("a delta")).sum()
 }
 
 /// Every record has two words (its key and `d{seq % 7}`).
 fn words(m: &Manifest) -> u64 {
     2 * m.total
-}
-
-fn start(cluster: &Cluster, name: &str, output: &str) -> Worker {
-    cluster.start_example(&example_bin("word_count_global"), name, 1, &["--output", output, "--flush-ms", "500"])
 }
 
 /// The stage reading `stream` in a status report.
@@ -72,7 +44,8 @@ async fn status_shows_the_stages_their_intermediate_stream_producers_and_lag() {
     let inter = format!("{}-words", cluster.topology);
     let opts = PutOptions { count: 200, keys: 12, ..PutOptions::default() };
     let manifest = kinesis::put_records(&src.client, &src.label(), &src.name, &opts).await.expect("put").manifest;
-    let mut workers: Vec<Worker> = (0..WORKERS).map(|i| start(&cluster, &format!("w{i}"), &out.name)).collect();
+    let mut workers: Vec<Worker> =
+        (0..WORKERS).map(|i| start_word_count_global(&cluster, &format!("w{i}"), &out.name)).collect();
     let want = words(&manifest);
     wait_for(&cluster, "every word counted", Duration::from_secs(120), || async {
         (counted(&out).await >= want).then_some(())

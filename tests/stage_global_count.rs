@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use squall::kinesis::{self, PutOptions, payload::Manifest};
 use support::TestStream;
-use support::workers::{Cluster, Worker, example_bin, scratch};
+use support::stages::{read_json_records, start_word_count_global};
+use support::workers::{Cluster, Worker, scratch};
 
 /// Each word's true count, from the manifests.
 fn true_counts(manifests: &[Manifest]) -> BTreeMap<String, u64> {
@@ -37,33 +38,9 @@ struct Row {
     task: usize,
 }
 
-/// Reads every record of the (one-shard) output stream from the start.
+/// Every delta row of the output stream.
 async fn read_rows(out: &TestStream) -> Vec<Row> {
-    let shards = kinesis::list_shards(&out.client, &out.label(), &out.name).await.expect("list output shards");
-    let mut rows = Vec::new();
-    for s in shards {
-        let mut it = out
-            .client
-            .get_shard_iterator()
-            .stream_name(&out.name)
-            .shard_id(&s.shard_id)
-            .shard_iterator_type(aws_sdk_kinesis::types::ShardIteratorType::TrimHorizon)
-            .send()
-            .await
-            .expect("iterator")
-            .shard_iterator;
-        while let Some(i) = it.take() {
-            let r = out.client.get_records().shard_iterator(i).limit(10_000).send().await.expect("get records");
-            for rec in r.records() {
-                rows.push(serde_json::from_slice(rec.data().as_ref()).expect("a delta row"));
-            }
-            if r.records().is_empty() {
-                break;
-            }
-            it = r.next_shard_iterator().map(String::from);
-        }
-    }
-    rows
+    read_json_records(out).await.into_iter().map(|v| serde_json::from_value(v).expect("a delta row")).collect()
 }
 
 fn sums(rows: &[Row]) -> BTreeMap<String, u64> {
@@ -91,10 +68,6 @@ async fn wait_rows(out: &TestStream, timeout: Duration, done: impl Fn(&BTreeMap<
     }
 }
 
-fn start(cluster: &Cluster, name: &str, output: &str) -> Worker {
-    cluster.start_example(&example_bin("word_count_global"), name, 1, &["--output", output, "--flush-ms", "500"])
-}
-
 async fn cleanup(cluster: &Cluster, streams: Vec<TestStream>) {
     let endpoint = support::kinesis_endpoint();
     let client = endpoint.client().await.unwrap();
@@ -112,7 +85,8 @@ async fn three_workers_count_each_word_exactly_once_and_by_one_task_cluster_wide
     let cluster = Cluster::new(&src.name, &dir);
     let manifests = vec![put(&src, 600, 24).await];
     let truth = true_counts(&manifests);
-    let mut workers: Vec<Worker> = (0..3).map(|i| start(&cluster, &format!("w{i}"), &out.name)).collect();
+    let mut workers: Vec<Worker> =
+        (0..3).map(|i| start_word_count_global(&cluster, &format!("w{i}"), &out.name)).collect();
     let rows = wait_rows(&out, Duration::from_secs(120), |s| *s == truth).await;
     let got = sums(&rows);
     for w in &mut workers {
@@ -138,7 +112,8 @@ async fn a_split_of_the_intermediate_stream_and_a_killed_worker_lose_no_count() 
     let dir = scratch("wcgf");
     let cluster = Cluster::new(&src.name, &dir);
     let mut manifests = vec![put(&src, 400, 24).await];
-    let mut workers: Vec<Worker> = (0..3).map(|i| start(&cluster, &format!("w{i}"), &out.name)).collect();
+    let mut workers: Vec<Worker> =
+        (0..3).map(|i| start_word_count_global(&cluster, &format!("w{i}"), &out.name)).collect();
     // the first counts are out, and the worker to be killed counts some words (it reads
     // shards of the intermediate stream): its crash matters
     let victim = format!("-{}", workers[1].pid());

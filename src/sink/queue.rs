@@ -42,6 +42,12 @@ struct KeyState<T> {
     listed: bool,
 }
 
+impl<T> Default for KeyState<T> {
+    fn default() -> Self {
+        KeyState { fifo: VecDeque::new(), in_flight: false, listed: false }
+    }
+}
+
 /// Per-key FIFOs, the keys ready to send in (roughly) arrival order, and byte counts.
 #[derive(Debug)]
 pub(crate) struct Queue<T> {
@@ -94,11 +100,7 @@ impl<T> Queue<T> {
         self.buffered += 1;
         self.buffered_bytes += e.size;
         let key = e.key();
-        let st = self.keys.entry(key.clone()).or_insert_with(|| KeyState {
-            fifo: VecDeque::new(),
-            in_flight: false,
-            listed: false,
-        });
+        let st = self.keys.entry(key.clone()).or_default();
         st.fifo.push_back(e);
         if !st.in_flight && !st.listed {
             st.listed = true;
@@ -172,11 +174,7 @@ impl<T> Queue<T> {
             self.buffered += 1;
             self.buffered_bytes += e.size;
             let key = e.key();
-            let st = self.keys.entry(key.clone()).or_insert_with(|| KeyState {
-                fifo: VecDeque::new(),
-                in_flight: false,
-                listed: false,
-            });
+            let st = self.keys.entry(key.clone()).or_default();
             st.in_flight = false;
             st.fifo.push_front(e);
             if st.listed {

@@ -9,6 +9,7 @@ pub mod ensemble;
 pub mod faultproxy;
 pub mod ops;
 pub mod reliability;
+pub mod stages;
 pub mod tcpproxy;
 pub mod workers;
 
