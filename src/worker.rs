@@ -351,7 +351,9 @@ impl Engines {
             ensure_intermediate_streams(args, &stages, &spout_cfg).await?;
         }
         // builders first: a stage's output writer is added once the next boundary is known
-        let mut built: Vec<(String, String, TopologyBuilder, SpoutRegistry, InputStats)> = Vec::new();
+        // (name, input stream, builder, registry, input stats, the registrar of its output boundary)
+        let mut built: Vec<(String, String, TopologyBuilder, SpoutRegistry, InputStats, Option<ProducerRegistrar>)> =
+            Vec::new();
         let (first_name, first_build) = stages.first;
         let registry = SpoutRegistry::default();
         let mut builder = TopologyBuilder::new(args.topology.clone());
@@ -365,28 +367,28 @@ impl Engines {
             SpoutShared::with_session(session.clone()),
         );
         first_build(&mut builder, SPOUT_ID);
-        built.push((first_name, args.stream.clone(), builder, registry, Arc::default()));
-        let mut registrars: Vec<Option<ProducerRegistrar>> = vec![None];
+        built.push((first_name, args.stream.clone(), builder, registry, Arc::default(), None));
         for (boundary, name, build) in stages.rest {
             let stream = boundary.stream_name(&args.topology);
             // the writer, in the previous stage
             let registrar = ProducerRegistrar::new(session.clone(), &args.zk_root, &args.topology, &stream, deployment);
-            let prev = built.last_mut().map(|b| &mut b.2).expect("the first stage is built");
+            let prev = built.last_mut().expect("the first stage is built");
             let sink_cfg = KinesisSinkConfig::new(stream.clone(), spout_cfg.kinesis.clone());
             sink_cfg.validate().map_err(|e| anyhow::anyhow!("boundary {}: {e}", boundary.name))?;
             let (key, dep, reg) = (boundary.key.clone(), deployment.to_string(), registrar.clone());
             let interval = Duration::from_millis(boundary.watermark_interval_ms);
-            prev.set_bolt(&boundary.writer_id(), boundary.writers, move |_| {
-                let producer = rand::random::<u64>();
-                let encoder = StageEncoder::new(producer, dep.clone(), key.clone(), interval);
-                StageWriter::new(KinesisSink::new(sink_cfg.clone(), encoder), producer, reg.clone())
-            })
-            .fields_grouping_from(
-                &boundary.from,
-                &boundary.stream,
-                &boundary.key.iter().map(String::as_str).collect::<Vec<_>>(),
-            );
-            *registrars.last_mut().expect("one per stage") = Some(registrar);
+            prev.5 = Some(registrar);
+            prev.2
+                .set_bolt(&boundary.writer_id(), boundary.writers, move |_| {
+                    let producer = rand::random::<u64>();
+                    let encoder = StageEncoder::new(producer, dep.clone(), key.clone(), interval);
+                    StageWriter::new(KinesisSink::new(sink_cfg.clone(), encoder), producer, reg.clone())
+                })
+                .fields_grouping_from(
+                    &boundary.from,
+                    &boundary.stream,
+                    &boundary.key.iter().map(String::as_str).collect::<Vec<_>>(),
+                );
             // the stage reading it
             let (producers, follower) = crate::stage::registry::follow_producers(
                 session,
@@ -427,11 +429,10 @@ impl Engines {
                 stats.clone(),
             );
             build(&mut builder, &input_id);
-            built.push((name, stream, builder, registry, stats));
-            registrars.push(None);
+            built.push((name, stream, builder, registry, stats, None));
         }
         let mut out = Vec::new();
-        for ((name, input, builder, registry, input_stats), registrar) in built.into_iter().zip(registrars) {
+        for (name, input, builder, registry, input_stats, registrar) in built {
             let topology = builder.build().map_err(|e| anyhow::anyhow!("stage {name}: {e}"))?;
             let running = run_local(topology, topo_cfg.clone()).map_err(|e| anyhow::anyhow!("stage {name}: {e}"))?;
             out.push(StageRun { name, input, running, registry, input_stats, registrar });

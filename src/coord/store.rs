@@ -115,6 +115,18 @@ impl ZkStore {
         Self::open_paths(session, paths).await
     }
 
+    /// A store on `session` for the producer registry of an intermediate stream, without the
+    /// layout checks of [`ZkStore::open`] (the registry calls create their directory when it is
+    /// missing): registering or following producers costs only its own requests.
+    pub fn for_producers(
+        session: Arc<ZkSession>,
+        root: &str,
+        topology: &str,
+        stream: &str,
+    ) -> Result<Self, CoordError> {
+        Ok(Self { session, paths: TopologyPaths::new(root, topology, stream)? })
+    }
+
     async fn open_paths(session: Arc<ZkSession>, paths: TopologyPaths) -> Result<Self, CoordError> {
         let store = Self { session, paths };
         store.create_layout().await?;

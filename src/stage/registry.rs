@@ -34,7 +34,7 @@ pub fn follow_producers(
                 let Some(s) = view.session.clone() else {
                     return Err::<(), String>("no ZooKeeper session".to_string());
                 };
-                let store = ZkStore::open(s, &root, &topology, &stream).await.map_err(|e| e.to_string())?;
+                let store = ZkStore::for_producers(s, &root, &topology, &stream).map_err(|e| e.to_string())?;
                 loop {
                     let listed_at_ms = now_ms();
                     let (live, watcher) = store.watch_producers(&stream).await.map_err(|e| e.to_string())?;

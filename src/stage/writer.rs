@@ -210,7 +210,7 @@ impl ProducerRegistrar {
 
     async fn store(&self) -> Result<ZkStore, String> {
         let s = self.session.current().session.ok_or_else(|| "no ZooKeeper session".to_string())?;
-        ZkStore::open(s, &self.root, &self.topology, &self.stream).await.map_err(|e| e.to_string())
+        ZkStore::for_producers(s, &self.root, &self.topology, &self.stream).map_err(|e| e.to_string())
     }
 
     /// Registers one producer (remembered for [`ProducerRegistrar::register_all`]).
