@@ -1,11 +1,15 @@
 # Squall: the whole set-up on a fresh Debian/Ubuntu machine is `make demo` or `make test`.
-# Ports and the state folder can be moved with SQUALL_KINESIS_PORT, SQUALL_ZK_PORT, SQUALL_STATE_DIR.
+# Ports and the state folder can be moved with SQUALL_KINESIS_PORT, SQUALL_ZK_PORT, SQUALL_DYNAMODB_PORT,
+# SQUALL_STATE_DIR.
 
 SQUALL_KINESIS_PORT ?= 4566
 SQUALL_ZK_PORT ?= 2181
-export SQUALL_KINESIS_PORT SQUALL_ZK_PORT
+SQUALL_DYNAMODB_PORT ?= 4569
+export SQUALL_KINESIS_PORT SQUALL_ZK_PORT SQUALL_DYNAMODB_PORT
 export SQUALL_KINESIS_ENDPOINT ?= http://127.0.0.1:$(SQUALL_KINESIS_PORT)
 export SQUALL_ZK ?= 127.0.0.1:$(SQUALL_ZK_PORT)
+# DynamoDB (keyed state): dynalite on its own port; with SQUALL_USE_DOCKER=1 LocalStack's Kinesis edge port.
+export SQUALL_STATE_ENDPOINT ?= $(if $(filter 1,$(SQUALL_USE_DOCKER)),$(SQUALL_KINESIS_ENDPOINT),http://127.0.0.1:$(SQUALL_DYNAMODB_PORT))
 CARGO ?= cargo
 
 .PHONY: all up down lint build test demo bench clean

@@ -21,6 +21,12 @@ pub fn kinesis_endpoint() -> KinesisEndpoint {
     KinesisEndpoint::new(url, "us-east-1")
 }
 
+/// The DynamoDB endpoint of the keyed-state store under test (`SQUALL_STATE_ENDPOINT`, default
+/// dynalite on 4569).
+pub fn state_endpoint() -> String {
+    std::env::var("SQUALL_STATE_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:4569".into())
+}
+
 /// The ZooKeeper connect string under test (`SQUALL_ZK`, default 127.0.0.1:2181).
 pub fn zk_connect() -> String {
     std::env::var("SQUALL_ZK").unwrap_or_else(|_| "127.0.0.1:2181".into())
