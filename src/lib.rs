@@ -30,6 +30,7 @@ pub mod logging;
 pub mod sink;
 pub mod spout;
 pub mod stage;
+pub mod state;
 pub mod worker;
 
 pub use worker::{SPOUT_ID, WorkerArgs, run};

@@ -123,7 +123,7 @@ impl KinesisEndpoint {
 }
 
 /// True when the environment names credentials for the SDK's chain to find.
-fn credentials_configured() -> bool {
+pub(crate) fn credentials_configured() -> bool {
     ["AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI"]
         .iter()
         .any(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()))

@@ -419,7 +419,11 @@ impl Coordinator {
             }
             s.blocked.remove(shard);
             lock(&self.reader.status).remove(shard);
-            let epoch = lock(&self.tracker).start(shard);
+            let floor = match &cp.value.position {
+                crate::coord::CheckpointPosition::AfterSequence { sequence, .. } => Some(Arc::from(sequence.as_str())),
+                _ => None,
+            };
+            let epoch = lock(&self.tracker).start_owned(shard, lease_token(&lease.path), floor);
             let token = CancellationToken::new();
             tracing::info!(task = %s.task, shard = %shard, from = %cp.value.position, "reading shard");
             self.reader.read_log.acquire(&s.task, shard, &cp.value.position.to_string());
@@ -756,5 +760,25 @@ async fn guard_fetch(
             _ = cancel.cancelled() => return,
             r = view.changed() => if r.is_err() { return },
         }
+    }
+}
+
+/// The sequencer token of a lease: the sequential number ZooKeeper appended to its znode name
+/// (`.../lease-{holder}-0000000042` -> 42). Sequential numbers under one parent only grow, so a
+/// later owner of a shard always holds a higher token. 0 when the name carries none.
+pub(crate) fn lease_token(path: &str) -> u64 {
+    let digits = path.rsplit('-').next().unwrap_or("");
+    digits.parse().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod lease_token_tests {
+    use super::lease_token;
+
+    #[test]
+    fn lease_tokens_are_the_sequential_suffix() {
+        assert_eq!(lease_token("/squall/t/streams/s/owners/shardId-000000000001/lease-task-3-0000000042"), 42);
+        assert_eq!(lease_token("/x/lease-cli-1a2b-0000000007"), 7);
+        assert_eq!(lease_token("/x/lease"), 0);
     }
 }

@@ -63,13 +63,28 @@ use crate::coord::{TaskInfo, now_ms};
 use crate::kinesis::ErrorKind;
 use tracker::{FailOutcome, Tracker};
 
-/// Output fields of the spout's default stream.
-pub const FIELDS: [&str; 6] = ["partition_key", "sequence_number", "sub_sequence", "shard_id", "arrival_ms", "data"];
+/// Output fields of the spout's default stream. Besides the record: `lease_token`, the sequencer
+/// token of the lease the record was read under (later owners of the shard hold higher tokens),
+/// and `checkpoint`, a sequence of the shard up to which every record is handled (acked or
+/// dead-lettered) and will never be read again by a correct owner (`""` when none is known yet).
+/// Exactly-once state ([`crate::state`]) fences zombies with the first and prunes its
+/// deduplication data with the second.
+pub const FIELDS: [&str; 8] =
+    ["partition_key", "sequence_number", "sub_sequence", "shard_id", "arrival_ms", "data", "lease_token", "checkpoint"];
 /// The stream on which records that exhausted their replays are emitted.
 pub const DEAD_LETTER_STREAM: &str = "dead_letter";
 /// Fields of the dead-letter stream: the record's fields plus how many times it failed.
-pub const DEAD_LETTER_FIELDS: [&str; 7] =
-    ["partition_key", "sequence_number", "sub_sequence", "shard_id", "arrival_ms", "data", "failures"];
+pub const DEAD_LETTER_FIELDS: [&str; 9] = [
+    "partition_key",
+    "sequence_number",
+    "sub_sequence",
+    "shard_id",
+    "arrival_ms",
+    "data",
+    "lease_token",
+    "checkpoint",
+    "failures",
+];
 
 /// A record's identity in the spout: its shard and sequence, plus the ownership epoch so acks
 /// from before a handoff are never applied to a later ownership.
@@ -361,7 +376,7 @@ impl KinesisSpout {
         self.stats.clone()
     }
 
-    fn values(r: &tracker::Record) -> Values {
+    fn values(r: &tracker::Record, own: Option<&tracker::Ownership>) -> Values {
         let mut v = Values::new();
         v.push(r.partition_key.clone());
         v.push(r.sequence.clone());
@@ -369,11 +384,13 @@ impl KinesisSpout {
         v.push(r.shard_id.clone());
         v.push(r.arrival_ms);
         v.push(r.data.clone());
+        v.push(own.map_or(0, |o| o.lease_token));
+        v.push(own.and_then(|o| o.floor.clone()).unwrap_or_else(|| Arc::from("")));
         v
     }
 
-    fn dead_letter_values(r: &tracker::Record, failures: u32) -> Values {
-        let mut v = Self::values(r);
+    fn dead_letter_values(r: &tracker::Record, own: Option<&tracker::Ownership>, failures: u32) -> Values {
+        let mut v = Self::values(r, own);
         v.push(failures);
         v
     }
@@ -416,7 +433,10 @@ impl KinesisSpout {
     /// input (a record that was emitted once decodes again).
     fn replay_values(&mut self, rec: &tracker::Record, epoch: u64) -> Option<Vec<Values>> {
         match &mut self.stage {
-            None => Some(vec![Self::values(rec)]),
+            None => {
+                let own = lock(&self.tracker).ownership(&rec.shard_id, epoch);
+                Some(vec![Self::values(rec, own.as_ref())])
+            }
             Some(stage) => match stage.on_record(rec, epoch) {
                 stage_input::Step::Emit(values) => Some(values),
                 stage_input::Step::Consumed => None,
@@ -556,11 +576,14 @@ impl Spout for KinesisSpout {
             }
         }
         while let Some(id) = self.dead_letters.pop_front() {
-            let rec = lock(&self.tracker).dead_letter_record(&id.shard_id, id.epoch, &id.sequence);
-            if let Some((rec, failures)) = rec {
+            let rec = {
+                let t = lock(&self.tracker);
+                t.dead_letter_record(&id.shard_id, id.epoch, &id.sequence).map(|r| (r, t.ownership(&id.shard_id, id.epoch)))
+            };
+            if let Some(((rec, failures), own)) = rec {
                 out.emit_to(
                     DEAD_LETTER_STREAM,
-                    Self::dead_letter_values(&rec, failures),
+                    Self::dead_letter_values(&rec, own.as_ref(), failures),
                     Some(SpoutMsgId::DeadLetter(id)),
                 )?;
                 return Ok(());
@@ -582,9 +605,13 @@ impl Spout for KinesisSpout {
                     }
                 }
                 SpoutMsgId::DeadLetter(id) => {
-                    let rec = lock(&self.tracker).dead_letter_record(&id.shard_id, id.epoch, &id.sequence);
-                    if let Some((rec, failures)) = rec {
-                        let v = Self::dead_letter_values(&rec, failures);
+                    let rec = {
+                        let t = lock(&self.tracker);
+                        t.dead_letter_record(&id.shard_id, id.epoch, &id.sequence)
+                            .map(|r| (r, t.ownership(&id.shard_id, id.epoch)))
+                    };
+                    if let Some(((rec, failures), own)) = rec {
+                        let v = Self::dead_letter_values(&rec, own.as_ref(), failures);
                         out.emit_to(DEAD_LETTER_STREAM, v, Some(SpoutMsgId::DeadLetter(id)))?;
                         return Ok(());
                     }
@@ -592,11 +619,12 @@ impl Spout for KinesisSpout {
             }
         }
         loop {
-            let next = lock(&self.tracker).next_to_emit();
-            let Some((rec, epoch)) = next else { return Ok(()) };
+            let next = lock(&self.tracker).next_to_emit_owned();
+            let Some((rec, own)) = next else { return Ok(()) };
+            let epoch = own.epoch;
             self.space.notify_waiters();
             let tuples = match &mut self.stage {
-                None => vec![Self::values(&rec)],
+                None => vec![Self::values(&rec, Some(&own))],
                 Some(stage) => match stage.on_record(&rec, epoch) {
                     stage_input::Step::Emit(tuples) => tuples,
                     stage_input::Step::Consumed => {

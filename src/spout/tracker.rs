@@ -159,6 +159,13 @@ impl Entry {
 pub(crate) struct ShardTrack {
     id: Arc<str>,
     pub epoch: u64,
+    /// The lease's sequencer token (the sequential number of its lease znode): later owners of the
+    /// shard hold higher tokens, so a store can refuse the writes of an earlier (zombie) owner.
+    pub lease_token: u64,
+    /// Everything up to this sequence is handled (the checkpoint this ownership started from,
+    /// then each new safe point): never read again by a correct owner. Unlike `safe`, never
+    /// taken; carried by each tuple so exactly-once state can prune its deduplication data.
+    pub floor: Option<Arc<str>>,
     inflight: BTreeMap<SeqKey, Entry>,
     /// Highest sequence with it and everything before it acked, not yet returned by `take_checkpoint`.
     safe: Option<Arc<str>>,
@@ -186,6 +193,8 @@ impl ShardTrack {
         Self {
             id,
             epoch,
+            lease_token: 0,
+            floor: None,
             inflight: BTreeMap::new(),
             safe: None,
             last_emitted: None,
@@ -247,9 +256,18 @@ impl ShardTrack {
                 break;
             }
             let (k, _) = first.remove_entry();
+            self.floor = Some(k.0.clone());
             self.safe = Some(k.0);
         }
     }
+}
+
+/// The ownership a record is emitted under.
+#[derive(Debug, Clone)]
+pub(crate) struct Ownership {
+    pub epoch: u64,
+    pub lease_token: u64,
+    pub floor: Option<Arc<str>>,
 }
 
 /// What `fail` decided.
@@ -303,10 +321,21 @@ impl Tracker {
     }
 
     /// Starts tracking a newly owned shard; returns its epoch.
+    #[cfg(test)]
     pub fn start(&mut self, shard: &Arc<str>) -> u64 {
+        self.start_owned(shard, 0, None)
+    }
+
+    /// Starts tracking a newly owned shard under a lease with sequencer token `lease_token`,
+    /// read from `floor` (the checkpointed sequence, everything up to it handled); returns its
+    /// epoch.
+    pub fn start_owned(&mut self, shard: &Arc<str>, lease_token: u64, floor: Option<Arc<str>>) -> u64 {
         self.next_epoch += 1;
         let epoch = self.next_epoch;
-        if self.shards.insert(shard.clone(), ShardTrack::new(shard.clone(), epoch)).is_some() {
+        let mut track = ShardTrack::new(shard.clone(), epoch);
+        track.lease_token = lease_token;
+        track.floor = floor;
+        if self.shards.insert(shard.clone(), track).is_some() {
             self.ready.retain(|s| s != shard);
         }
         epoch
@@ -391,7 +420,13 @@ impl Tracker {
     /// Takes the next queued record and registers it as in flight. Shards with queued records
     /// take turns, one record each (round-robin), so a shard with a backlog delays another
     /// shard's record by at most one record per shard, never by its backlog.
+    #[cfg(test)]
     pub fn next_to_emit(&mut self) -> Option<(Record, u64)> {
+        self.next_to_emit_owned().map(|(r, o)| (r, o.epoch))
+    }
+
+    /// [`Tracker::next_to_emit`], with the ownership the record is emitted under.
+    pub fn next_to_emit_owned(&mut self) -> Option<(Record, Ownership)> {
         // Every turn either emits or drops a stale entry, so this ends within `ready.len()` turns.
         for _ in 0..self.ready.len() {
             let id = self.ready.pop_front()?;
@@ -408,9 +443,16 @@ impl Tracker {
             }
             t.last_emitted = Some(r.sequence.clone());
             t.inflight.insert(SeqKey(r.sequence.clone()), Entry::new(r.clone()));
-            return Some((r, t.epoch));
+            let own = Ownership { epoch: t.epoch, lease_token: t.lease_token, floor: t.floor.clone() };
+            return Some((r, own));
         }
         None
+    }
+
+    /// The ownership of `shard` in `epoch`, while it lasts.
+    pub fn ownership(&self, shard: &str, epoch: u64) -> Option<Ownership> {
+        let t = self.shards.get(shard).filter(|t| t.epoch == epoch)?;
+        Some(Ownership { epoch, lease_token: t.lease_token, floor: t.floor.clone() })
     }
 
     /// Records the ack of one record, or of its dead-letter tuple: either way it is handled.

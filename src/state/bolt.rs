@@ -1,0 +1,545 @@
+//! [`ExactlyOnce`]: the bolt that runs a [`KeyedState`] computation with exactly-once state.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use squall_topology::metrics::Counter;
+use squall_topology::{
+    AckHandle, Bolt, BoltOutput, ComponentError, DEFAULT_STREAM, TaskContext, Timer, Tuple, to_values,
+};
+use tokio_util::sync::CancellationToken;
+
+use super::dedup::{Dedup, RecordId, Verdict};
+use super::store::{MAX_BATCH_GET, MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, WriteOutcome, item_size};
+
+/// A keyed computation whose per-key state is kept exactly once (see the [module docs](super)).
+///
+/// `apply` may run more than once for one input (a conflicting write is redone on the state read
+/// again), but only one run's effect is ever committed: it must not have side effects outside
+/// `state` and `out`.
+pub trait KeyedState: Send + 'static {
+    /// The state of one key (stored as JSON; `Default` for a key seen first).
+    type State: Serialize + DeserializeOwned + Default + Clone + Send;
+    /// What `apply` produces, emitted on the default stream (declare its fields with
+    /// [`squall_topology::fields_of`]); use `()` for none.
+    type Out: Serialize + DeserializeOwned + Send;
+
+    /// The key of an input. Inputs of one key must reach one task: subscribe with a fields
+    /// grouping on what the key is made of.
+    fn key(&self, t: &Tuple) -> Result<String, ComponentError>;
+
+    /// Applies one input to its key's state. An error (or a panic) fails the input and leaves the
+    /// state as it was before this input.
+    fn apply(
+        &mut self,
+        key: &str,
+        state: &mut Self::State,
+        t: &Tuple,
+        out: &mut Vec<Self::Out>,
+    ) -> Result<(), ComponentError>;
+}
+
+/// Settings of an [`ExactlyOnce`] bolt.
+#[derive(Debug, Clone)]
+pub struct StateConfig {
+    /// The table.
+    pub store: StateEndpoint,
+    /// Inputs wait at most this long before their keys are committed (the latency bound of
+    /// MillWheel's per-key batching). Default 50.
+    pub commit_interval_ms: u64,
+    /// Commit at once when this many inputs wait. Default 2000.
+    pub max_batch_inputs: usize,
+    /// Conditional writes in flight at once. Default 32.
+    pub write_concurrency: usize,
+    /// Longest back-off between retries while the store throttles, errs or is unreachable
+    /// (inputs wait; nothing is skipped). Default 5000.
+    pub retry_max_backoff_ms: u64,
+    /// Weak productions: emit `apply`'s output at once, before the commit, and keep none in the
+    /// store. Cheaper; an input redone after a conflict or a crash emits again, so only for
+    /// idempotent downstream computations. Default false (strong productions).
+    pub weak_productions: bool,
+}
+
+impl StateConfig {
+    /// Defaults for a table.
+    pub fn new(store: StateEndpoint) -> Self {
+        Self {
+            store,
+            commit_interval_ms: 50,
+            max_batch_inputs: 2000,
+            write_concurrency: 32,
+            retry_max_backoff_ms: 5000,
+            weak_productions: false,
+        }
+    }
+}
+
+struct Input {
+    tuple: Tuple,
+    id: RecordId,
+    handle: AckHandle,
+}
+
+/// What became of one input in a commit round.
+enum Fate<O> {
+    /// Applied: emit these (strong productions) once written, then ack.
+    Applied(Vec<O>),
+    /// Already applied earlier: re-send what it produced, ack.
+    Duplicate(Vec<serde_json::Value>),
+    /// Fenced (an earlier owner's read) or failed: fail it.
+    Fail,
+}
+
+struct Write<O> {
+    key: String,
+    pk: String,
+    expected: Option<u64>,
+    state: Vec<u8>,
+    dedup: Vec<u8>,
+    inputs: Vec<(Input, Fate<O>)>,
+}
+
+struct Metrics {
+    commits: Counter,
+    applied: Counter,
+    duplicates: Counter,
+    refused: Counter,
+    conflicts: Counter,
+    retries: Counter,
+    failed: Counter,
+    reads: Counter,
+}
+
+struct Running {
+    store: StateStore,
+    scope: String,
+    cancel: CancellationToken,
+    m: Metrics,
+}
+
+/// A bolt running a [`KeyedState`] computation over Kinesis spout tuples with exactly-once
+/// state in DynamoDB. Its inputs must carry the Kinesis spout's fields (`shard_id`,
+/// `sequence_number`, `sub_sequence`, `lease_token`, `checkpoint`): they identify each record
+/// exactly and fence zombie readers.
+pub struct ExactlyOnce<K: KeyedState> {
+    cfg: StateConfig,
+    logic: K,
+    run: Option<Running>,
+    pending: HashMap<String, Vec<Input>>,
+    waiting: usize,
+    armed: bool,
+    next_token: u64,
+}
+
+impl<K: KeyedState> std::fmt::Debug for ExactlyOnce<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExactlyOnce").field("cfg", &self.cfg).field("waiting", &self.waiting).finish_non_exhaustive()
+    }
+}
+
+fn field_error(t: &Tuple, e: impl std::fmt::Display) -> ComponentError {
+    ComponentError::fatal(format!(
+        "exactly-once state needs inputs from the Kinesis spout's default stream (fields shard_id, \
+         sequence_number, sub_sequence, lease_token, checkpoint); a tuple from component `{}` stream `{}` \
+         has none: {e}. Subscribe the bolt to the Kinesis spout",
+        t.source_component(),
+        t.stream()
+    ))
+}
+
+fn record_id(t: &Tuple) -> Result<RecordId, ComponentError> {
+    let floor = t.get_arc_str("checkpoint").map_err(|e| field_error(t, e))?;
+    Ok(RecordId {
+        shard: t.get_arc_str("shard_id").map_err(|e| field_error(t, e))?,
+        sequence: t.get_arc_str("sequence_number").map_err(|e| field_error(t, e))?,
+        sub_sequence: t.get_u64("sub_sequence").map_err(|e| field_error(t, e))?,
+        lease_token: t.get_u64("lease_token").map_err(|e| field_error(t, e))?,
+        floor: (!floor.is_empty()).then_some(floor),
+    })
+}
+
+impl<K: KeyedState> ExactlyOnce<K> {
+    /// A bolt running `logic` with its state in `cfg.store`; the table is opened (and created
+    /// when missing) in `prepare`.
+    pub fn new(cfg: StateConfig, logic: K) -> Self {
+        Self { cfg, logic, run: None, pending: HashMap::new(), waiting: 0, armed: false, next_token: 0 }
+    }
+
+    /// The computation.
+    pub fn logic(&self) -> &K {
+        &self.logic
+    }
+
+    /// The item key of `key` in `scope`.
+    pub fn item_key(scope: &str, key: &str) -> String {
+        format!("{scope}/{key}")
+    }
+
+    /// The scope of a component's items: `{topology}/{component}`.
+    pub fn scope(topology: &str, component: &str) -> String {
+        format!("{topology}/{component}")
+    }
+
+    fn backoff(&self, attempt: u32) -> Duration {
+        let ms = 50u64.saturating_mul(1 << attempt.min(10)).min(self.cfg.retry_max_backoff_ms.max(50));
+        Duration::from_millis(ms)
+    }
+
+    /// Commits every waiting key, until each input is acked or failed (retrying while the store
+    /// is unavailable: back-pressure, never a skipped commit). Returns early only when the
+    /// topology stops (the dropped handles fail their inputs).
+    async fn flush(&mut self, out: &mut BoltOutput) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let Some(run) = self.run.take() else { return };
+        let mut work: Vec<(String, Vec<Input>)> = self.pending.drain().collect();
+        self.waiting = 0;
+        let mut attempt = 0u32;
+        while !work.is_empty() {
+            if run.cancel.is_cancelled() {
+                break;
+            }
+            // 1. read every key's item (strongly consistent), 100 per call
+            let pks: Vec<String> = work.iter().map(|(k, _)| Self::item_key(&run.scope, k)).collect();
+            let chunks: Vec<Vec<String>> = pks.chunks(MAX_BATCH_GET).map(<[String]>::to_vec).collect();
+            let reads = futures::stream::iter(chunks.into_iter().map(|c| {
+                let store = run.store.clone();
+                async move { store.get_many(&c).await }
+            }))
+                .buffer_unordered(self.cfg.write_concurrency.max(1))
+                .collect::<Vec<_>>()
+                .await;
+            run.m.reads.add(reads.len() as u64);
+            let mut items = HashMap::with_capacity(pks.len());
+            let mut read_error: Option<StateError> = None;
+            for r in reads {
+                match r {
+                    Ok(m) => items.extend(m),
+                    Err(e) => read_error = Some(e),
+                }
+            }
+            if let Some(e) = read_error {
+                if e.is_retryable() {
+                    run.m.retries.incr();
+                    tracing::warn!(error = %e, keys = work.len(), "reading keyed state failed; retrying (inputs wait)");
+                    if !sleep(&run.cancel, self.backoff(attempt)).await {
+                        break;
+                    }
+                    attempt += 1;
+                    continue;
+                }
+                tracing::error!(error = %e, keys = work.len(), "reading keyed state failed: failing the inputs");
+                for (_, inputs) in work.drain(..) {
+                    for i in inputs {
+                        run.m.failed.incr();
+                        out.fail(i.handle);
+                    }
+                }
+                break;
+            }
+            // 2. apply, per key, what is new
+            let mut writes = Vec::new();
+            for (key, inputs) in work.drain(..) {
+                let pk = Self::item_key(&run.scope, &key);
+                if let Some(w) = self.apply_key(&run, key, pk, inputs, &items, out) {
+                    writes.push(w);
+                }
+            }
+            // 3. write, each key one conditional PutItem
+            let results = futures::stream::iter(writes.into_iter().map(|mut w| {
+                let store = run.store.clone();
+                let scope = run.scope.clone();
+                async move {
+                    let (state, dedup) = (std::mem::take(&mut w.state), std::mem::take(&mut w.dedup));
+                    let r = store.put(&w.pk, &scope, &w.key, w.expected, state, dedup).await;
+                    (w, r)
+                }
+            }))
+            .buffer_unordered(self.cfg.write_concurrency.max(1))
+            .collect::<Vec<_>>()
+            .await;
+            let mut retry = false;
+            for (w, r) in results {
+                match r {
+                    Ok(WriteOutcome::Written) => {
+                        run.m.commits.incr();
+                        self.settle(w.inputs, &run, out);
+                    }
+                    Ok(WriteOutcome::Conflict) => {
+                        // another writer got there first: read again, judge again
+                        run.m.conflicts.incr();
+                        work.push((w.key, w.inputs.into_iter().map(|(i, _)| i).collect()));
+                    }
+                    Err(e) if e.is_retryable() => {
+                        run.m.retries.incr();
+                        tracing::warn!(key = %w.key, error = %e, "committing keyed state failed; retrying (inputs wait)");
+                        retry = true;
+                        work.push((w.key, w.inputs.into_iter().map(|(i, _)| i).collect()));
+                    }
+                    Err(e) => {
+                        tracing::error!(key = %w.key, error = %e, "committing keyed state failed: failing its inputs");
+                        for (i, _) in w.inputs {
+                            run.m.failed.incr();
+                            out.fail(i.handle);
+                        }
+                    }
+                }
+            }
+            if retry {
+                if !sleep(&run.cancel, self.backoff(attempt)).await {
+                    break;
+                }
+                attempt += 1;
+            } else {
+                attempt = 0;
+            }
+        }
+        self.run = Some(run);
+    }
+
+
+    /// Judges and applies one key's inputs against its stored item; returns the write to make,
+    /// or `None` when nothing is to be written (the inputs are settled here then).
+    fn apply_key(
+        &mut self,
+        run: &Running,
+        key: String,
+        pk: String,
+        inputs: Vec<Input>,
+        items: &HashMap<String, super::store::StoredItem>,
+        out: &mut BoltOutput,
+    ) -> Option<Write<K::Out>> {
+        let table = run.store.table();
+        let item = items.get(&pk);
+        let decoded = match item {
+            None => Ok((K::State::default(), Dedup::default())),
+            Some(it) => serde_json::from_slice::<K::State>(&it.state)
+                .map_err(|e| format!("its state does not deserialize into the bolt's state type: {e}"))
+                .and_then(|s| {
+                    serde_json::from_slice::<Dedup>(&it.dedup)
+                        .map(|d| (s, d))
+                        .map_err(|e| format!("its deduplication data is unreadable: {e}"))
+                }),
+        };
+        let (mut state, mut dedup) = match decoded {
+            Ok(v) => v,
+            Err(why) => {
+                // never overwritten: the inputs fail (and dead-letter after their retries)
+                tracing::error!(key = %key, table = %table, item = %pk,
+                    "stored state of key `{key}` in table `{table}` cannot be read ({why}); it is left as it is and \
+                     the key's inputs fail. Fix or delete the item, or deploy a state type that reads it");
+                for i in inputs {
+                    run.m.failed.incr();
+                    out.fail(i.handle);
+                }
+                return None;
+            }
+        };
+        let mut fates: Vec<(Input, Fate<K::Out>)> = Vec::with_capacity(inputs.len());
+        let mut fresh = 0usize;
+        for input in inputs {
+            match dedup.judge(&input.id) {
+                Verdict::Fenced { stored } => {
+                    run.m.refused.incr();
+                    tracing::warn!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
+                        token = input.id.lease_token, stored,
+                        "state write refused: the record was read under lease token {} of shard {}, and a later owner \
+                         (token {stored}) already wrote this key; this task is a zombie for that shard",
+                        input.id.lease_token, input.id.shard);
+                    fates.push((input, Fate::Fail));
+                }
+                Verdict::Duplicate(p) => {
+                    run.m.duplicates.incr();
+                    dedup.advance(&input.id);
+                    fates.push((input, Fate::Duplicate(p)));
+                }
+                Verdict::Fresh => {
+                    let before = state.clone();
+                    let mut produced = Vec::new();
+                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        self.logic.apply(&key, &mut state, &input.tuple, &mut produced)
+                    }));
+                    match r {
+                        Ok(Ok(())) => {
+                            let stored = if self.cfg.weak_productions {
+                                for p in &produced {
+                                    emit_one(out, &input.handle, p);
+                                }
+                                produced.clear();
+                                Vec::new()
+                            } else {
+                                produced.iter().filter_map(|p| serde_json::to_value(p).ok()).collect()
+                            };
+                            dedup.record(&input.id, stored);
+                            dedup.advance(&input.id);
+                            fresh += 1;
+                            fates.push((input, Fate::Applied(produced)));
+                        }
+                        Ok(Err(e)) => {
+                            state = before;
+                            tracing::warn!(key = %key, error = %e, "applying an input to keyed state failed: the input fails");
+                            fates.push((input, Fate::Fail));
+                        }
+                        Err(_) => {
+                            state = before;
+                            tracing::error!(key = %key, "applying an input to keyed state panicked: the input fails");
+                            fates.push((input, Fate::Fail));
+                        }
+                    }
+                }
+            }
+        }
+        if fresh == 0 {
+            // nothing new to store: duplicates are acked (their productions re-sent), the rest fail
+            self.settle(fates, run, out);
+            return None;
+        }
+        let state_bytes = match serde_json::to_vec(&state) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(key = %key, error = %e, "keyed state does not serialize: the inputs fail");
+                fail_fresh(&mut fates);
+                self.settle(fates, run, out);
+                return None;
+            }
+        };
+        let dedup_bytes = serde_json::to_vec(&dedup).unwrap_or_default();
+        let size = item_size(&pk, &run.scope, &key, state_bytes.len(), dedup_bytes.len());
+        if size > MAX_ITEM_BYTES {
+            tracing::error!(key = %key, table = %table, size,
+                "state of key `{key}` would be {size} bytes with these inputs, over DynamoDB's item limit of {MAX_ITEM_BYTES} \
+                 bytes (table `{table}`): the inputs that grew it fail (and dead-letter after their retries). Keep less \
+                 state per key, or split the key");
+            fail_fresh(&mut fates);
+            self.settle(fates, run, out);
+            return None;
+        }
+        Some(Write {
+            key,
+            pk,
+            expected: item.map(|i| i.version),
+            state: state_bytes,
+            dedup: dedup_bytes,
+            inputs: fates,
+        })
+    }
+
+    /// After a commit (or when none was needed): sends strong productions anchored to their
+    /// inputs, then acks them; fails what failed.
+    fn settle(&self, fates: Vec<(Input, Fate<K::Out>)>, run: &Running, out: &mut BoltOutput) {
+        for (input, fate) in fates {
+            match fate {
+                Fate::Applied(produced) => {
+                    run.m.applied.incr();
+                    for p in &produced {
+                        emit_one(out, &input.handle, p);
+                    }
+                    out.ack(input.handle);
+                }
+                Fate::Duplicate(stored) => {
+                    for v in stored {
+                        match serde_json::from_value::<K::Out>(v) {
+                            Ok(p) => emit_one(out, &input.handle, &p),
+                            Err(e) => tracing::warn!(error = %e, "a stored production no longer decodes; not re-sent"),
+                        }
+                    }
+                    out.ack(input.handle);
+                }
+                Fate::Fail => {
+                    run.m.failed.incr();
+                    out.fail(input.handle);
+                }
+            }
+        }
+    }
+}
+
+/// Sleeps out a back-off; false when the topology stops meanwhile.
+async fn sleep(cancel: &CancellationToken, d: Duration) -> bool {
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+fn fail_fresh<O>(fates: &mut [(Input, Fate<O>)]) {
+    for (_, f) in fates.iter_mut() {
+        if matches!(f, Fate::Applied(_)) {
+            *f = Fate::Fail;
+        }
+    }
+}
+
+fn emit_one<O: Serialize>(out: &mut BoltOutput, handle: &AckHandle, p: &O) {
+    match to_values(p) {
+        Ok(v) if v.is_empty() => {}
+        Ok(v) => {
+            if let Err(e) = out.emit_anchored(&[handle], DEFAULT_STREAM, v) {
+                tracing::warn!(error = %e, "emitting a production failed");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "a production does not encode as a tuple"),
+    }
+}
+
+impl<K: KeyedState> Bolt for ExactlyOnce<K> {
+    async fn prepare(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
+        let store = StateStore::open(&self.cfg.store).await.map_err(|e| {
+            if e.is_retryable() {
+                ComponentError::retryable(format!("opening the state store: {e}"))
+            } else {
+                ComponentError::fatal(format!("opening the state store: {e}"))
+            }
+        })?;
+        let m = Metrics {
+            commits: ctx.counter("state_commits"),
+            applied: ctx.counter("state_applied"),
+            duplicates: ctx.counter("state_duplicates"),
+            refused: ctx.counter("state_refused"),
+            conflicts: ctx.counter("state_conflicts"),
+            retries: ctx.counter("state_retries"),
+            failed: ctx.counter("state_failed"),
+            reads: ctx.counter("state_reads"),
+        };
+        let scope = Self::scope(ctx.topology_name(), ctx.component_id());
+        self.run = Some(Running { store, scope, cancel: ctx.cancellation(), m });
+        Ok(())
+    }
+
+    async fn execute(&mut self, t: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let id = record_id(&t)?;
+        let key = self.logic.key(&t)?;
+        let handle = out.defer_ack().map_err(|e| ComponentError::fatal(e.to_string()))?;
+        self.pending.entry(key).or_default().push(Input { tuple: t, id, handle });
+        self.waiting += 1;
+        if self.waiting >= self.cfg.max_batch_inputs {
+            self.flush(out).await;
+        } else if !self.armed {
+            self.armed = true;
+            self.next_token += 1;
+            out.schedule_after(Duration::from_millis(self.cfg.commit_interval_ms), self.next_token);
+        }
+        Ok(())
+    }
+
+    async fn on_timer(&mut self, timer: Timer, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        if let Timer::Wakeup(token) = timer {
+            if token == self.next_token {
+                self.armed = false;
+            }
+            self.flush(out).await;
+        }
+        Ok(())
+    }
+
+    async fn on_drain(&mut self, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        self.flush(out).await;
+        Ok(())
+    }
+}

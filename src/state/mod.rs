@@ -1,0 +1,62 @@
+//! Exactly-once keyed state (MillWheel) in DynamoDB.
+//!
+//! A bolt written as a [`KeyedState`] computation (a key per input, and a function that applies
+//! an input to its key's state, of any serde type) runs inside [`ExactlyOnce`], which keeps each
+//! key's state in one DynamoDB item and applies every Kinesis record to it exactly once, across
+//! failures, replays, restarts, rebalancing, resharding and zombie workers.
+//!
+//! # The protocol, per key
+//! Inputs wait up to `commit_interval_ms` (or until `max_batch_inputs` wait), grouped by key.
+//! Then, for every waiting key at once:
+//! 1. Its item is read with a strongly consistent read (BatchGetItem, 100 keys per call).
+//! 2. Each input is judged against the item's deduplication data ([`Dedup`]): an input read
+//!    under an older lease than the last writer's of its shard is *refused* (a zombie's: it
+//!    fails); one already applied is a *duplicate* (skipped; the productions it made are sent
+//!    again); the rest are applied, in arrival order, by the user's `apply`.
+//! 3. State, deduplication data and the pending productions are written in ONE conditional
+//!    PutItem: `attribute_not_exists(pk)` for a new key, else `ver = :read_version`. If another
+//!    writer changed the item since the read, the condition fails and the key is read and judged
+//!    again, so a zombie that read before the new owner wrote is refused on its second look.
+//! 4. Then the inputs are acked, and strong productions emitted anchored to them.
+//!
+//! Record ids are exact: (shard, sequence, sub-sequence). Per source shard the item keeps the
+//! spout's checkpoint as carried by the latest tuple (everything at or below is handled and never
+//! read again) and the ids applied above it, pruned as the checkpoint moves: bounded by the
+//! records in flight, and right when a failed record is replayed after later ones. The fencing
+//! token is the sequential number of the reader's lease znode in ZooKeeper, which only grows per
+//! shard.
+//!
+//! Strong productions are stored with the id of the input that made them and re-sent whenever
+//! that input is seen again (its tuple tree may not have completed), until the checkpoint passes
+//! it (its tree completed). With `weak_productions` they are emitted at apply time and not stored.
+//!
+//! The store unreachable, throttling or failing with 5xx means back-pressure: the bolt retries
+//! with a back-off and takes no new input meanwhile; a commit is never skipped. State over
+//! DynamoDB's 400 KB item limit fails the inputs that grew it, with an error naming the key and the
+//! size; stored state that no longer deserializes is never overwritten: its key's inputs fail
+//! with an error naming the key and the table (and dead-letter after their retries).
+//!
+//! # Table schema
+//! One table (`--state-table`, created on first start with on-demand billing), partition key
+//! `pk` (S), no sort key, no index. One item per key and component:
+//!
+//! | attribute | type | content |
+//! | --- | --- | --- |
+//! | `pk` | S | `{topology}/{component}/{key}` |
+//! | `scope` | S | `{topology}/{component}` |
+//! | `key` | S | the key |
+//! | `ver` | N | version, 1 on the first write, +1 per commit (the write condition) |
+//! | `state` | B | the user state, JSON |
+//! | `dedup` | B | JSON of [`Dedup`]: per source shard `floor`, `token`, `applied` (id -> productions) |
+//! | `updated_ms` | N | time of the last commit (ms since the epoch) |
+//!
+//! DynamoDB transactions are not used (dynalite has none), and none are needed: a commit is one
+//! conditional write of one item.
+
+mod bolt;
+pub mod dedup;
+pub mod store;
+
+pub use bolt::{ExactlyOnce, KeyedState, StateConfig};
+pub use dedup::{Dedup, RecordId, Verdict};
+pub use store::{MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, StoredItem, WriteOutcome};

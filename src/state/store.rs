@@ -1,0 +1,413 @@
+//! The DynamoDB table behind keyed state: one item per key, written with one conditional
+//! PutItem (see the [module docs](super) for the schema and the protocol).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Duration;
+
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, KeysAndAttributes,
+    ScalarAttributeType, TableStatus,
+};
+use serde::{Deserialize, Serialize};
+
+/// DynamoDB's limit on one item (names and values of every attribute).
+pub const MAX_ITEM_BYTES: usize = 400 * 1024;
+/// Keys per BatchGetItem call (DynamoDB's limit).
+pub const MAX_BATCH_GET: usize = 100;
+
+/// Where the state table lives.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateEndpoint {
+    /// `http(s)://host:port` (dynalite, LocalStack) or `aws` (the SDK's default endpoint).
+    pub endpoint: String,
+    /// AWS region.
+    pub region: String,
+    /// Table name (3 to 255 characters of `[A-Za-z0-9_.-]`).
+    pub table: String,
+}
+
+impl fmt::Debug for StateEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // holds no credentials (they come from the SDK's chain)
+        f.debug_struct("StateEndpoint")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("table", &self.table)
+            .finish()
+    }
+}
+
+impl StateEndpoint {
+    /// A table at an endpoint, in `us-east-1`.
+    pub fn new(endpoint: impl Into<String>, table: impl Into<String>) -> Self {
+        Self { endpoint: endpoint.into(), region: "us-east-1".into(), table: table.into() }
+    }
+
+    /// Checks the names; the error names the bad one and the fix.
+    pub fn validate(&self) -> Result<(), StateError> {
+        let ok = (3..=255).contains(&self.table.len())
+            && self.table.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
+        if !ok {
+            return Err(StateError::Config(format!(
+                "state table name `{}` is invalid: DynamoDB table names are 3 to 255 characters of letters, digits, \
+                 `_`, `-` and `.` (set --state-table)",
+                self.table
+            )));
+        }
+        if self.endpoint != "aws" && !(self.endpoint.starts_with("http://") || self.endpoint.starts_with("https://")) {
+            return Err(StateError::Config(format!(
+                "state endpoint `{}` is invalid: use http(s)://host:port (dynalite, LocalStack) or `aws` (set \
+                 --state-endpoint)",
+                self.endpoint
+            )));
+        }
+        if self.region.is_empty() {
+            return Err(StateError::Config("the state store's region is empty (set --region)".into()));
+        }
+        Ok(())
+    }
+
+    /// A DynamoDB client for this endpoint: the SDK's default credential chain, or fixed dummy
+    /// credentials for a local endpoint when the environment names none.
+    pub async fn client(&self) -> Result<Client, StateError> {
+        self.validate()?;
+        let mut loader = aws_config::defaults(BehaviorVersion::latest()).region(Region::new(self.region.clone()));
+        if self.endpoint != "aws" {
+            loader = loader.endpoint_url(self.endpoint.clone());
+            if !crate::kinesis::credentials_configured() {
+                loader = loader.credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+                    "test",
+                    "test",
+                    None,
+                    None,
+                    "squall-static",
+                ));
+            }
+        }
+        let timeouts = aws_config::timeout::TimeoutConfig::builder()
+            .connect_timeout(Duration::from_secs(3))
+            .operation_attempt_timeout(Duration::from_secs(10))
+            .build();
+        let shared = loader.timeout_config(timeouts).load().await;
+        Ok(Client::from_conf(aws_sdk_dynamodb::config::Builder::from(&shared).build()))
+    }
+}
+
+/// Errors of the state store.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// Bad configuration; the message names the setting and the fix.
+    #[error("{0}")]
+    Config(String),
+    /// Throttled, a server error, or the store unreachable: retry after a back-off.
+    #[error("state table `{table}`: {op} failed, will retry: {message}")]
+    Retryable { table: String, op: &'static str, message: String },
+    /// An error retrying cannot fix (access denied, no such table, validation); names the fix.
+    #[error("state table `{table}`: {op} failed: {message}")]
+    Fatal { table: String, op: &'static str, message: String },
+}
+
+impl StateError {
+    /// True when a retry may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StateError::Retryable { .. })
+    }
+
+    fn classify<E: ProvideErrorMetadata + fmt::Debug>(table: &str, op: &'static str, e: SdkError<E>) -> StateError {
+        let (table, message) = (table.to_string(), Self::describe(&e));
+        match &e {
+            SdkError::ServiceError(s) => {
+                let code = s.err().code().unwrap_or("");
+                let status = s.raw().status().as_u16();
+                let retry = status >= 500
+                    || matches!(
+                        code,
+                        "ProvisionedThroughputExceededException"
+                            | "ThrottlingException"
+                            | "RequestLimitExceeded"
+                            | "InternalServerError"
+                            | "ServiceUnavailable"
+                            | "LimitExceededException"
+                    );
+                if retry {
+                    StateError::Retryable { table, op, message }
+                } else if code == "ResourceNotFoundException" {
+                    StateError::Fatal {
+                        table: table.clone(),
+                        op,
+                        message: format!(
+                            "{message}; the table does not exist (it is created on start: check --state-table and \
+                             --state-endpoint)"
+                        ),
+                    }
+                } else if code == "AccessDeniedException" || code == "UnrecognizedClientException" {
+                    StateError::Fatal {
+                        table,
+                        op,
+                        message: format!("{message}; grant dynamodb:{op} on the table to these credentials"),
+                    }
+                } else {
+                    StateError::Fatal { table, op, message }
+                }
+            }
+            // timeouts, connection refused, malformed answers: the store is unreachable now
+            _ => StateError::Retryable { table, op, message },
+        }
+    }
+
+    fn describe<E: ProvideErrorMetadata + fmt::Debug>(e: &SdkError<E>) -> String {
+        match e {
+            SdkError::ServiceError(s) => {
+                format!("{}: {}", s.err().code().unwrap_or("unknown error"), s.err().message().unwrap_or(""))
+            }
+            SdkError::DispatchFailure(d) => format!("cannot reach the store: {d:?}"),
+            SdkError::TimeoutError(_) => "timed out".into(),
+            other => format!("{other:?}"),
+        }
+    }
+}
+
+/// One key's item as read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredItem {
+    /// Version, raised by each write (the write's condition).
+    pub version: u64,
+    /// The user state, serialized (JSON).
+    pub state: Vec<u8>,
+    /// Deduplication and fencing data (JSON of [`super::Dedup`]).
+    pub dedup: Vec<u8>,
+}
+
+/// The outcome of a conditional write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// Written.
+    Written,
+    /// The item changed since it was read (another writer): read again and redo.
+    Conflict,
+}
+
+/// The state table.
+#[derive(Clone)]
+pub struct StateStore {
+    client: Client,
+    table: String,
+}
+
+impl fmt::Debug for StateStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StateStore").field("table", &self.table).finish_non_exhaustive()
+    }
+}
+
+fn attr_bytes(item: &HashMap<String, AttributeValue>, name: &str) -> Vec<u8> {
+    match item.get(name) {
+        Some(AttributeValue::B(b)) => b.as_ref().to_vec(),
+        _ => Vec::new(),
+    }
+}
+
+impl StateStore {
+    /// The table through `client`.
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        Self { client, table: table.into() }
+    }
+
+    /// Connects to `ep` and makes sure the table exists (created with on-demand billing when
+    /// missing; several workers may race to create it).
+    pub async fn open(ep: &StateEndpoint) -> Result<Self, StateError> {
+        let store = Self::new(ep.client().await?, ep.table.clone());
+        store.ensure_table().await?;
+        Ok(store)
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Creates the table when it does not exist and waits until it is ACTIVE (up to 60 s).
+    pub async fn ensure_table(&self) -> Result<(), StateError> {
+        let t = &self.table;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut created = false;
+        loop {
+            match self.client.describe_table().table_name(t).send().await {
+                Ok(d) => {
+                    if d.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
+                        return Ok(());
+                    }
+                }
+                Err(SdkError::ServiceError(s)) if s.err().is_resource_not_found_exception() && !created => {
+                    let pk = AttributeDefinition::builder()
+                        .attribute_name("pk")
+                        .attribute_type(ScalarAttributeType::S)
+                        .build()
+                        .map_err(|e| StateError::Config(e.to_string()))?;
+                    let key = KeySchemaElement::builder()
+                        .attribute_name("pk")
+                        .key_type(KeyType::Hash)
+                        .build()
+                        .map_err(|e| StateError::Config(e.to_string()))?;
+                    let r = self
+                        .client
+                        .create_table()
+                        .table_name(t)
+                        .attribute_definitions(pk)
+                        .key_schema(key)
+                        .billing_mode(BillingMode::PayPerRequest)
+                        .send()
+                        .await;
+                    match r {
+                        Ok(_) => tracing::info!(table = %t, "created the state table (on-demand billing)"),
+                        // another worker created it first
+                        Err(SdkError::ServiceError(s)) if s.err().is_resource_in_use_exception() => {}
+                        Err(e) => return Err(StateError::classify(t, "CreateTable", e)),
+                    }
+                    created = true;
+                }
+                Err(e) => {
+                    let e = StateError::classify(t, "DescribeTable", e);
+                    if !e.is_retryable() {
+                        return Err(e);
+                    }
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(StateError::Fatal {
+                    table: t.clone(),
+                    op: "DescribeTable",
+                    message: "the table did not become ACTIVE within 60 s".into(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Reads up to [`MAX_BATCH_GET`] items with strongly consistent reads; absent keys are absent
+    /// from the answer. Unprocessed keys are asked again until none is left.
+    pub async fn get_many(&self, pks: &[String]) -> Result<HashMap<String, StoredItem>, StateError> {
+        let mut out = HashMap::with_capacity(pks.len());
+        let mut keys: Vec<HashMap<String, AttributeValue>> =
+            pks.iter().map(|pk| HashMap::from([("pk".to_string(), AttributeValue::S(pk.clone()))])).collect();
+        let mut rounds = 0u32;
+        while !keys.is_empty() {
+            let ka = KeysAndAttributes::builder()
+                .set_keys(Some(std::mem::take(&mut keys)))
+                .consistent_read(true)
+                .build()
+                .map_err(|e| StateError::Config(e.to_string()))?;
+            let r = self
+                .client
+                .batch_get_item()
+                .request_items(&self.table, ka)
+                .send()
+                .await
+                .map_err(|e| StateError::classify(&self.table, "BatchGetItem", e))?;
+            for item in r.responses().and_then(|m| m.get(&self.table)).into_iter().flatten() {
+                let Some(AttributeValue::S(pk)) = item.get("pk") else { continue };
+                let version = match item.get("ver") {
+                    Some(AttributeValue::N(n)) => n.parse().unwrap_or(0),
+                    _ => 0,
+                };
+                out.insert(
+                    pk.clone(),
+                    StoredItem { version, state: attr_bytes(item, "state"), dedup: attr_bytes(item, "dedup") },
+                );
+            }
+            if let Some(left) = r.unprocessed_keys().and_then(|m| m.get(&self.table)) {
+                keys = left.keys().to_vec();
+                rounds += 1;
+                if !keys.is_empty() {
+                    // DynamoDB leaves keys unprocessed when throttled: back off a little
+                    tokio::time::sleep(Duration::from_millis((10u64 << rounds.min(6)).min(500))).await;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes a key's item if its version is still `expected` (`None`: the item must not exist).
+    /// The new item has version `expected + 1`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn put(
+        &self,
+        pk: &str,
+        scope: &str,
+        key: &str,
+        expected: Option<u64>,
+        state: Vec<u8>,
+        dedup: Vec<u8>,
+    ) -> Result<WriteOutcome, StateError> {
+        let version = expected.map_or(1, |v| v + 1);
+        let mut req = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("pk", AttributeValue::S(pk.to_string()))
+            .item("scope", AttributeValue::S(scope.to_string()))
+            .item("key", AttributeValue::S(key.to_string()))
+            .item("ver", AttributeValue::N(version.to_string()))
+            .item("state", AttributeValue::B(state.into()))
+            .item("dedup", AttributeValue::B(dedup.into()))
+            .item("updated_ms", AttributeValue::N(crate::coord::now_ms().to_string()));
+        req = match expected {
+            None => req.condition_expression("attribute_not_exists(pk)"),
+            Some(v) => req.condition_expression("ver = :v").expression_attribute_values(":v", AttributeValue::N(v.to_string())),
+        };
+        match req.send().await {
+            Ok(_) => Ok(WriteOutcome::Written),
+            Err(SdkError::ServiceError(s)) if s.err().is_conditional_check_failed_exception() => Ok(WriteOutcome::Conflict),
+            Err(e) => Err(StateError::classify(&self.table, "PutItem", e)),
+        }
+    }
+
+    /// Every item of `scope` (a topology's component): key, version and state bytes. A full
+    /// scan, for audits and tools, not for the data path.
+    pub async fn scan_scope(&self, scope: &str) -> Result<Vec<(String, u64, Vec<u8>)>, StateError> {
+        let mut out = Vec::new();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        loop {
+            let r = self
+                .client
+                .scan()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .filter_expression("#s = :s")
+                .expression_attribute_names("#s", "scope")
+                .expression_attribute_values(":s", AttributeValue::S(scope.to_string()))
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| StateError::classify(&self.table, "Scan", e))?;
+            for item in r.items() {
+                let Some(AttributeValue::S(key)) = item.get("key") else { continue };
+                let version = match item.get("ver") {
+                    Some(AttributeValue::N(n)) => n.parse().unwrap_or(0),
+                    _ => 0,
+                };
+                out.push((key.clone(), version, attr_bytes(item, "state")));
+            }
+            match r.last_evaluated_key() {
+                Some(k) if !k.is_empty() => start = Some(k.clone()),
+                _ => return Ok(out),
+            }
+        }
+    }
+}
+
+/// The size DynamoDB counts for an item with these attribute values (names plus values, plus a
+/// little for the numbers).
+pub fn item_size(pk: &str, scope: &str, key: &str, state: usize, dedup: usize) -> usize {
+    "pk".len() + pk.len() + "scope".len() + scope.len() + "key".len() + key.len() + "state".len() + state
+        + "dedup".len() + dedup + "ver".len() + 21 + "updated_ms".len() + 21
+}
