@@ -256,3 +256,78 @@ mod tests {
         assert_eq!(r.distinct, 5);
     }
 }
+
+/// What `squall audit --counts` found: per-key counts in the state table against the manifests.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CountsReport {
+    /// Keys in the manifests or the table.
+    pub keys: usize,
+    /// Records the manifests say were written.
+    pub expected_total: u64,
+    /// Sum of the counts in the table.
+    pub counted_total: u64,
+    /// Keys whose count differs.
+    pub mismatched: usize,
+    /// Keys counted more often than written (duplicates applied).
+    pub over: usize,
+    /// Keys counted less often than written (records lost).
+    pub under: usize,
+    /// Up to 10 mismatches: (key, expected, counted).
+    pub examples: Vec<(String, u64, u64)>,
+}
+
+/// Compares the per-key counts `component` of `topology` keeps in the state table (each item's
+/// state a JSON number) with the manifests' per-key record counts.
+pub async fn audit_counts(
+    manifests: &[std::path::PathBuf],
+    ep: &crate::state::StateEndpoint,
+    topology: &str,
+    component: &str,
+) -> anyhow::Result<CountsReport> {
+    let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    for path in manifests {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("reading the manifest {}: {e}", path.display()))?;
+        let m: Manifest = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("the manifest {} is not a `squall stream put` manifest: {e}", path.display()))?;
+        for (k, n) in m.counts {
+            *expected.entry(k).or_default() += n;
+        }
+    }
+    let store = crate::state::StateStore::new(ep.client().await?, ep.table.clone());
+    let scope = crate::state::scope(topology, component);
+    let mut counted: BTreeMap<String, u64> = BTreeMap::new();
+    for (key, _, state) in store.scan_scope(&scope).await? {
+        let n: u64 = serde_json::from_slice(&state).map_err(|e| {
+            anyhow::anyhow!("the state of key `{key}` in table `{}` (scope {scope}) is not a count: {e}", ep.table)
+        })?;
+        counted.insert(key, n);
+    }
+    let keys: HashSet<&String> = expected.keys().chain(counted.keys()).collect();
+    let mut r = CountsReport {
+        keys: keys.len(),
+        expected_total: expected.values().sum(),
+        counted_total: counted.values().sum(),
+        mismatched: 0,
+        over: 0,
+        under: 0,
+        examples: Vec::new(),
+    };
+    let mut keys: Vec<&String> = keys.into_iter().collect();
+    keys.sort();
+    for k in keys {
+        let (e, c) = (expected.get(k).copied().unwrap_or(0), counted.get(k).copied().unwrap_or(0));
+        if e != c {
+            r.mismatched += 1;
+            if c > e {
+                r.over += 1;
+            } else {
+                r.under += 1;
+            }
+            if r.examples.len() < 10 {
+                r.examples.push((k.clone(), e, c));
+            }
+        }
+    }
+    Ok(r)
+}

@@ -105,8 +105,25 @@ pub enum Command {
         #[arg(long, num_args = 1.., required = true)]
         manifest: Vec<std::path::PathBuf>,
         /// Delivery logs written by `examples/audit.rs --deliveries`.
-        #[arg(long, num_args = 1.., required = true)]
+        #[arg(long, num_args = 1.., required_unless_present = "counts")]
         deliveries: Vec<std::path::PathBuf>,
+        /// Instead of delivery logs, compare the per-key counts an exactly-once counting
+        /// component (`examples/exactly_once_counts.rs`) keeps in the state table with the
+        /// manifests' counts: every key must match exactly. Needs --topology and --component.
+        #[arg(long, conflicts_with = "deliveries", requires_all = ["topology", "component"])]
+        counts: bool,
+        /// Topology of the counting component (with --counts).
+        #[arg(long)]
+        topology: Option<String>,
+        /// The counting component (with --counts).
+        #[arg(long)]
+        component: Option<String>,
+        /// DynamoDB endpoint of the state table: http(s)://host:port, or `aws`.
+        #[arg(long, env = "SQUALL_STATE_ENDPOINT", default_value = "http://127.0.0.1:4569")]
+        state_endpoint: String,
+        /// The state table.
+        #[arg(long, env = "SQUALL_STATE_TABLE", default_value = "squall-state")]
+        state_table: String,
     },
 }
 
@@ -154,7 +171,28 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Checkpoints(CheckpointsCommand::Reset { topology, stream, to }) => {
             topology::reset(&cli, topology, stream, to).await
         }
-        Command::Audit { manifest, deliveries } => {
+        Command::Audit { manifest, counts: true, topology, component, state_endpoint, state_table, .. } => {
+            let ep = crate::state::StateEndpoint {
+                endpoint: state_endpoint.clone(),
+                region: cli.region.clone(),
+                table: state_table.clone(),
+            };
+            let (topology, component) = (topology.as_deref().unwrap_or(""), component.as_deref().unwrap_or(""));
+            let report = crate::audit::audit_counts(manifest, &ep, topology, component).await?;
+            outln!("{}", serde_json::to_string(&report)?);
+            if report.mismatched > 0 {
+                anyhow::bail!(
+                    "{} of {} keys have counts that differ from the manifests (over {}, under {}; e.g. {:?})",
+                    report.mismatched,
+                    report.keys,
+                    report.over,
+                    report.under,
+                    report.examples
+                );
+            }
+            Ok(())
+        }
+        Command::Audit { manifest, deliveries, .. } => {
             let report = crate::audit::audit(manifest, deliveries)?;
             outln!("{}", serde_json::to_string(&report)?);
             if report.lost > 0 {

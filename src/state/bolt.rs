@@ -62,6 +62,10 @@ pub struct StateConfig {
     /// store. Cheaper; an input redone after a conflict or a crash emits again, so only for
     /// idempotent downstream computations. Default false (strong productions).
     pub weak_productions: bool,
+    /// Fault injection for tests: abort the process right after this task's N-th commit is
+    /// written and before its inputs are acked (the worst moment to crash). `None` in production.
+    #[doc(hidden)]
+    pub abort_after_commits: Option<u64>,
 }
 
 impl StateConfig {
@@ -74,6 +78,7 @@ impl StateConfig {
             write_concurrency: 32,
             retry_max_backoff_ms: 5000,
             weak_productions: false,
+            abort_after_commits: None,
         }
     }
 }
@@ -133,6 +138,7 @@ pub struct ExactlyOnce<K: KeyedState> {
     waiting: usize,
     armed: bool,
     next_token: u64,
+    commits: u64,
 }
 
 impl<K: KeyedState> std::fmt::Debug for ExactlyOnce<K> {
@@ -166,7 +172,7 @@ impl<K: KeyedState> ExactlyOnce<K> {
     /// A bolt running `logic` with its state in `cfg.store`; the table is opened (and created
     /// when missing) in `prepare`.
     pub fn new(cfg: StateConfig, logic: K) -> Self {
-        Self { cfg, logic, run: None, pending: HashMap::new(), waiting: 0, armed: false, next_token: 0 }
+        Self { cfg, logic, run: None, pending: HashMap::new(), waiting: 0, armed: false, next_token: 0, commits: 0 }
     }
 
     /// The computation.
@@ -179,10 +185,6 @@ impl<K: KeyedState> ExactlyOnce<K> {
         format!("{scope}/{key}")
     }
 
-    /// The scope of a component's items: `{topology}/{component}`.
-    pub fn scope(topology: &str, component: &str) -> String {
-        format!("{topology}/{component}")
-    }
 
     fn backoff(&self, attempt: u32) -> Duration {
         let ms = 50u64.saturating_mul(1 << attempt.min(10)).min(self.cfg.retry_max_backoff_ms.max(50));
@@ -268,6 +270,12 @@ impl<K: KeyedState> ExactlyOnce<K> {
                 match r {
                     Ok(WriteOutcome::Written) => {
                         run.m.commits.incr();
+                        self.commits += 1;
+                        if self.cfg.abort_after_commits.is_some_and(|n| self.commits >= n) {
+                            tracing::warn!(key = %w.key, commits = self.commits,
+                                "abort_after_commits: aborting after a written commit, before its inputs are acked");
+                            std::process::abort();
+                        }
                         self.settle(w.inputs, &run, out);
                     }
                     Ok(WriteOutcome::Conflict) => {
@@ -459,6 +467,11 @@ impl<K: KeyedState> ExactlyOnce<K> {
     }
 }
 
+/// The scope of a component's items in the table: `{topology}/{component}`.
+pub fn scope(topology: &str, component: &str) -> String {
+    format!("{topology}/{component}")
+}
+
 /// Sleeps out a back-off; false when the topology stops meanwhile.
 async fn sleep(cancel: &CancellationToken, d: Duration) -> bool {
     tokio::select! {
@@ -507,7 +520,7 @@ impl<K: KeyedState> Bolt for ExactlyOnce<K> {
             failed: ctx.counter("state_failed"),
             reads: ctx.counter("state_reads"),
         };
-        let scope = Self::scope(ctx.topology_name(), ctx.component_id());
+        let scope = scope(ctx.topology_name(), ctx.component_id());
         self.run = Some(Running { store, scope, cancel: ctx.cancellation(), m });
         Ok(())
     }

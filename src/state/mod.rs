@@ -57,6 +57,6 @@ mod bolt;
 pub mod dedup;
 pub mod store;
 
-pub use bolt::{ExactlyOnce, KeyedState, StateConfig};
+pub use bolt::{ExactlyOnce, KeyedState, StateConfig, scope};
 pub use dedup::{Dedup, RecordId, Verdict};
 pub use store::{MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, StoredItem, WriteOutcome};
