@@ -145,7 +145,11 @@ impl Bolt for AtLeastOnceCount {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let ep = StateEndpoint { endpoint: args.state_endpoint.clone(), region: args.worker.region.clone(), table: args.state_table };
+    let ep = StateEndpoint {
+        endpoint: args.state_endpoint.clone(),
+        region: args.worker.region.clone(),
+        table: args.state_table,
+    };
     ep.validate()?;
     let mut cfg = StateConfig::new(ep.clone());
     cfg.commit_interval_ms = args.commit_interval_ms;

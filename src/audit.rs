@@ -288,8 +288,9 @@ pub async fn audit_counts(
     for path in manifests {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("reading the manifest {}: {e}", path.display()))?;
-        let m: Manifest = serde_json::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("the manifest {} is not a `squall stream put` manifest: {e}", path.display()))?;
+        let m: Manifest = serde_json::from_str(&text).map_err(|e| {
+            anyhow::anyhow!("the manifest {} is not a `squall stream put` manifest: {e}", path.display())
+        })?;
         for (k, n) in m.counts {
             *expected.entry(k).or_default() += n;
         }

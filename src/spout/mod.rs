@@ -578,7 +578,8 @@ impl Spout for KinesisSpout {
         while let Some(id) = self.dead_letters.pop_front() {
             let rec = {
                 let t = lock(&self.tracker);
-                t.dead_letter_record(&id.shard_id, id.epoch, &id.sequence).map(|r| (r, t.ownership(&id.shard_id, id.epoch)))
+                t.dead_letter_record(&id.shard_id, id.epoch, &id.sequence)
+                    .map(|r| (r, t.ownership(&id.shard_id, id.epoch)))
             };
             if let Some(((rec, failures), own)) = rec {
                 out.emit_to(

@@ -185,7 +185,6 @@ impl<K: KeyedState> ExactlyOnce<K> {
         format!("{scope}/{key}")
     }
 
-
     fn backoff(&self, attempt: u32) -> Duration {
         let ms = 50u64.saturating_mul(1 << attempt.min(10)).min(self.cfg.retry_max_backoff_ms.max(50));
         Duration::from_millis(ms)
@@ -213,9 +212,9 @@ impl<K: KeyedState> ExactlyOnce<K> {
                 let store = run.store.clone();
                 async move { store.get_many(&c).await }
             }))
-                .buffer_unordered(self.cfg.write_concurrency.max(1))
-                .collect::<Vec<_>>()
-                .await;
+            .buffer_unordered(self.cfg.write_concurrency.max(1))
+            .collect::<Vec<_>>()
+            .await;
             run.m.reads.add(reads.len() as u64);
             let mut items = HashMap::with_capacity(pks.len());
             let mut read_error: Option<StateError> = None;
@@ -310,7 +309,6 @@ impl<K: KeyedState> ExactlyOnce<K> {
         self.run = Some(run);
     }
 
-
     /// Judges and applies one key's inputs against its stored item; returns the write to make,
     /// or `None` when nothing is to be written (the inputs are settled here then).
     fn apply_key(
@@ -363,6 +361,8 @@ impl<K: KeyedState> ExactlyOnce<K> {
                 }
                 Verdict::Duplicate(p) => {
                     run.m.duplicates.incr();
+                    tracing::debug!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
+                        "duplicate input skipped: the record was already applied to this key");
                     dedup.advance(&input.id);
                     fates.push((input, Fate::Duplicate(p)));
                 }
