@@ -16,6 +16,8 @@
 //! - [`kinesis`]: Kinesis client construction, shard listing, stream helpers and the test producer.
 //! - [`sink`]: the Kinesis sink bolt: batched PutRecords, inputs acked once put, per-key order
 //!   kept through retries, bounded bytes in flight.
+//! - [`state`]: exactly-once keyed state in DynamoDB (MillWheel): [`state::KeyedState`] and the
+//!   [`state::ExactlyOnce`] bolt, exact deduplication of replays, zombie writers fenced by lease tokens.
 //! - [`audit`]: delivery logs and the produced/delivered/lost/duplicates/order comparison.
 //! - [`cli`]: the `squall` command line.
 //! - [`logging`]: tracing set-up for binaries and workers.
