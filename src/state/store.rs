@@ -174,7 +174,9 @@ impl StateError {
 /// One key's item as read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredItem {
-    /// Version, raised by each write (the write's condition).
+    /// Version, raised by each write (the write's condition): 1 or more. 0 when the item has no
+    /// `ver` attribute that reads as a whole number (not written by the bolt, or damaged): such
+    /// an item cannot be read, nor written over.
     pub version: u64,
     /// The user state, serialized (JSON).
     pub state: Vec<u8>,
@@ -362,11 +364,15 @@ impl StateStore {
             .item("updated_ms", AttributeValue::N(crate::coord::now_ms().to_string()));
         req = match expected {
             None => req.condition_expression("attribute_not_exists(pk)"),
-            Some(v) => req.condition_expression("ver = :v").expression_attribute_values(":v", AttributeValue::N(v.to_string())),
+            Some(v) => {
+                req.condition_expression("ver = :v").expression_attribute_values(":v", AttributeValue::N(v.to_string()))
+            }
         };
         match req.send().await {
             Ok(_) => Ok(WriteOutcome::Written),
-            Err(SdkError::ServiceError(s)) if s.err().is_conditional_check_failed_exception() => Ok(WriteOutcome::Conflict),
+            Err(SdkError::ServiceError(s)) if s.err().is_conditional_check_failed_exception() => {
+                Ok(WriteOutcome::Conflict)
+            }
             Err(e) => Err(StateError::classify(&self.table, "PutItem", e)),
         }
     }
@@ -408,6 +414,18 @@ impl StateStore {
 /// The size DynamoDB counts for an item with these attribute values (names plus values, plus a
 /// little for the numbers).
 pub fn item_size(pk: &str, scope: &str, key: &str, state: usize, dedup: usize) -> usize {
-    "pk".len() + pk.len() + "scope".len() + scope.len() + "key".len() + key.len() + "state".len() + state
-        + "dedup".len() + dedup + "ver".len() + 21 + "updated_ms".len() + 21
+    "pk".len()
+        + pk.len()
+        + "scope".len()
+        + scope.len()
+        + "key".len()
+        + key.len()
+        + "state".len()
+        + state
+        + "dedup".len()
+        + dedup
+        + "ver".len()
+        + 21
+        + "updated_ms".len()
+        + 21
 }
