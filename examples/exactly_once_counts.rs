@@ -50,6 +50,13 @@ struct Args {
     /// Fault injection (tests): abort right after this many commits of a task, before acking.
     #[arg(long, hide = true)]
     abort_after_commits: Option<u64>,
+    /// Fault injection (tests): the state of this key grows by `--pad-bytes` per record (a count and
+    /// a padding string), to reach DynamoDB's item limit. Every other key keeps a plain count.
+    #[arg(long, hide = true)]
+    pad_key: Option<String>,
+    /// Bytes the state of `--pad-key` grows by per record.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pad_bytes: usize,
 }
 
 /// Counts records per partition key.
@@ -65,6 +72,41 @@ impl KeyedState for CountByKey {
 
     fn apply(&mut self, _key: &str, n: &mut u64, _t: &Tuple, _out: &mut Vec<()>) -> Result<(), ComponentError> {
         *n += 1;
+        Ok(())
+    }
+}
+
+/// [`CountByKey`], except that the state of `pad_key` is `{"count": N, "pad": "xx..."}`, its
+/// padding growing by `pad_bytes` per record (tests of the item size limit). The other keys'
+/// states are plain JSON numbers, as `CountByKey` stores them.
+struct PaddedCount {
+    pad_key: String,
+    pad_bytes: usize,
+}
+
+impl KeyedState for PaddedCount {
+    type State = serde_json::Value;
+    type Out = ();
+
+    fn key(&self, t: &Tuple) -> Result<String, ComponentError> {
+        CountByKey.key(t)
+    }
+
+    fn apply(
+        &mut self,
+        key: &str,
+        s: &mut serde_json::Value,
+        _t: &Tuple,
+        _out: &mut Vec<()>,
+    ) -> Result<(), ComponentError> {
+        if key != self.pad_key {
+            *s = serde_json::Value::from(s.as_u64().unwrap_or(0) + 1);
+            return Ok(());
+        }
+        let count = s.get("count").and_then(serde_json::Value::as_u64).unwrap_or(0) + 1;
+        let mut pad = s.get("pad").and_then(serde_json::Value::as_str).unwrap_or("").to_string();
+        pad.push_str(&"x".repeat(self.pad_bytes));
+        *s = serde_json::json!({"count": count, "pad": pad});
         Ok(())
     }
 }
@@ -156,6 +198,7 @@ async fn main() -> anyhow::Result<()> {
     cfg.abort_after_commits = args.abort_after_commits;
     let (counters, at_least_once, interval) =
         (args.counters, args.at_least_once, std::time::Duration::from_millis(args.commit_interval_ms));
+    let (pad_key, pad_bytes) = (args.pad_key, args.pad_bytes);
     squall::run(args.worker, move |b, spout| {
         if at_least_once {
             let ep = ep.clone();
@@ -166,6 +209,11 @@ async fn main() -> anyhow::Result<()> {
                 interval,
                 pending: HashMap::new(),
                 armed: false,
+            })
+            .fields_grouping(spout, &["partition_key"]);
+        } else if let Some(pad_key) = pad_key {
+            b.set_bolt("counts", counters, move |_| {
+                ExactlyOnce::new(cfg.clone(), PaddedCount { pad_key: pad_key.clone(), pad_bytes })
             })
             .fields_grouping(spout, &["partition_key"]);
         } else {

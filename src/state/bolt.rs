@@ -14,7 +14,9 @@ use squall_topology::{
 use tokio_util::sync::CancellationToken;
 
 use super::dedup::{Dedup, RecordId, Verdict};
-use super::store::{MAX_BATCH_GET, MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, WriteOutcome, item_size};
+use super::store::{
+    MAX_BATCH_GET, MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, StoredItem, WriteOutcome, item_size,
+};
 
 /// A keyed computation whose per-key state is kept exactly once (see the [module docs](super)).
 ///
@@ -98,6 +100,9 @@ enum Fate<O> {
     /// Fenced (an earlier owner's read) or failed: fail it.
     Fail,
 }
+
+/// A round's inputs of one key, each with its fate, in arrival order.
+type Fates<O> = Vec<(Input, Fate<O>)>;
 
 struct Write<O> {
     key: String,
@@ -309,6 +314,22 @@ impl<K: KeyedState> ExactlyOnce<K> {
         self.run = Some(run);
     }
 
+    /// Decodes a key's stored item (state and deduplication data; defaults when there is none),
+    /// or says why it cannot be read.
+    fn decode(item: Option<&StoredItem>) -> Result<(K::State, Dedup), String> {
+        let Some(it) = item else { return Ok((K::State::default(), Dedup::default())) };
+        if it.version == 0 {
+            // every write stores 1 or more: with no readable version the write's condition can
+            // never hold (it would conflict forever)
+            return Err("its version attribute `ver` is missing or not a whole number".into());
+        }
+        let state = serde_json::from_slice::<K::State>(&it.state)
+            .map_err(|e| format!("its state does not deserialize into the bolt's state type: {e}"))?;
+        let dedup = serde_json::from_slice::<Dedup>(&it.dedup)
+            .map_err(|e| format!("its deduplication data is unreadable: {e}"))?;
+        Ok((state, dedup))
+    }
+
     /// Judges and applies one key's inputs against its stored item; returns the write to make,
     /// or `None` when nothing is to be written (the inputs are settled here then).
     fn apply_key(
@@ -317,22 +338,12 @@ impl<K: KeyedState> ExactlyOnce<K> {
         key: String,
         pk: String,
         inputs: Vec<Input>,
-        items: &HashMap<String, super::store::StoredItem>,
+        items: &HashMap<String, StoredItem>,
         out: &mut BoltOutput,
     ) -> Option<Write<K::Out>> {
         let table = run.store.table();
         let item = items.get(&pk);
-        let decoded = match item {
-            None => Ok((K::State::default(), Dedup::default())),
-            Some(it) => serde_json::from_slice::<K::State>(&it.state)
-                .map_err(|e| format!("its state does not deserialize into the bolt's state type: {e}"))
-                .and_then(|s| {
-                    serde_json::from_slice::<Dedup>(&it.dedup)
-                        .map(|d| (s, d))
-                        .map_err(|e| format!("its deduplication data is unreadable: {e}"))
-                }),
-        };
-        let (mut state, mut dedup) = match decoded {
+        let (mut state, mut dedup) = match Self::decode(item) {
             Ok(v) => v,
             Err(why) => {
                 // never overwritten: the inputs fail (and dead-letter after their retries)
@@ -346,9 +357,68 @@ impl<K: KeyedState> ExactlyOnce<K> {
                 return None;
             }
         };
-        let mut fates: Vec<(Input, Fate<K::Out>)> = Vec::with_capacity(inputs.len());
+        let (mut fates, mut fresh) = self.judge_apply(run, &key, &mut state, &mut dedup, inputs, None, out);
+        if fresh == 0 {
+            // nothing new to store: duplicates are acked (their productions re-sent), the rest fail
+            self.settle(fates, run, out);
+            return None;
+        }
+        let mut encoded = serde_json::to_vec(&state).map(|s| (s, serde_json::to_vec(&dedup).unwrap_or_default()));
+        let too_big = |(s, d): &(Vec<u8>, Vec<u8>)| item_size(&pk, &run.scope, &key, s.len(), d.len()) > MAX_ITEM_BYTES;
+        if encoded.as_ref().is_ok_and(too_big) {
+            // Some inputs grow the item past DynamoDB's limit: redo the round from the stored
+            // item, measuring after each input, so that only the inputs that would take it over
+            // fail (the others of the round are committed).
+            let sent: Vec<bool> =
+                fates.iter().map(|(_, f)| self.cfg.weak_productions && matches!(f, Fate::Applied(_))).collect();
+            let inputs: Vec<Input> = fates.into_iter().map(|(i, _)| i).collect();
+            let Ok((s, d)) = Self::decode(item) else { unreachable!("decoded above") };
+            (state, dedup) = (s, d);
+            let limit = Limit { pk: &pk, table, weak_sent: &sent };
+            (fates, fresh) = self.judge_apply(run, &key, &mut state, &mut dedup, inputs, Some(limit), out);
+            if fresh == 0 {
+                self.settle(fates, run, out);
+                return None;
+            }
+            encoded = serde_json::to_vec(&state).map(|s| (s, serde_json::to_vec(&dedup).unwrap_or_default()));
+        }
+        let (state_bytes, dedup_bytes) = match encoded {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(key = %key, error = %e, "keyed state does not serialize: the inputs fail");
+                fail_fresh(&mut fates);
+                self.settle(fates, run, out);
+                return None;
+            }
+        };
+        Some(Write {
+            key,
+            pk,
+            expected: item.map(|i| i.version),
+            state: state_bytes,
+            dedup: dedup_bytes,
+            inputs: fates,
+        })
+    }
+
+    /// Judges each input against `dedup` and applies the fresh ones to `state`, in arrival order;
+    /// returns their fates and how many were applied. With a `limit`, the item is measured after
+    /// each fresh input, and one that would take it past DynamoDB's item limit (or make the
+    /// state unserializable) fails alone: state and deduplication data stay as before it.
+    #[allow(clippy::too_many_arguments)]
+    fn judge_apply(
+        &mut self,
+        run: &Running,
+        key: &str,
+        state: &mut K::State,
+        dedup: &mut Dedup,
+        inputs: Vec<Input>,
+        limit: Option<Limit<'_>>,
+        out: &mut BoltOutput,
+    ) -> (Fates<K::Out>, usize) {
+        let mut fates: Fates<K::Out> = Vec::with_capacity(inputs.len());
         let mut fresh = 0usize;
-        for input in inputs {
+        for (n, input) in inputs.into_iter().enumerate() {
             match dedup.judge(&input.id) {
                 Verdict::Fenced { stored } => {
                     run.m.refused.incr();
@@ -368,33 +438,47 @@ impl<K: KeyedState> ExactlyOnce<K> {
                 }
                 Verdict::Fresh => {
                     let before = state.clone();
+                    let dedup_before = limit.as_ref().map(|_| dedup.clone());
                     let mut produced = Vec::new();
                     let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        self.logic.apply(&key, &mut state, &input.tuple, &mut produced)
+                        self.logic.apply(key, state, &input.tuple, &mut produced)
                     }));
                     match r {
                         Ok(Ok(())) => {
-                            let stored = if self.cfg.weak_productions {
-                                for p in &produced {
-                                    emit_one(out, &input.handle, p);
-                                }
-                                produced.clear();
+                            let weak = self.cfg.weak_productions;
+                            let stored = if weak {
                                 Vec::new()
                             } else {
                                 produced.iter().filter_map(|p| serde_json::to_value(p).ok()).collect()
                             };
                             dedup.record(&input.id, stored);
                             dedup.advance(&input.id);
+                            if let (Some(l), Some(dedup_before)) = (&limit, dedup_before) {
+                                if !l.fits(run, key, state, dedup, &input) {
+                                    *state = before;
+                                    *dedup = dedup_before;
+                                    fates.push((input, Fate::Fail));
+                                    continue;
+                                }
+                            }
+                            if weak {
+                                if !limit.as_ref().is_some_and(|l| l.weak_sent.get(n).copied().unwrap_or(false)) {
+                                    for p in &produced {
+                                        emit_one(out, &input.handle, p);
+                                    }
+                                }
+                                produced.clear();
+                            }
                             fresh += 1;
                             fates.push((input, Fate::Applied(produced)));
                         }
                         Ok(Err(e)) => {
-                            state = before;
+                            *state = before;
                             tracing::warn!(key = %key, error = %e, "applying an input to keyed state failed: the input fails");
                             fates.push((input, Fate::Fail));
                         }
                         Err(_) => {
-                            state = before;
+                            *state = before;
                             tracing::error!(key = %key, "applying an input to keyed state panicked: the input fails");
                             fates.push((input, Fate::Fail));
                         }
@@ -402,39 +486,7 @@ impl<K: KeyedState> ExactlyOnce<K> {
                 }
             }
         }
-        if fresh == 0 {
-            // nothing new to store: duplicates are acked (their productions re-sent), the rest fail
-            self.settle(fates, run, out);
-            return None;
-        }
-        let state_bytes = match serde_json::to_vec(&state) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::error!(key = %key, error = %e, "keyed state does not serialize: the inputs fail");
-                fail_fresh(&mut fates);
-                self.settle(fates, run, out);
-                return None;
-            }
-        };
-        let dedup_bytes = serde_json::to_vec(&dedup).unwrap_or_default();
-        let size = item_size(&pk, &run.scope, &key, state_bytes.len(), dedup_bytes.len());
-        if size > MAX_ITEM_BYTES {
-            tracing::error!(key = %key, table = %table, size,
-                "state of key `{key}` would be {size} bytes with these inputs, over DynamoDB's item limit of {MAX_ITEM_BYTES} \
-                 bytes (table `{table}`): the inputs that grew it fail (and dead-letter after their retries). Keep less \
-                 state per key, or split the key");
-            fail_fresh(&mut fates);
-            self.settle(fates, run, out);
-            return None;
-        }
-        Some(Write {
-            key,
-            pk,
-            expected: item.map(|i| i.version),
-            state: state_bytes,
-            dedup: dedup_bytes,
-            inputs: fates,
-        })
+        (fates, fresh)
     }
 
     /// After a commit (or when none was needed): sends strong productions anchored to their
@@ -464,6 +516,53 @@ impl<K: KeyedState> ExactlyOnce<K> {
                 }
             }
         }
+    }
+}
+
+/// The item size check of a round redone input by input (see `ExactlyOnce::judge_apply`).
+struct Limit<'a> {
+    pk: &'a str,
+    table: &'a str,
+    /// Per input of the round: its weak productions were emitted already, in the first pass.
+    weak_sent: &'a [bool],
+}
+
+impl Limit<'_> {
+    /// Whether the key's item fits in DynamoDB's limit with `input` applied; when not, logs the
+    /// error naming the key and the size.
+    fn fits<S: Serialize>(&self, run: &Running, key: &str, state: &S, dedup: &Dedup, input: &Input) -> bool {
+        let (shard, sequence) = (&input.id.shard, &input.id.sequence);
+        let mut state_len = ByteCount(0);
+        if let Err(e) = serde_json::to_writer(&mut state_len, state) {
+            tracing::error!(key = %key, error = %e, %shard, %sequence,
+                "keyed state does not serialize with this input: the input fails");
+            return false;
+        }
+        let mut dedup_len = ByteCount(0);
+        let _ = serde_json::to_writer(&mut dedup_len, dedup);
+        let size = item_size(self.pk, &run.scope, key, state_len.0, dedup_len.0);
+        if size <= MAX_ITEM_BYTES {
+            return true;
+        }
+        let table = self.table;
+        tracing::error!(key = %key, table = %table, size, %shard, %sequence,
+            "state of key `{key}` would be {size} bytes with this input, over DynamoDB's item limit of {MAX_ITEM_BYTES} \
+             bytes (table `{table}`): the input fails (and dead-letters after its retries). Keep less state per key, \
+             or split the key");
+        false
+    }
+}
+
+/// Counts the bytes written to it.
+struct ByteCount(usize);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -554,5 +653,42 @@ impl<K: KeyedState> Bolt for ExactlyOnce<K> {
     async fn on_drain(&mut self, out: &mut BoltOutput) -> Result<(), ComponentError> {
         self.flush(out).await;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Count;
+
+    impl KeyedState for Count {
+        type State = u64;
+        type Out = ();
+        fn key(&self, _t: &Tuple) -> Result<String, ComponentError> {
+            Ok(String::new())
+        }
+        fn apply(&mut self, _k: &str, n: &mut u64, _t: &Tuple, _o: &mut Vec<()>) -> Result<(), ComponentError> {
+            *n += 1;
+            Ok(())
+        }
+    }
+
+    fn item(version: u64, state: &[u8], dedup: &[u8]) -> StoredItem {
+        StoredItem { version, state: state.to_vec(), dedup: dedup.to_vec() }
+    }
+
+    #[test]
+    fn decodes_what_the_bolt_writes_and_refuses_the_rest() {
+        type E = ExactlyOnce<Count>;
+        assert_eq!(E::decode(None).unwrap(), (0, Dedup::default()));
+        assert_eq!(E::decode(Some(&item(3, b"7", b"{}"))).unwrap(), (7, Dedup::default()));
+        // no readable version: a write conditioned on it could never succeed
+        let e = E::decode(Some(&item(0, b"7", b"{}"))).unwrap_err();
+        assert!(e.contains("`ver`"), "{e}");
+        let e = E::decode(Some(&item(3, b"\"seven\"", b"{}"))).unwrap_err();
+        assert!(e.contains("state does not deserialize"), "{e}");
+        let e = E::decode(Some(&item(3, b"7", b""))).unwrap_err();
+        assert!(e.contains("deduplication data"), "{e}");
     }
 }

@@ -32,9 +32,11 @@
 //!
 //! The store unreachable, throttling or failing with 5xx means back-pressure: the bolt retries
 //! with a back-off and takes no new input meanwhile; a commit is never skipped. State over
-//! DynamoDB's 400 KB item limit fails the inputs that grew it, with an error naming the key and the
-//! size; stored state that no longer deserializes is never overwritten: its key's inputs fail
-//! with an error naming the key and the table (and dead-letter after their retries).
+//! DynamoDB's 400 KB item limit fails the inputs that would take the item past it (each alone: the
+//! others of its commit round are committed), with an error naming the key and the size; stored
+//! state that no longer deserializes (state, deduplication data or version) is never overwritten:
+//! its key's inputs fail with an error naming the key and the table (and dead-letter after their
+//! retries).
 //!
 //! # Table schema
 //! One table (`--state-table`, created on first start with on-demand billing), partition key

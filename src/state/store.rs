@@ -174,7 +174,9 @@ impl StateError {
 /// One key's item as read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredItem {
-    /// Version, raised by each write (the write's condition).
+    /// Version, raised by each write (the write's condition): 1 or more. 0 when the item has no
+    /// `ver` attribute that reads as a whole number (not written by the bolt, or damaged): such
+    /// an item cannot be read, nor written over.
     pub version: u64,
     /// The user state, serialized (JSON).
     pub state: Vec<u8>,

@@ -1,0 +1,139 @@
+//! Running the exactly-once counting example (examples/exactly_once_counts.rs) as real worker
+//! processes against a state table, and reading that table.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use squall::state::{StateEndpoint, StateStore};
+
+use super::reliability::Proc;
+use super::workers::{Cluster, example_bin};
+
+/// The component id of the counting bolt in the example.
+pub const COMPONENT: &str = "counts";
+
+/// A unique state table for one test (deleted by [`delete_table`]).
+pub fn unique_table(prefix: &str) -> String {
+    super::unique_name(&format!("squall-test-{prefix}"))
+}
+
+/// The table `table` at `endpoint` (default: [`super::state_endpoint`]).
+pub fn endpoint(url: &str, table: &str) -> StateEndpoint {
+    StateEndpoint::new(url, table)
+}
+
+/// Starts worker `name` of `cluster` running the exactly-once counting example, with its state
+/// in `table` at `state_endpoint`; `extra` flags follow the standard ones. Same log file as
+/// [`Cluster::worker_command`] (`{name}.log` in the test directory), no `--deliveries` (the
+/// example does not take it).
+pub fn start_counts(cluster: &Cluster, name: &str, state_endpoint: &str, table: &str, extra: &[&str]) -> Proc {
+    let log = cluster.dir.join(format!("{name}.log"));
+    let file = std::fs::File::create(&log).unwrap();
+    let mut cmd = std::process::Command::new(example_bin("exactly_once_counts"));
+    cmd.args(["--topology", &cluster.topology, "--stream", &cluster.stream, "--zk-root", &cluster.zk_root])
+        .args(["--spout-tasks", "1"])
+        .args(["--zk-session-timeout-ms", &cluster.session_timeout_ms.to_string()])
+        .args(["--initial-position", &cluster.initial_position])
+        .args(["--message-timeout-ms", &cluster.message_timeout_ms.to_string()])
+        .arg("--spout-config")
+        .arg(&cluster.spout_config)
+        .args(["--state-endpoint", state_endpoint, "--state-table", table])
+        .args(extra)
+        .env("SQUALL_ZK", super::zk_connect())
+        .env("SQUALL_KINESIS_ENDPOINT", super::kinesis_endpoint().endpoint)
+        .env_remove("SQUALL_STATE_ENDPOINT")
+        .env_remove("SQUALL_STATE_TABLE")
+        .env("RUST_LOG", "info,squall=debug")
+        .stdin(std::process::Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file);
+    let child = cmd.spawn().expect("start the exactly_once_counts worker");
+    Proc { name: name.to_string(), child: Some(child), log }
+}
+
+/// Opens (and creates) the table.
+pub async fn open(url: &str, table: &str) -> StateStore {
+    StateStore::open(&endpoint(url, table))
+        .await
+        .unwrap_or_else(|e| panic!("opening state table {table} at {url}: {e}. Are the services up (make up)?"))
+}
+
+/// Every item of the counting bolt of `topology`: key -> (version, state bytes).
+pub async fn items(store: &StateStore, topology: &str) -> BTreeMap<String, (u64, Vec<u8>)> {
+    let scope = squall::state::scope(topology, COMPONENT);
+    let rows = store.scan_scope(&scope).await.unwrap_or_else(|e| panic!("scanning {scope}: {e}"));
+    rows.into_iter().map(|(k, v, s)| (k, (v, s))).collect()
+}
+
+/// The counts of the keys whose state is a JSON number.
+pub fn counts(items: &BTreeMap<String, (u64, Vec<u8>)>) -> BTreeMap<String, u64> {
+    items.iter().filter_map(|(k, (_, s))| serde_json::from_slice::<u64>(s).ok().map(|n| (k.clone(), n))).collect()
+}
+
+/// Polls until every key of `expected` has exactly its count (or the timeout); returns the last
+/// counts read.
+pub async fn wait_counts(
+    store: &StateStore,
+    topology: &str,
+    expected: &BTreeMap<String, u64>,
+    timeout: Duration,
+) -> BTreeMap<String, u64> {
+    let start = Instant::now();
+    loop {
+        let c = counts(&items(store, topology).await);
+        if expected.iter().all(|(k, n)| c.get(k) == Some(n)) || start.elapsed() > timeout {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// One raw item, by its partition key `pk`: every attribute (strongly consistent).
+pub async fn raw_item(store: &StateStore, pk: &str) -> Option<std::collections::HashMap<String, AttributeValue>> {
+    store
+        .client()
+        .get_item()
+        .table_name(store.table())
+        .key("pk", AttributeValue::S(pk.to_string()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("GetItem")
+        .item
+}
+
+/// The item key of `key` for the counting bolt of `topology`.
+pub fn item_key(topology: &str, key: &str) -> String {
+    format!("{}/{key}", squall::state::scope(topology, COMPONENT))
+}
+
+/// Deletes the table (clean-up, best effort).
+pub async fn delete_table(store: &StateStore) {
+    let _ = store.client().delete_table().table_name(store.table()).send().await;
+}
+
+/// Puts `n` records with partition key `key`, one by one; returns their sequence numbers.
+pub async fn put_key(client: &aws_sdk_kinesis::Client, stream: &str, key: &str, n: usize) -> Vec<String> {
+    let mut seqs = Vec::with_capacity(n);
+    for i in 0..n {
+        let r = client
+            .put_record()
+            .stream_name(stream)
+            .partition_key(key)
+            .data(aws_sdk_kinesis::primitives::Blob::new(format!("{key}/{i}")))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("putting a record of {key}: {e:?}"));
+        seqs.push(r.sequence_number().to_string());
+    }
+    seqs
+}
+
+/// The value of `field=` in a structured log line (up to the next space), if any.
+pub fn log_field<'a>(line: &'a str, field: &str) -> Option<&'a str> {
+    let at = line.find(&format!(" {field}="))? + field.len() + 2;
+    let rest = &line[at..];
+    Some(rest.split(' ').next().unwrap_or(rest))
+}
