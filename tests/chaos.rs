@@ -104,17 +104,6 @@ impl Chaos {
 }
 
 /// Two open shards with adjacent hash ranges.
-async fn adjacent_open(s: &TestStream) -> Option<(String, String)> {
-    let mut open: Vec<_> =
-        kinesis::list_shards(&s.client, &s.label(), &s.name).await.ok()?.into_iter().filter(|d| !d.closed).collect();
-    open.sort_by_key(|d| d.starting_hash_key.parse::<u128>().unwrap_or(0));
-    open.windows(2).find_map(|w| {
-        let end: u128 = w[0].ending_hash_key.parse().ok()?;
-        let start: u128 = w[1].starting_hash_key.parse().ok()?;
-        (end + 1 == start).then(|| (w[0].shard_id.clone(), w[1].shard_id.clone()))
-    })
-}
-
 async fn some_open(s: &TestStream) -> String {
     let l = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap();
     l.into_iter().filter(|d| !d.closed).map(|d| d.shard_id).max().unwrap()
@@ -221,7 +210,7 @@ async fn chaos_splits_merges_sigkill_zombie_and_zookeeper_leader_loss() {
     tokio::time::sleep(Duration::from_secs(6)).await;
 
     // 4. Merge two adjacent open shards.
-    if let Some((x, y)) = adjacent_open(&s).await {
+    if let Some((x, y)) = support::ops::adjacent_open(&s).await {
         kinesis::merge_shards(&s.client, &s.label(), &s.name, &x, &y).await.unwrap();
         mark(format!("merge {x} + {y}"));
     }

@@ -9,7 +9,6 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use squall::kinesis;
@@ -17,48 +16,12 @@ use squall::kinesis::payload::Manifest;
 use squall::state::{StateEndpoint, StateStore};
 use support::TestStream;
 use support::faultproxy::{FaultPlan, FaultProxy};
-use support::reliability::{Proc, spawn_producer};
-use support::workers::{Cluster, example_bin, scratch};
-
-/// Starts an exactly_once_counts worker of `cluster` counting into `table` at `state_url`.
-fn start_counter(cluster: &Cluster, name: &str, state_url: &str, table: &str, extra: &[&str]) -> Proc {
-    let log_path = cluster.dir.join(format!("{name}.log"));
-    let log = std::fs::File::create(&log_path).unwrap();
-    let child = Command::new(example_bin("exactly_once_counts"))
-        .args(["--topology", &cluster.topology, "--stream", &cluster.stream, "--zk-root", &cluster.zk_root])
-        .args(["--spout-tasks", "1", "--counters", "2"])
-        .args(["--zk-session-timeout-ms", &cluster.session_timeout_ms.to_string()])
-        .args(["--message-timeout-ms", &cluster.message_timeout_ms.to_string()])
-        .arg("--spout-config")
-        .arg(&cluster.spout_config)
-        .arg("--read-log")
-        .arg(cluster.dir.join(format!("{name}.reads.jsonl")))
-        .args(["--state-endpoint", state_url, "--state-table", table])
-        .args(extra)
-        .env("SQUALL_ZK", support::zk_connect())
-        .env("SQUALL_KINESIS_ENDPOINT", support::kinesis_endpoint().endpoint)
-        .env("RUST_LOG", "info,squall=debug")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("start exactly_once_counts");
-    Proc { name: name.to_string(), child: Some(child), log: log_path }
-}
+use support::reliability::spawn_producer;
+use support::state::start_counts;
+use support::workers::{Cluster, scratch};
 
 fn count_in(path: &Path, needle: &str) -> usize {
     std::fs::read_to_string(path).unwrap_or_default().lines().filter(|l| l.contains(needle)).count()
-}
-
-async fn adjacent_open(s: &TestStream) -> Option<(String, String)> {
-    let mut open: Vec<_> =
-        kinesis::list_shards(&s.client, &s.label(), &s.name).await.ok()?.into_iter().filter(|d| !d.closed).collect();
-    open.sort_by_key(|d| d.starting_hash_key.parse::<u128>().unwrap_or(0));
-    open.windows(2).find_map(|w| {
-        let end: u128 = w[0].ending_hash_key.parse().ok()?;
-        let start: u128 = w[1].starting_hash_key.parse().ok()?;
-        (end + 1 == start).then(|| (w[0].shard_id.clone(), w[1].shard_id.clone()))
-    })
 }
 
 /// Polls the table until the counts match the manifest (or the timeout); the last report.
@@ -76,22 +39,6 @@ async fn wait_counts(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-}
-
-fn logs(dir: &Path) -> String {
-    let mut out = String::new();
-    let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok().map(|e| e.path())).collect();
-    files.sort();
-    for f in files.into_iter().filter(|f| f.extension().is_some_and(|e| e == "log")) {
-        let text = std::fs::read_to_string(&f).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(30).collect();
-        out.push_str(&format!("==== {}\n", f.display()));
-        for l in tail.into_iter().rev() {
-            out.push_str(l);
-            out.push('\n');
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,18 +62,18 @@ async fn counts_are_exact_after_abort_mid_commit_sigkill_zombie_store_faults_spl
     let producer = spawn_producer(&s.client, &s.label(), &s.name, 6000, 40, 300.0);
     // 1. b, alone (so it reads every shard), aborts right after its 25th written commit, before
     //    acking its inputs; a replacement takes over with the others
-    let mut b = start_counter(&cluster, "b", &url, &table, &["--abort-after-commits", "25"]);
+    let mut b = start_counts(&cluster, "b", &url, &table, &["--abort-after-commits", "25"]);
     let code = b.wait_exit(Duration::from_secs(40));
-    assert!(code.is_some(), "b never reached its 25th commit\n{}", logs(&dir));
+    assert!(code.is_some(), "b never reached its 25th commit\n{}", cluster.logs());
     assert_eq!(count_in(&b.log, "abort_after_commits: aborting after a written commit"), 1, "{}", b.log_text());
     mark(&format!("b aborted after a written commit (exit {code:?})"));
     // a commits slowly (inputs wait 400 ms), so it holds uncommitted inputs when it is frozen
-    let mut a = start_counter(&cluster, "a", &url, &table, &["--commit-interval-ms", "400"]);
-    let mut b2 = start_counter(&cluster, "b2", &url, &table, &[]);
-    let mut c = start_counter(&cluster, "c", &url, &table, &[]);
+    let mut a = start_counts(&cluster, "a", &url, &table, &["--commit-interval-ms", "400"]);
+    let mut b2 = start_counts(&cluster, "b2", &url, &table, &[]);
+    let mut c = start_counts(&cluster, "c", &url, &table, &[]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while count_in(&a.log, "reading shard") == 0 {
-        assert!(Instant::now() < deadline, "a never read a shard\n{}", logs(&dir));
+        assert!(Instant::now() < deadline, "a never read a shard\n{}", cluster.logs());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -148,10 +95,10 @@ async fn counts_are_exact_after_abort_mid_commit_sigkill_zombie_store_faults_spl
     tokio::time::sleep(Duration::from_secs(1)).await;
     c.kill();
     mark("SIGKILL c");
-    let mut c2 = start_counter(&cluster, "c2", &url, &table, &[]);
+    let mut c2 = start_counts(&cluster, "c2", &url, &table, &[]);
 
     // 5. merge two adjacent open shards
-    let (x, y) = adjacent_open(&s).await.expect("two adjacent open shards");
+    let (x, y) = support::ops::adjacent_open(&s).await.expect("two adjacent open shards");
     kinesis::merge_shards(&s.client, &s.label(), &s.name, &x, &y).await.unwrap();
     mark(&format!("merge {x} + {y}"));
 
@@ -179,7 +126,7 @@ async fn counts_are_exact_after_abort_mid_commit_sigkill_zombie_store_faults_spl
         (report.mismatched, report.over, report.under),
         (0, 0, 0),
         "counts differ from the manifest: {report:?}\n{}",
-        logs(&dir)
+        cluster.logs()
     );
     assert_eq!(report.counted_total, report.expected_total);
     let duplicates: usize = ["a", "b", "b2", "c", "c2"]
@@ -188,7 +135,7 @@ async fn counts_are_exact_after_abort_mid_commit_sigkill_zombie_store_faults_spl
         .sum();
     eprintln!("total run {:.1} s; duplicates skipped {duplicates}", t0.elapsed().as_secs_f64());
     // b's last commit was written and never acked: its records came back and were recognized
-    assert!(duplicates > 0, "no replayed record was recognized as already applied\n{}", logs(&dir));
+    assert!(duplicates > 0, "no replayed record was recognized as already applied\n{}", cluster.logs());
 
     for p in [&mut a, &mut b2, &mut c2] {
         p.stop(Duration::from_secs(15));

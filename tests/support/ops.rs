@@ -184,3 +184,19 @@ pub fn log_lines(cluster: &Cluster, needles: &[&str]) -> Vec<String> {
         .filter(|l| needles.iter().all(|n| l.contains(n)))
         .collect()
 }
+
+/// Two adjacent open shards of the stream (for a merge), if any.
+pub async fn adjacent_open(s: &super::TestStream) -> Option<(String, String)> {
+    let mut open: Vec<_> = squall::kinesis::list_shards(&s.client, &s.label(), &s.name)
+        .await
+        .ok()?
+        .into_iter()
+        .filter(|d| !d.closed)
+        .collect();
+    open.sort_by_key(|d| d.starting_hash_key.parse::<u128>().unwrap_or(0));
+    open.windows(2).find_map(|w| {
+        let end: u128 = w[0].ending_hash_key.parse().ok()?;
+        let start: u128 = w[1].starting_hash_key.parse().ok()?;
+        (end + 1 == start).then(|| (w[0].shard_id.clone(), w[1].shard_id.clone()))
+    })
+}
