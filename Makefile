@@ -46,8 +46,9 @@ demo:
 	$(CARGO) build --bins --examples
 	./scripts/demo.sh
 
-# The engine benchmark (squall-topology) and the Kinesis benchmark (benches/kinesis.rs) against
-# kinesis-local and kinesalite; kinesalite is stopped again even when a step fails.
+# The engine benchmark (squall-topology), the coordination and Kinesis benchmarks (benches/coord.rs,
+# benches/kinesis.rs) against kinesis-local and kinesalite, and the exactly-once state benchmark
+# (benches/state.rs: kinesalite and dynalite); kinesalite is stopped again even when a step fails.
 export SQUALL_KINESALITE_ENDPOINT ?= http://127.0.0.1:$(or $(SQUALL_KINESALITE_PORT),4568)
 bench:
 	./localstack/up
