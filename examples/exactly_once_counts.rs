@@ -16,7 +16,8 @@
 //! (`--state-endpoint`, `--state-table`, created on first start), MillWheel's per-key commit
 //! batching (`--commit-interval-ms`), and that the bolt needs nothing else to be exactly-once: the
 //! spout's tuples carry the record ids, lease tokens and checkpoints it deduplicates and fences
-//! with. `--at-least-once` runs the same count with a plain bolt that adds each record to the
+//! with. `--window-ms N` counts per key and tumbling event-time window instead (items `key@start`):
+//! exactly-once window aggregates, materialized in the table. `--at-least-once` runs the same count with a plain bolt that adds each record to the
 //! table with an unconditional `ADD` (the baseline of the benchmark; it over-counts after
 //! failures).
 
@@ -57,17 +58,32 @@ struct Args {
     /// Bytes the state of `--pad-key` grows by per record.
     #[arg(long, hide = true, default_value_t = 0)]
     pad_bytes: usize,
+    /// Count per key and tumbling event-time window of this many ms (the record's arrival time):
+    /// the state of key K's window starting at S is item `K@S`. Windows are materialized in the
+    /// table, exactly once; they are not fired downstream.
+    #[arg(long)]
+    window_ms: Option<u64>,
 }
 
-/// Counts records per partition key.
-struct CountByKey;
+/// Counts records per partition key, or with `window_ms` per partition key and tumbling
+/// event-time window (the record's arrival time, which a replay keeps): key `{key}@{start_ms}`.
+struct CountByKey {
+    window_ms: Option<u64>,
+}
 
 impl KeyedState for CountByKey {
     type State = u64;
     type Out = ();
 
     fn key(&self, t: &Tuple) -> Result<String, ComponentError> {
-        Ok(t.get_str("partition_key")?.to_string())
+        let key = t.get_str("partition_key")?;
+        Ok(match self.window_ms {
+            None => key.to_string(),
+            Some(w) => {
+                let at = u64::try_from(t.get_i64("arrival_ms")?).unwrap_or(0);
+                format!("{key}@{}", at - at % w)
+            }
+        })
     }
 
     fn apply(&mut self, _key: &str, n: &mut u64, _t: &Tuple, _out: &mut Vec<()>) -> Result<(), ComponentError> {
@@ -89,7 +105,7 @@ impl KeyedState for PaddedCount {
     type Out = ();
 
     fn key(&self, t: &Tuple) -> Result<String, ComponentError> {
-        CountByKey.key(t)
+        CountByKey { window_ms: None }.key(t)
     }
 
     fn apply(
@@ -199,6 +215,7 @@ async fn main() -> anyhow::Result<()> {
     let (counters, at_least_once, interval) =
         (args.counters, args.at_least_once, std::time::Duration::from_millis(args.commit_interval_ms));
     let (pad_key, pad_bytes) = (args.pad_key, args.pad_bytes);
+    let window_ms = args.window_ms.filter(|w| *w > 0);
     squall::run(args.worker, move |b, spout| {
         if at_least_once {
             let ep = ep.clone();
@@ -217,7 +234,7 @@ async fn main() -> anyhow::Result<()> {
             })
             .fields_grouping(spout, &["partition_key"]);
         } else {
-            b.set_bolt("counts", counters, move |_| ExactlyOnce::new(cfg.clone(), CountByKey))
+            b.set_bolt("counts", counters, move |_| ExactlyOnce::new(cfg.clone(), CountByKey { window_ms }))
                 .fields_grouping(spout, &["partition_key"]);
         }
     })

@@ -142,3 +142,81 @@ async fn counts_are_exact_after_abort_mid_commit_sigkill_zombie_store_faults_spl
     }
     s.delete().await;
 }
+
+/// Exactly-once tumbling windows: counts per key and 1 s event-time window (the record's arrival
+/// time) through an abort right after a commit, a zombie past its session, a SIGKILL and a
+/// split; every window's count in the table must equal the count of the stream's records in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_counts_are_exact_after_abort_zombie_sigkill_and_split() {
+    let t0 = Instant::now();
+    let mark = |what: &str| eprintln!("[{:>6.1} s] {what}", t0.elapsed().as_secs_f64());
+    let s = TestStream::create("eo-win", 2).await;
+    let dir = scratch("eo-win");
+    let cluster = Cluster::with_spout_config(&s.name, &dir, serde_json::json!({ "checkpoint_interval_ms": 200 }));
+    let table = support::unique_name("eo-win");
+    let url = support::state_endpoint();
+    let store = support::state::open(&url, &table).await;
+    let win = ["--window-ms", "1000"];
+
+    let producer = spawn_producer(&s.client, &s.label(), &s.name, 3000, 20, 250.0);
+    let mut b = start_counts(&cluster, "b", &url, &table, &[&win[..], &["--abort-after-commits", "20"]].concat());
+    let code = b.wait_exit(Duration::from_secs(40));
+    assert!(code.is_some(), "b never reached its 20th commit\n{}", cluster.logs());
+    assert_eq!(count_in(&b.log, "abort_after_commits: aborting after a written commit"), 1, "{}", b.log_text());
+    mark("b aborted after a written commit");
+    let mut a = start_counts(&cluster, "a", &url, &table, &[&win[..], &["--commit-interval-ms", "400"]].concat());
+    let mut c = start_counts(&cluster, "c", &url, &table, &win);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count_in(&a.log, "reading shard") == 0 {
+        assert!(Instant::now() < deadline, "a never read a shard\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    a.pause();
+    mark("SIGSTOP a");
+    let first = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap()[0].shard_id.clone();
+    kinesis::split_shard(&s.client, &s.label(), &s.name, &first).await.unwrap();
+    mark(&format!("split {first}"));
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    a.resume();
+    mark("SIGCONT a");
+    c.kill();
+    mark("SIGKILL c");
+    let mut c2 = start_counts(&cluster, "c2", &url, &table, &win);
+    let manifest = producer.await.unwrap();
+    mark(&format!("producer done: {} records", manifest.total));
+
+    let truth = support::state::window_truth(&s, 1000).await;
+    assert_eq!(truth.values().sum::<u64>(), 3000, "the stream holds every record put");
+    let start = Instant::now();
+    let counted = loop {
+        let counted = support::state::counts(&support::state::items(&store, &cluster.topology).await);
+        if counted == truth || start.elapsed() > Duration::from_secs(90) {
+            break counted;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    mark("window counts settled (or timed out)");
+    let refused = count_in(&a.log, "state write refused");
+    let duplicates: usize =
+        ["a", "b", "c", "c2"].iter().map(|n| count_in(&dir.join(format!("{n}.log")), "duplicate input skipped")).sum();
+    eprintln!("{} windows over {} keys; refused {refused}; duplicates skipped {duplicates}", truth.len(), 20);
+    assert!(refused > 0, "the zombie's late writes were not refused\n{}", a.log_text());
+    assert!(duplicates > 0, "no replayed record was recognized as already applied\n{}", cluster.logs());
+    let wrong: Vec<_> = truth
+        .iter()
+        .filter(|(k, n)| counted.get(*k) != Some(n))
+        .map(|(k, n)| (k.clone(), *n, counted.get(k).copied().unwrap_or(0)))
+        .take(10)
+        .collect();
+    let extra: Vec<_> = counted.keys().filter(|k| !truth.contains_key(*k)).take(10).collect();
+    assert!(
+        wrong.is_empty() && extra.is_empty(),
+        "windows differ (window, true, counted): {wrong:?}; unknown: {extra:?}"
+    );
+    assert!(truth.len() > 20, "records spread over several windows per key: {}", truth.len());
+    for p in [&mut a, &mut c2] {
+        p.stop(Duration::from_secs(15));
+    }
+    s.delete().await;
+}
