@@ -231,12 +231,25 @@ async fn injected_partial_failures_are_retried_without_reordering() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throttled_calls_back_off_and_everything_arrives() {
     let s = TestStream::create("sink-throttle", 2).await;
-    let plan = FaultPlan { throttle: 0.5, only_ops: vec!["PutRecords".into()], ..FaultPlan::default() };
-    let proxy = FaultProxy::start(&s.endpoint.endpoint, plan).await;
+    // First every PutRecords request is throttled, 6 in a row: with at most 2 calls in flight,
+    // one call has all 3 of the SDK's attempts throttled, so the sink itself sees a throttled
+    // call and backs off (at a 50 % rate alone, 3 in a row is a matter of chance). Then half of
+    // the requests are throttled.
+    let only = vec!["PutRecords".to_string()];
+    let burst = FaultPlan { throttle: 1.0, max_faults: 6, only_ops: only.clone(), ..FaultPlan::default() };
+    let proxy = Arc::new(FaultProxy::start(&s.endpoint.endpoint, burst).await);
+    let p = proxy.clone();
+    let switch = tokio::spawn(async move {
+        while p.counters().throttled < 6 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        p.set_plan(FaultPlan { throttle: 0.5, only_ops: only, ..FaultPlan::default() });
+    });
     let (n, keys) = (600, 50);
     let r = run(sink_cfg(&s.name, KinesisEndpoint::new(proxy.url(), "us-east-1")), n, keys, 20, 2, true).await;
+    switch.abort();
     let c = proxy.counters();
-    assert!(c.throttled > 0, "the proxy throttled nothing: {c:?}");
+    assert!(c.throttled > 6, "the proxy throttled no more than its first burst: {c:?}");
     // the SDK retries a throttled call itself (up to 3 attempts): the sink sees the rest
     assert!(counter(&r.metrics, metric::THROTTLED) > 0, "{:?}", r.metrics.component("sink"));
     let read = check_stream(&read_all(&s).await, n, keys);
