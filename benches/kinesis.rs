@@ -52,7 +52,7 @@ use anyhow::{Context, bail};
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::types::ShardIteratorType;
 use clap::Parser;
-use common::{unique, zk_client, zk_delete_tree};
+use common::{median, unique, zk_client, zk_delete_tree};
 use squall::audit::Delivery;
 use squall::kinesis::{KinesisEndpoint, PutOptions};
 use squall::spout::{KinesisSpout, KinesisSpoutConfig, ReadLogEntry, WorkerIdentity};
@@ -63,16 +63,6 @@ const REGION: &str = "us-east-1";
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
-
-fn median(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let m = s.len() / 2;
-    if s.len() % 2 == 1 { s[m] } else { (s[m - 1] + s[m]) / 2.0 }
 }
 
 fn max(v: &[f64]) -> f64 {

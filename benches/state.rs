@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use aws_sdk_dynamodb::types::AttributeValue;
-use common::{unique, zk_client, zk_delete_tree};
+use common::{median, unique, zk_client, zk_delete_tree};
 use squall::kinesis::{KinesisEndpoint, PutOptions};
 use squall::state::{StateEndpoint, StateStore};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -64,16 +64,6 @@ use tokio::net::{TcpListener, TcpStream};
 const REGION: &str = "us-east-1";
 const SHARDS: i32 = 4;
 const COMPONENT: &str = "counts";
-
-fn median(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let m = s.len() / 2;
-    if s.len() % 2 == 1 { s[m] } else { (s[m - 1] + s[m]) / 2.0 }
-}
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {

@@ -4,8 +4,17 @@
 use super::TestStream;
 use super::workers::{Cluster, Worker, example_bin};
 
-/// Every record of `stream`, read from TRIM_HORIZON on each shard, parsed as JSON.
+/// Every record of `stream`, read from TRIM_HORIZON on each shard (closed ones too), parsed as JSON.
 pub async fn read_json_records(stream: &TestStream) -> Vec<serde_json::Value> {
+    read_records(stream)
+        .await
+        .iter()
+        .map(|r| serde_json::from_slice(r.data().as_ref()).expect("a JSON record"))
+        .collect()
+}
+
+/// Every record of `stream`, read from TRIM_HORIZON on each shard (closed ones too).
+pub async fn read_records(stream: &TestStream) -> Vec<aws_sdk_kinesis::types::Record> {
     let shards =
         squall::kinesis::list_shards(&stream.client, &stream.label(), &stream.name).await.expect("list shards");
     let mut out = Vec::new();
@@ -22,13 +31,11 @@ pub async fn read_json_records(stream: &TestStream) -> Vec<serde_json::Value> {
             .shard_iterator;
         while let Some(i) = it.take() {
             let r = stream.client.get_records().shard_iterator(i).limit(10_000).send().await.expect("get records");
-            for rec in r.records() {
-                out.push(serde_json::from_slice(rec.data().as_ref()).expect("a JSON record"));
-            }
             if r.records().is_empty() {
                 break;
             }
             it = r.next_shard_iterator().map(String::from);
+            out.extend(r.records().iter().cloned());
         }
     }
     out

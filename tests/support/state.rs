@@ -142,32 +142,11 @@ pub fn log_field<'a>(line: &'a str, field: &str) -> Option<&'a str> {
 /// (closed ones too), counted under `{partition_key}@{window start}` by its approximate arrival
 /// time, as `exactly_once_counts --window-ms` keys them.
 pub async fn window_truth(stream: &super::TestStream, window_ms: u64) -> BTreeMap<String, u64> {
-    let shards =
-        squall::kinesis::list_shards(&stream.client, &stream.label(), &stream.name).await.expect("list shards");
     let mut out = BTreeMap::new();
-    for s in shards {
-        let mut it = stream
-            .client
-            .get_shard_iterator()
-            .stream_name(&stream.name)
-            .shard_id(&s.shard_id)
-            .shard_iterator_type(aws_sdk_kinesis::types::ShardIteratorType::TrimHorizon)
-            .send()
-            .await
-            .expect("iterator")
-            .shard_iterator;
-        while let Some(i) = it.take() {
-            let r = stream.client.get_records().shard_iterator(i).limit(10_000).send().await.expect("get records");
-            for rec in r.records() {
-                let at = rec.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
-                let at = u64::try_from(at).unwrap_or(0);
-                *out.entry(format!("{}@{}", rec.partition_key(), at - at % window_ms)).or_default() += 1;
-            }
-            if r.records().is_empty() {
-                break;
-            }
-            it = r.next_shard_iterator().map(String::from);
-        }
+    for rec in super::stages::read_records(stream).await {
+        let at = rec.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
+        let at = u64::try_from(at).unwrap_or(0);
+        *out.entry(format!("{}@{}", rec.partition_key(), at - at % window_ms)).or_default() += 1;
     }
     out
 }
