@@ -86,7 +86,7 @@ impl Bolt for Split {
     }
 
     async fn execute_batch(&mut self, inputs: &mut Inputs, out: &mut BoltOutput) -> Result<(), ComponentError> {
-        inputs.for_each(out, |t, out| Split::split(&t, out)).await;
+        inputs.for_each(out, Split::split).await;
         Ok(())
     }
 }
@@ -114,7 +114,7 @@ impl Bolt for Count {
 
     // A tight loop over the batch, as a user would write it: no future per tuple.
     async fn execute_batch(&mut self, inputs: &mut Inputs, out: &mut BoltOutput) -> Result<(), ComponentError> {
-        inputs.for_each(out, |t, _| self.count(&t)).await;
+        inputs.for_each(out, |t, _| self.count(t)).await;
         Ok(())
     }
 }

@@ -650,7 +650,7 @@ impl Inputs {
     pub async fn for_each(
         &mut self,
         out: &mut BoltOutput,
-        mut f: impl FnMut(Tuple, &mut BoltOutput) -> Result<(), ComponentError>,
+        mut f: impl FnMut(&Tuple, &mut BoltOutput) -> Result<(), ComponentError>,
     ) {
         if out.in_input() {
             out.finish(true);
@@ -659,9 +659,10 @@ impl Inputs {
             if !out.outbox.ready.is_empty() && Self::send_ready(out).await.is_err() {
                 return;
             }
-            let Some(t) = self.batch.get_mut(self.next).and_then(Option::take) else { return };
+            // by reference: the tuple stays in the batch and is dropped with it
+            let Some(Some(t)) = self.batch.get(self.next) else { return };
             self.next += 1;
-            out.begin(&t);
+            out.begin(t);
             match f(t, out) {
                 Ok(()) => out.finish(true),
                 Err(e) => {
