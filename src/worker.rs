@@ -400,6 +400,7 @@ impl Engines {
             follower_tasks.push(follower);
             let spec = StageInputSpec {
                 fields: boundary.fields.clone(),
+                record_ids: boundary.exactly_once,
                 deployment: deployment.to_string(),
                 producers,
                 drain: drain.subscribe(),

@@ -71,6 +71,12 @@ use tracker::{FailOutcome, Tracker};
 /// deduplication data with the second.
 pub const FIELDS: [&str; 8] =
     ["partition_key", "sequence_number", "sub_sequence", "shard_id", "arrival_ms", "data", "lease_token", "checkpoint"];
+/// Fields a stage input appends to each tuple with [`crate::stage::Boundary::exactly_once`]:
+/// the intermediate record's shard and sequence, the tuple's index in the record (as its
+/// sub-sequence), the lease token and the checkpoint, as in [`FIELDS`].
+pub const STAGE_RECORD_ID_FIELDS: [&str; 5] =
+    ["shard_id", "sequence_number", "sub_sequence", "lease_token", "checkpoint"];
+
 /// The stream on which records that exhausted their replays are emitted.
 pub const DEAD_LETTER_STREAM: &str = "dead_letter";
 /// Fields of the dead-letter stream: the record's fields plus how many times it failed.
@@ -358,7 +364,10 @@ impl KinesisSpout {
         stats: Arc<Mutex<Vec<Arc<StageInputStats>>>>,
     ) {
         let cfg = Arc::new(KinesisSpoutConfig { stage_input: true, ..cfg });
-        let fields = spec.fields.clone();
+        let mut fields = spec.fields.clone();
+        if spec.record_ids {
+            fields.extend(STAGE_RECORD_ID_FIELDS.iter().map(|f| f.to_string()));
+        }
         builder
             .set_spout(id, parallelism, move |_ctx: &TaskContext| {
                 let mut spout = KinesisSpout::with_shared(cfg.clone(), worker.clone(), shared.clone());
@@ -438,9 +447,29 @@ impl KinesisSpout {
                 Some(vec![Self::values(rec, own.as_ref())])
             }
             Some(stage) => match stage.on_record(rec, epoch) {
-                stage_input::Step::Emit(values) => Some(values),
+                stage_input::Step::Emit(mut values) => {
+                    if stage.record_ids() {
+                        let own = lock(&self.tracker).ownership(&rec.shard_id, epoch);
+                        Self::append_record_ids(&mut values, rec, own.as_ref());
+                    }
+                    Some(values)
+                }
                 stage_input::Step::Consumed => None,
             },
+        }
+    }
+
+    /// Appends the intermediate record's ids ([`STAGE_RECORD_ID_FIELDS`]) to each of its tuples;
+    /// a tuple's sub-sequence is its index in the record.
+    fn append_record_ids(tuples: &mut [Values], r: &tracker::Record, own: Option<&tracker::Ownership>) {
+        let token = own.map_or(0, |o| o.lease_token);
+        let floor = own.and_then(|o| o.floor.clone()).unwrap_or_else(|| Arc::from(""));
+        for (i, v) in tuples.iter_mut().enumerate() {
+            v.push(r.shard_id.clone());
+            v.push(r.sequence.clone());
+            v.push(i as u64);
+            v.push(token);
+            v.push(floor.clone());
         }
     }
 
@@ -627,7 +656,12 @@ impl Spout for KinesisSpout {
             let tuples = match &mut self.stage {
                 None => vec![Self::values(&rec, Some(&own))],
                 Some(stage) => match stage.on_record(&rec, epoch) {
-                    stage_input::Step::Emit(tuples) => tuples,
+                    stage_input::Step::Emit(mut tuples) => {
+                        if stage.record_ids() {
+                            Self::append_record_ids(&mut tuples, &rec, Some(&own));
+                        }
+                        tuples
+                    }
                     stage_input::Step::Consumed => {
                         // a control record: handled here, so its checkpoint may move at once
                         lock(&self.tracker).ack(&rec.shard_id, epoch, &rec.sequence);

@@ -61,6 +61,9 @@ pub type LiveProducers = Option<Arc<Producers>>;
 pub struct StageInputSpec {
     /// The boundary stream's fields (the spout's default stream declares them).
     pub fields: Vec<String>,
+    /// Append the intermediate record's ids to every tuple ([`super::STAGE_RECORD_ID_FIELDS`]),
+    /// for an exactly-once bolt after the boundary.
+    pub record_ids: bool,
     /// The current deployment id: drain markers of other deployments are ignored, and only
     /// producers of this deployment hold the watermark.
     pub deployment: String,
@@ -186,6 +189,11 @@ impl StageInput {
         Some(p.live.iter().filter(|(_, d)| **d == self.spec.deployment).map(|(p, _)| *p).collect())
     }
 
+    /// Whether tuples carry the intermediate record's ids.
+    pub(crate) fn record_ids(&self) -> bool {
+        self.spec.record_ids
+    }
+
     /// True once the worker asked the topology to drain.
     pub(crate) fn drain_requested(&self) -> bool {
         *self.spec.drain.borrow()
@@ -275,7 +283,13 @@ mod tests {
     fn input(live: &[(u64, &str)]) -> (StageInput, watch::Sender<LiveProducers>) {
         let (tx, rx) = watch::channel(producers(live, 0));
         let drain = watch::channel(false).1;
-        let spec = StageInputSpec { fields: vec!["word".into()], deployment: "dep".into(), producers: rx, drain };
+        let spec = StageInputSpec {
+            fields: vec!["word".into()],
+            record_ids: false,
+            deployment: "dep".into(),
+            producers: rx,
+            drain,
+        };
         (StageInput::new(spec, "s"), tx)
     }
 

@@ -54,6 +54,7 @@ pub struct Boundary {
     pub(crate) writers: usize,
     pub(crate) kinesis_stream: Option<String>,
     pub(crate) watermark_interval_ms: u64,
+    pub(crate) exactly_once: bool,
 }
 
 impl Boundary {
@@ -72,6 +73,7 @@ impl Boundary {
             writers: 1,
             kinesis_stream: None,
             watermark_interval_ms: 1_000,
+            exactly_once: false,
         }
     }
 
@@ -113,6 +115,32 @@ impl Boundary {
         self
     }
 
+    /// Carries strong productions with their ids from an [`crate::state::ExactlyOnce`] bolt (with
+    /// [`crate::state::StateConfig::production_ids`]) to an `ExactlyOnce` bolt of the next stage,
+    /// which then applies each production exactly once. Adds the production fields
+    /// ([`crate::state::PRODUCTION_FIELDS`]) to the boundary's fields when missing (`from` must
+    /// declare them), and the next stage's input tuples carry the intermediate record's ids too
+    /// ([`crate::spout::STAGE_RECORD_ID_FIELDS`], after the boundary's fields).
+    pub fn exactly_once(mut self) -> Self {
+        for f in crate::state::PRODUCTION_FIELDS {
+            if !self.fields.iter().any(|x| x == f) {
+                self.fields.push(f.to_string());
+            }
+        }
+        self.exactly_once = true;
+        self
+    }
+
+    /// The fields of the next stage's input tuples: the boundary's, then (with
+    /// [`Boundary::exactly_once`]) the intermediate record's ids.
+    pub fn input_fields(&self) -> Vec<String> {
+        let mut f = self.fields.clone();
+        if self.exactly_once {
+            f.extend(crate::spout::STAGE_RECORD_ID_FIELDS.iter().map(|s| s.to_string()));
+        }
+        f
+    }
+
     /// The intermediate stream's name for `topology`.
     pub fn stream_name(&self, topology: &str) -> String {
         self.kinesis_stream.clone().unwrap_or_else(|| format!("{topology}-{}", self.name))
@@ -148,6 +176,16 @@ impl Boundary {
                 "boundary {:?}: key field {k:?} is not among its fields {:?}; key by declared fields",
                 self.name, self.fields
             ));
+        }
+        if self.exactly_once {
+            if let Some(f) = self.fields.iter().find(|f| crate::spout::STAGE_RECORD_ID_FIELDS.contains(&f.as_str())) {
+                return Err(format!(
+                    "boundary {:?}: field {f:?} is reserved with exactly_once() (the next stage's input adds the \
+                     intermediate record's ids {:?}); rename it",
+                    self.name,
+                    crate::spout::STAGE_RECORD_ID_FIELDS
+                ));
+            }
         }
         if self.key.is_empty() {
             return Err(format!("boundary {:?}: empty key; name at least one field", self.name));

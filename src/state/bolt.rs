@@ -13,7 +13,7 @@ use squall_topology::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::dedup::{Dedup, RecordId, Verdict};
+use super::dedup::{Dedup, ProductionId, RecordId, Verdict};
 use super::store::{
     MAX_BATCH_GET, MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, StoredItem, WriteOutcome, item_size,
 };
@@ -64,6 +64,12 @@ pub struct StateConfig {
     /// store. Cheaper; an input redone after a conflict or a crash emits again, so only for
     /// idempotent downstream computations. Default false (strong productions).
     pub weak_productions: bool,
+    /// Production ids: each strong production is emitted with three more values,
+    /// [`PRODUCTION_FIELDS`] (the input record's shard, `{sequence}:{sub_sequence}:{index}`, and
+    /// the input's checkpoint), so that an exactly-once bolt after a stage boundary
+    /// ([`crate::stage::Boundary::exactly_once`]) applies each production once. Declare the
+    /// output fields with them (`Out`'s fields, then these). Default false.
+    pub production_ids: bool,
     /// Fault injection for tests: abort the process right after this task's N-th commit is
     /// written and before its inputs are acked (the worst moment to crash). `None` in production.
     #[doc(hidden)]
@@ -80,6 +86,7 @@ impl StateConfig {
             write_concurrency: 32,
             retry_max_backoff_ms: 5000,
             weak_productions: false,
+            production_ids: false,
             abort_after_commits: None,
         }
     }
@@ -152,7 +159,27 @@ impl<K: KeyedState> std::fmt::Debug for ExactlyOnce<K> {
     }
 }
 
+/// The fields a production carries after `Out`'s with [`StateConfig::production_ids`]: the
+/// source shard, the production id (`{sequence}:{sub_sequence}:{index}`) and the producing
+/// stage's checkpoint of the source shard (empty when unknown).
+pub const PRODUCTION_FIELDS: [&str; 3] = ["production_shard", "production_id", "production_floor"];
+
+/// `Out`'s fields followed by [`PRODUCTION_FIELDS`]: the output fields of a bolt with
+/// [`StateConfig::production_ids`], and the fields of the boundary after it.
+pub fn with_production_fields(fields: &[&str]) -> Vec<String> {
+    fields.iter().copied().chain(PRODUCTION_FIELDS).map(str::to_string).collect()
+}
+
 fn field_error(t: &Tuple, e: impl std::fmt::Display) -> ComponentError {
+    if t.fields().index_of("production_id").is_some() {
+        return ComponentError::fatal(format!(
+            "exactly-once state over another stage's productions needs the intermediate record's ids (fields \
+             shard_id, sequence_number, sub_sequence, lease_token, checkpoint); a tuple from component `{}` stream \
+             `{}` has none: {e}. Declare the boundary with Boundary::exactly_once()",
+            t.source_component(),
+            t.stream()
+        ));
+    }
     ComponentError::fatal(format!(
         "exactly-once state needs inputs from the Kinesis spout's default stream (fields shard_id, \
          sequence_number, sub_sequence, lease_token, checkpoint); a tuple from component `{}` stream `{}` \
@@ -164,12 +191,30 @@ fn field_error(t: &Tuple, e: impl std::fmt::Display) -> ComponentError {
 
 fn record_id(t: &Tuple) -> Result<RecordId, ComponentError> {
     let floor = t.get_arc_str("checkpoint").map_err(|e| field_error(t, e))?;
+    let production = match t.fields().index_of("production_id") {
+        None => None,
+        Some(_) => {
+            let bad = |e: String| {
+                ComponentError::fatal(format!(
+                    "a production from component `{}` stream `{}` has malformed production fields: {e}; they are \
+                     written by an ExactlyOnce bolt with StateConfig::production_ids",
+                    t.source_component(),
+                    t.stream()
+                ))
+            };
+            let shard = t.get_arc_str("production_shard").map_err(|e| bad(e.to_string()))?;
+            let id = t.get_str("production_id").map_err(|e| bad(e.to_string()))?;
+            let pfloor = t.get_arc_str("production_floor").map_err(|e| bad(e.to_string()))?;
+            Some(ProductionId::parse(shard, id, pfloor).map_err(bad)?)
+        }
+    };
     Ok(RecordId {
         shard: t.get_arc_str("shard_id").map_err(|e| field_error(t, e))?,
         sequence: t.get_arc_str("sequence_number").map_err(|e| field_error(t, e))?,
         sub_sequence: t.get_u64("sub_sequence").map_err(|e| field_error(t, e))?,
         lease_token: t.get_u64("lease_token").map_err(|e| field_error(t, e))?,
         floor: (!floor.is_empty()).then_some(floor),
+        production,
     })
 }
 
@@ -419,6 +464,7 @@ impl<K: KeyedState> ExactlyOnce<K> {
         let mut fates: Fates<K::Out> = Vec::with_capacity(inputs.len());
         let mut fresh = 0usize;
         for (n, input) in inputs.into_iter().enumerate() {
+            dedup.promote(&input.id);
             match dedup.judge(&input.id) {
                 Verdict::Fenced { stored } => {
                     run.m.refused.incr();
@@ -463,8 +509,8 @@ impl<K: KeyedState> ExactlyOnce<K> {
                             }
                             if weak {
                                 if !limit.as_ref().is_some_and(|l| l.weak_sent.get(n).copied().unwrap_or(false)) {
-                                    for p in &produced {
-                                        emit_one(out, &input.handle, p);
+                                    for (i, p) in produced.iter().enumerate() {
+                                        self.emit_one(out, &input, i, p);
                                     }
                                 }
                                 produced.clear();
@@ -489,6 +535,26 @@ impl<K: KeyedState> ExactlyOnce<K> {
         (fates, fresh)
     }
 
+    /// Emits production `index` of `input`, anchored to it (with its production id when
+    /// configured).
+    fn emit_one(&self, out: &mut BoltOutput, input: &Input, index: usize, p: &K::Out) {
+        match to_values(p) {
+            Ok(v) if v.is_empty() && !self.cfg.production_ids => {}
+            Ok(mut v) => {
+                if self.cfg.production_ids {
+                    let id = &input.id;
+                    v.push(id.shard.clone());
+                    v.push(format!("{}:{}:{index}", id.sequence, id.sub_sequence));
+                    v.push(id.floor.clone().unwrap_or_else(|| std::sync::Arc::from("")));
+                }
+                if let Err(e) = out.emit_anchored(&[&input.handle], DEFAULT_STREAM, v) {
+                    tracing::warn!(error = %e, "emitting a production failed");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "a production does not encode as a tuple"),
+        }
+    }
+
     /// After a commit (or when none was needed): sends strong productions anchored to their
     /// inputs, then acks them; fails what failed.
     fn settle(&self, fates: Vec<(Input, Fate<K::Out>)>, run: &Running, out: &mut BoltOutput) {
@@ -496,15 +562,15 @@ impl<K: KeyedState> ExactlyOnce<K> {
             match fate {
                 Fate::Applied(produced) => {
                     run.m.applied.incr();
-                    for p in &produced {
-                        emit_one(out, &input.handle, p);
+                    for (i, p) in produced.iter().enumerate() {
+                        self.emit_one(out, &input, i, p);
                     }
                     out.ack(input.handle);
                 }
                 Fate::Duplicate(stored) => {
-                    for v in stored {
+                    for (i, v) in stored.into_iter().enumerate() {
                         match serde_json::from_value::<K::Out>(v) {
-                            Ok(p) => emit_one(out, &input.handle, &p),
+                            Ok(p) => self.emit_one(out, &input, i, &p),
                             Err(e) => tracing::warn!(error = %e, "a stored production no longer decodes; not re-sent"),
                         }
                     }
@@ -585,18 +651,6 @@ fn fail_fresh<O>(fates: &mut [(Input, Fate<O>)]) {
         if matches!(f, Fate::Applied(_)) {
             *f = Fate::Fail;
         }
-    }
-}
-
-fn emit_one<O: Serialize>(out: &mut BoltOutput, handle: &AckHandle, p: &O) {
-    match to_values(p) {
-        Ok(v) if v.is_empty() => {}
-        Ok(v) => {
-            if let Err(e) = out.emit_anchored(&[handle], DEFAULT_STREAM, v) {
-                tracing::warn!(error = %e, "emitting a production failed");
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "a production does not encode as a tuple"),
     }
 }
 

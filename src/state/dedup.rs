@@ -10,6 +10,19 @@
 //! - `token`: the highest lease sequencer token that wrote for the shard; a record read under a
 //!   lower token comes from an earlier (zombie) owner and is refused.
 //!
+//! Inputs that are another stage's strong productions (read from a stage boundary's intermediate
+//! stream, [`ProductionId`]) are deduplicated by production id instead, per *source* shard of the
+//! stage that made them (`productions`); the intermediate shard they were read from is only
+//! fenced (`shards`, token). Their floor needs one more step, because the producing stage's
+//! checkpoint (carried by every production) says that every production of the records below it
+//! was *put*, not that this stage applied it: a production failed here and replayed would be
+//! skipped. So a floor carried by a production read at position `q` of intermediate shard `X`
+//! waits as a candidate, and takes effect once this stage's own checkpoint of `X` passed `q`.
+//! Every copy of a production below that floor was put before the production that carried it
+//! (the producer's checkpoint only passes a record once its productions are put), into the same
+//! shard (one key, one shard; a child is read only after its parents finished), so by then each
+//! copy was handled here.
+//!
 //! "Highest sequence applied" alone would be wrong: a record failed downstream is replayed after
 //! later records of its key, and would be skipped and lost. The floor only moves when the spout's
 //! checkpoint moves, which is when every record below it was acked, that is, committed here.
@@ -35,6 +48,48 @@ pub struct RecordId {
     pub lease_token: u64,
     /// Every record of the shard up to this sequence is handled (none when unknown).
     pub floor: Option<Arc<str>>,
+    /// When the record is another stage's production (read from an intermediate stream), its
+    /// production id: then the fields above identify the intermediate record, which is fenced
+    /// by its lease token, and duplicates are found by this id.
+    pub production: Option<ProductionId>,
+}
+
+/// The id of a strong production made by an exactly-once stage: the source record that made it
+/// and its index among that record's productions, plus the producing stage's checkpoint of the
+/// source shard when it was emitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProductionId {
+    /// The source shard of the producing stage.
+    pub shard: Arc<str>,
+    /// The source record's sequence number.
+    pub sequence: Arc<str>,
+    /// `{sequence}:{sub_sequence}:{index}`: unique per production.
+    pub id: String,
+    /// The producing stage's checkpoint of `shard` when the production was emitted (none when
+    /// unknown): every record up to it had its productions put.
+    pub floor: Option<Arc<str>>,
+}
+
+impl ProductionId {
+    /// Parses the production fields of a tuple: `production_shard`, `production_id`
+    /// (`{sequence}:{sub_sequence}:{index}`), `production_floor` (empty when unknown).
+    pub fn parse(shard: Arc<str>, id: &str, floor: Arc<str>) -> Result<Self, String> {
+        let mut parts = id.split(':');
+        let (Some(seq), Some(sub), Some(idx), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+            return Err(format!("production id {id:?} is not `sequence:sub_sequence:index`"));
+        };
+        if seq.is_empty()
+            || !seq.bytes().all(|b| b.is_ascii_digit())
+            || sub.parse::<u64>().is_err()
+            || idx.parse::<u64>().is_err()
+        {
+            return Err(format!("production id {id:?} is not `sequence:sub_sequence:index` (decimal numbers)"));
+        }
+        if shard.is_empty() {
+            return Err(format!("production {id:?} has an empty production_shard"));
+        }
+        Ok(Self { shard, sequence: Arc::from(seq), id: id.to_string(), floor: (!floor.is_empty()).then_some(floor) })
+    }
 }
 
 impl RecordId {
@@ -72,12 +127,46 @@ pub struct ShardDedup {
     pub applied: BTreeMap<String, Vec<serde_json::Value>>,
 }
 
+/// A floor carried by a production, waiting for this stage's checkpoint of the intermediate
+/// shard it was read from to pass where it was read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FloorCandidate {
+    /// The producing stage's checkpoint of the source shard.
+    pub floor: String,
+    /// The intermediate shard the production was read from.
+    pub shard: String,
+    /// Its position there.
+    pub sequence: String,
+}
+
+/// Deduplication data of the productions of one source shard (of the producing stage), within
+/// one key's item.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProductionDedup {
+    /// Every production of a source record up to this sequence is applied here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<String>,
+    /// Floors waiting to take effect (at most [`MAX_CANDIDATES`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub candidates: Vec<FloorCandidate>,
+    /// Production ids applied above the floor, with what their application produced.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub applied: BTreeMap<String, Vec<serde_json::Value>>,
+}
+
+/// Floor candidates kept per source shard; a newer one replaces the last when full (dropping a
+/// candidate only delays pruning).
+pub const MAX_CANDIDATES: usize = 4;
+
 /// Deduplication and fencing data of one key, per source shard.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Dedup {
-    /// Per source shard id.
+    /// Per source shard id (for productions: per intermediate shard, the token only).
     #[serde(default)]
     pub shards: BTreeMap<String, ShardDedup>,
+    /// Productions of another stage, per source shard of that stage.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub productions: BTreeMap<String, ProductionDedup>,
 }
 
 fn at_or_below(sequence: &str, floor: &str) -> bool {
@@ -87,6 +176,9 @@ fn at_or_below(sequence: &str, floor: &str) -> bool {
 impl Dedup {
     /// Judges one input against what is stored.
     pub fn judge(&self, id: &RecordId) -> Verdict {
+        if let Some(p) = &id.production {
+            return self.judge_production(id, p);
+        }
         let Some(s) = self.shards.get(&*id.shard) else { return Verdict::Fresh };
         if s.token > id.lease_token {
             return Verdict::Fenced { stored: s.token };
@@ -104,7 +196,14 @@ impl Dedup {
     pub fn record(&mut self, id: &RecordId, productions: Vec<serde_json::Value>) {
         let s = self.shards.entry(id.shard.to_string()).or_default();
         s.token = s.token.max(id.lease_token);
-        s.applied.insert(id.key(), productions);
+        match &id.production {
+            Some(p) => {
+                self.productions.entry(p.shard.to_string()).or_default().applied.insert(p.id.clone(), productions);
+            }
+            None => {
+                s.applied.insert(id.key(), productions);
+            }
+        }
     }
 
     /// Raises the shard's token and floor to the input's (never lowers them), pruning the ids the
@@ -112,6 +211,10 @@ impl Dedup {
     pub fn advance(&mut self, id: &RecordId) {
         let s = self.shards.entry(id.shard.to_string()).or_default();
         s.token = s.token.max(id.lease_token);
+        if let Some(p) = &id.production {
+            self.add_candidate(id, p);
+            return;
+        }
         let Some(floor) = id.floor.as_deref().filter(|f| !f.is_empty()) else { return };
         if s.floor.as_deref().is_some_and(|old| at_or_below(floor, old)) {
             return;
@@ -123,9 +226,83 @@ impl Dedup {
         });
     }
 
-    /// Ids kept above the floors, over every shard.
+    /// Ids kept above the floors, over every shard (and every source shard of productions).
     pub fn applied_count(&self) -> usize {
-        self.shards.values().map(|s| s.applied.len()).sum()
+        self.shards.values().map(|s| s.applied.len()).sum::<usize>()
+            + self.productions.values().map(|p| p.applied.len()).sum::<usize>()
+    }
+
+    fn judge_production(&self, id: &RecordId, p: &ProductionId) -> Verdict {
+        if let Some(s) = self.shards.get(&*id.shard) {
+            if s.token > id.lease_token {
+                return Verdict::Fenced { stored: s.token };
+            }
+        }
+        let Some(d) = self.productions.get(&*p.shard) else { return Verdict::Fresh };
+        if d.floor.as_deref().is_some_and(|f| at_or_below(&p.sequence, f)) {
+            return Verdict::Duplicate(Vec::new());
+        }
+        match d.applied.get(&p.id) {
+            Some(v) => Verdict::Duplicate(v.clone()),
+            None => Verdict::Fresh,
+        }
+    }
+
+    /// Lets the floor candidates read from the input's intermediate shard at or below this
+    /// stage's checkpoint of it (the input's `floor`) take effect, pruning what they pass. Call
+    /// before judging an input that is a production.
+    pub fn promote(&mut self, id: &RecordId) {
+        if id.production.is_none() {
+            return;
+        }
+        let Some(checkpoint) = id.floor.as_deref() else { return };
+        for d in self.productions.values_mut() {
+            let mut raised: Option<String> = None;
+            d.candidates.retain(|c| {
+                if c.shard != *id.shard || !at_or_below(&c.sequence, checkpoint) {
+                    return true;
+                }
+                if raised.as_deref().is_none_or(|r| !at_or_below(&c.floor, r)) {
+                    raised = Some(c.floor.clone());
+                }
+                false
+            });
+            let Some(floor) = raised else { continue };
+            if d.floor.as_deref().is_some_and(|old| at_or_below(&floor, old)) {
+                continue;
+            }
+            d.applied.retain(|k, _| {
+                let seq = k.split(':').next().unwrap_or(k);
+                !at_or_below(seq, &floor)
+            });
+            d.floor = Some(floor);
+            d.candidates.retain(|c| d.floor.as_deref().is_none_or(|f| !at_or_below(&c.floor, f)));
+        }
+    }
+
+    /// Notes the floor a production carries as a candidate, to take effect once this stage's
+    /// checkpoint of the intermediate shard passes where it was read.
+    fn add_candidate(&mut self, id: &RecordId, p: &ProductionId) {
+        let Some(floor) = p.floor.as_deref() else { return };
+        let d = self.productions.entry(p.shard.to_string()).or_default();
+        if d.floor.as_deref().is_some_and(|f| at_or_below(floor, f)) {
+            return;
+        }
+        // a candidate of the same intermediate shard with a higher or equal floor read earlier
+        // takes effect no later: nothing to add
+        let dominated = d
+            .candidates
+            .iter()
+            .any(|c| c.shard == *id.shard && at_or_below(&c.sequence, &id.sequence) && at_or_below(floor, &c.floor));
+        if dominated {
+            return;
+        }
+        let c =
+            FloorCandidate { floor: floor.to_string(), shard: id.shard.to_string(), sequence: id.sequence.to_string() };
+        if d.candidates.len() >= MAX_CANDIDATES {
+            d.candidates.pop();
+        }
+        d.candidates.push(c);
     }
 }
 
@@ -140,6 +317,7 @@ mod tests {
             sub_sequence: 0,
             lease_token: token,
             floor: floor.map(Arc::from),
+            production: None,
         }
     }
 
@@ -186,11 +364,105 @@ mod tests {
         assert_eq!(d.judge(&id("a", "4", 8, None)), Verdict::Fenced { stored: 9 });
     }
 
+    /// A production of source record `src` (index 0) of source shard `s`, carrying the producing
+    /// stage's floor `pfloor`, read at `xseq` of intermediate shard `x` under `token`, with this
+    /// stage's checkpoint `xfloor` of `x`.
+    fn prod(src: &str, pfloor: Option<&str>, x: &str, xseq: &str, token: u64, xfloor: Option<&str>) -> RecordId {
+        RecordId {
+            production: Some(
+                ProductionId::parse(Arc::from("s"), &format!("{src}:0:0"), Arc::from(pfloor.unwrap_or(""))).unwrap(),
+            ),
+            ..id(x, xseq, token, xfloor)
+        }
+    }
+
+    /// What the bolt does with one input: promote, judge, then record (when fresh) and advance.
+    fn take(d: &mut Dedup, i: &RecordId) -> Verdict {
+        d.promote(i);
+        let v = d.judge(i);
+        if v == Verdict::Fresh {
+            d.record(i, vec![]);
+        }
+        if !matches!(v, Verdict::Fenced { .. }) {
+            d.advance(i);
+        }
+        v
+    }
+
+    #[test]
+    fn a_production_is_applied_once_whatever_intermediate_record_carries_it() {
+        let mut d = Dedup::default();
+        assert_eq!(take(&mut d, &prod("10", None, "x", "100", 1, None)), Verdict::Fresh);
+        // the producer replayed its source record and put the production again
+        assert!(matches!(take(&mut d, &prod("10", None, "x", "130", 1, None)), Verdict::Duplicate(_)));
+        // this stage replays the first copy
+        assert!(matches!(take(&mut d, &prod("10", None, "x", "100", 1, None)), Verdict::Duplicate(_)));
+        assert_eq!(d.applied_count(), 1);
+    }
+
+    #[test]
+    fn a_producer_floor_waits_for_this_stages_checkpoint_of_where_it_was_read() {
+        let mut d = Dedup::default();
+        assert_eq!(take(&mut d, &prod("10", None, "x", "100", 1, None)), Verdict::Fresh);
+        // a later production says the producer's records up to 15 had their productions put
+        assert_eq!(take(&mut d, &prod("20", Some("15"), "x", "200", 1, Some("90"))), Verdict::Fresh);
+        assert_eq!(d.productions["s"].floor, None, "not in effect before this stage's checkpoint passes 200");
+        // the production of source record 12 failed here and comes back (its copy at x=150):
+        // with the producer's floor in effect it would be skipped and lost
+        assert_eq!(take(&mut d, &prod("12", Some("15"), "x", "150", 1, Some("140"))), Verdict::Fresh);
+        // this stage's checkpoint of x passes 200: the floor takes effect and prunes 10 and 12
+        assert!(matches!(take(&mut d, &prod("20", Some("15"), "x", "200", 1, Some("200"))), Verdict::Duplicate(_)));
+        assert_eq!(d.productions["s"].floor.as_deref(), Some("15"));
+        assert_eq!(d.applied_count(), 1, "10 and 12 pruned, 20 kept");
+        // a late copy of 12 (a zombie producer's put) is below the floor
+        assert_eq!(take(&mut d, &prod("12", Some("11"), "x", "300", 1, Some("200"))), Verdict::Duplicate(vec![]));
+        // a checkpoint of another intermediate shard promotes nothing of x
+        assert_eq!(take(&mut d, &prod("30", Some("25"), "x", "400", 1, Some("200"))), Verdict::Fresh);
+        take(&mut d, &prod("31", Some("25"), "y", "9000", 1, Some("9999")));
+        assert_eq!(d.productions["s"].floor.as_deref(), Some("15"));
+    }
+
+    #[test]
+    fn productions_are_fenced_by_the_intermediate_shards_token() {
+        let mut d = Dedup::default();
+        assert_eq!(take(&mut d, &prod("10", None, "x", "100", 5, None)), Verdict::Fresh);
+        assert_eq!(take(&mut d, &prod("11", None, "x", "110", 4, None)), Verdict::Fenced { stored: 5 });
+        assert_eq!(take(&mut d, &prod("11", None, "y", "110", 1, None)), Verdict::Fresh, "per intermediate shard");
+    }
+
+    #[test]
+    fn floor_candidates_are_bounded() {
+        let mut d = Dedup::default();
+        for i in 0..20u64 {
+            let (src, f, xs) = ((100 + i).to_string(), (50 + i).to_string(), (1000 + i).to_string());
+            take(&mut d, &prod(&src, Some(&f), "x", &xs, 1, None));
+        }
+        assert!(d.productions["s"].candidates.len() <= MAX_CANDIDATES);
+        // the oldest candidate is kept (it takes effect first), the newest replaced the last
+        let c = &d.productions["s"].candidates;
+        assert_eq!((c[0].floor.as_str(), c[c.len() - 1].floor.as_str()), ("50", "69"));
+        take(&mut d, &prod("200", None, "x", "2000", 1, Some("1019")));
+        assert_eq!(d.productions["s"].floor.as_deref(), Some("69"));
+        assert!(d.productions["s"].candidates.is_empty());
+    }
+
+    #[test]
+    fn production_ids_are_checked() {
+        let p = |id: &str| ProductionId::parse(Arc::from("s"), id, Arc::from(""));
+        assert!(p("49590:0:3").is_ok());
+        for bad in ["", "49590", "49590:0", "a:0:1", "1:x:1", "1:0:1:2"] {
+            assert!(p(bad).unwrap_err().contains("production id"), "{bad}");
+        }
+        assert!(ProductionId::parse(Arc::from(""), "1:0:0", Arc::from("")).is_err());
+    }
+
     #[test]
     fn round_trips_through_json() {
         let mut d = Dedup::default();
         d.record(&id("shardId-000000000001", "4960", 3, None), vec![serde_json::json!({"w": 1})]);
         d.advance(&id("shardId-000000000001", "4961", 3, Some("4959")));
+        take(&mut d, &prod("77", Some("70"), "x", "5", 2, None));
+        assert!(!d.productions.is_empty());
         let back: Dedup = serde_json::from_slice(&serde_json::to_vec(&d).unwrap()).unwrap();
         assert_eq!(back, d);
     }

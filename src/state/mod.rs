@@ -30,6 +30,18 @@
 //! that input is seen again (its tuple tree may not have completed), until the checkpoint passes
 //! it (its tree completed). With `weak_productions` they are emitted at apply time and not stored.
 //!
+//! # Across stages
+//! With [`StateConfig::production_ids`] each strong production carries an id
+//! ([`PRODUCTION_FIELDS`]: the input's shard, `{sequence}:{sub_sequence}:{index}`, and the input's
+//! checkpoint). Put through a stage boundary declared with
+//! [`crate::stage::Boundary::exactly_once`] (whose input tuples then also carry the intermediate
+//! record's ids), an `ExactlyOnce` bolt of the next stage applies each production once, however
+//! many copies the intermediate stream holds (a producer's replay re-sends stored productions, a
+//! put retried after a lost answer writes twice): it deduplicates by production id per source
+//! shard, and fences by the intermediate shard's lease token. The floor that prunes production
+//! ids takes effect only once this stage's own checkpoint has passed the production that carried
+//! it (see [`Dedup`]); a production that fails here and is replayed later is still applied.
+//!
 //! The store unreachable, throttling or failing with 5xx means back-pressure: the bolt retries
 //! with a back-off and takes no new input meanwhile; a commit is never skipped. State over
 //! DynamoDB's 400 KB item limit fails the inputs that would take the item past it (each alone: the
@@ -49,7 +61,7 @@
 //! | `key` | S | the key |
 //! | `ver` | N | version, 1 on the first write, +1 per commit (the write condition) |
 //! | `state` | B | the user state, JSON |
-//! | `dedup` | B | JSON of [`Dedup`]: per source shard `floor`, `token`, `applied` (id -> productions) |
+//! | `dedup` | B | JSON of [`Dedup`]: per source shard `floor`, `token`, `applied` (id -> productions); for productions of another stage, per its source shard `floor`, `candidates`, `applied` |
 //! | `updated_ms` | N | time of the last commit (ms since the epoch) |
 //!
 //! DynamoDB transactions are not used (dynalite has none), and none are needed: a commit is one
@@ -59,6 +71,6 @@ mod bolt;
 pub mod dedup;
 pub mod store;
 
-pub use bolt::{ExactlyOnce, KeyedState, StateConfig, scope};
-pub use dedup::{Dedup, RecordId, Verdict};
+pub use bolt::{ExactlyOnce, KeyedState, PRODUCTION_FIELDS, StateConfig, scope, with_production_fields};
+pub use dedup::{Dedup, ProductionId, RecordId, Verdict};
 pub use store::{MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, StoredItem, WriteOutcome};
