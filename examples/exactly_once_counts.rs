@@ -20,12 +20,24 @@
 //! exactly-once window aggregates, materialized in the table. `--at-least-once` runs the same count with a plain bolt that adds each record to the
 //! table with an unconditional `ADD` (the baseline of the benchmark; it over-counts after
 //! failures).
+//!
+//! `--two-stages` runs the count as two stages: stage `counts` counts per key as above and, for
+//! every record it applies, emits a strong production `{key, n: 1}` with its production id into an
+//! intermediate Kinesis stream ([`Boundary::exactly_once`], `{topology}-tally`, partitioned by
+//! key); stage `totals` sums `n` per key, exactly once again (items of topology
+//! `{topology}.totals`, component `totals`). Both tables of counts must equal the manifest:
+//!
+//! ```sh
+//! cargo run --example exactly_once_counts -- --topology counts2 --stream counts-demo --two-stages &
+//! squall audit --counts --manifest m.json --topology counts2.totals --component totals
+//! ```
 
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use clap::Parser;
-use squall::state::{ExactlyOnce, KeyedState, StateConfig, StateEndpoint, StateStore};
+use squall::stage::{Boundary, Stages};
+use squall::state::{ExactlyOnce, KeyedState, StateConfig, StateEndpoint, StateStore, with_production_fields};
 use squall::topology::{AckHandle, Bolt, BoltOutput, ComponentError, TaskContext, Timer, Tuple};
 
 #[derive(Debug, Parser)]
@@ -63,6 +75,58 @@ struct Args {
     /// table, exactly once; they are not fired downstream.
     #[arg(long)]
     window_ms: Option<u64>,
+    /// Two stages across an intermediate Kinesis stream: per-key counts (stage `counts`) emit
+    /// `{key, n: 1}` per record, summed per key exactly once by stage `totals`.
+    #[arg(long)]
+    two_stages: bool,
+    /// Shards of the intermediate stream of `--two-stages` (when Squall creates it).
+    #[arg(long, default_value_t = 2)]
+    boundary_shards: i32,
+    /// Fault injection (tests): like `--abort-after-commits`, for a task of the `totals` stage.
+    #[arg(long, hide = true)]
+    abort_totals_after_commits: Option<u64>,
+}
+
+/// A production of the first of `--two-stages`: one record of `key` counted.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Tally {
+    key: String,
+    n: u64,
+}
+
+/// The first of `--two-stages`: counts per partition key and emits a [`Tally`] per record.
+struct CountAndTally;
+
+impl KeyedState for CountAndTally {
+    type State = u64;
+    type Out = Tally;
+
+    fn key(&self, t: &Tuple) -> Result<String, ComponentError> {
+        Ok(t.get_str("partition_key")?.to_string())
+    }
+
+    fn apply(&mut self, key: &str, n: &mut u64, _t: &Tuple, out: &mut Vec<Tally>) -> Result<(), ComponentError> {
+        *n += 1;
+        out.push(Tally { key: key.to_string(), n: 1 });
+        Ok(())
+    }
+}
+
+/// The second of `--two-stages`: sums the tallies per key.
+struct SumTallies;
+
+impl KeyedState for SumTallies {
+    type State = u64;
+    type Out = ();
+
+    fn key(&self, t: &Tuple) -> Result<String, ComponentError> {
+        Ok(t.get_str("key")?.to_string())
+    }
+
+    fn apply(&mut self, _key: &str, total: &mut u64, t: &Tuple, _out: &mut Vec<()>) -> Result<(), ComponentError> {
+        *total += t.get_u64("n")?;
+        Ok(())
+    }
 }
 
 /// Counts records per partition key, or with `window_ms` per partition key and tumbling
@@ -216,6 +280,27 @@ async fn main() -> anyhow::Result<()> {
         (args.counters, args.at_least_once, std::time::Duration::from_millis(args.commit_interval_ms));
     let (pad_key, pad_bytes) = (args.pad_key, args.pad_bytes);
     let window_ms = args.window_ms.filter(|w| *w > 0);
+    if args.two_stages {
+        let mut first = cfg.clone();
+        first.production_ids = true;
+        let mut second = cfg;
+        second.abort_after_commits = args.abort_totals_after_commits;
+        let out_fields = with_production_fields(&["key", "n"]);
+        let stages = Stages::new("counts", move |b, spout| {
+            b.set_bolt("counts", counters, move |_| ExactlyOnce::new(first.clone(), CountAndTally))
+                .fields_grouping(spout, &["partition_key"])
+                .fields(&out_fields.iter().map(String::as_str).collect::<Vec<_>>());
+        })
+        .then(
+            Boundary::new("tally", "counts", &["key", "n"]).key(&["key"]).shards(args.boundary_shards).exactly_once(),
+            "totals",
+            move |b, input| {
+                b.set_bolt("totals", counters, move |_| ExactlyOnce::new(second.clone(), SumTallies))
+                    .fields_grouping(input, &["key"]);
+            },
+        );
+        return squall::stage::run(args.worker, stages).await;
+    }
     squall::run(args.worker, move |b, spout| {
         if at_least_once {
             let ep = ep.clone();

@@ -477,8 +477,15 @@ impl<K: KeyedState> ExactlyOnce<K> {
                 }
                 Verdict::Duplicate(p) => {
                     run.m.duplicates.incr();
-                    tracing::debug!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
-                        "duplicate input skipped: the record was already applied to this key");
+                    match &input.id.production {
+                        Some(pid) => {
+                            tracing::debug!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
+                            source_shard = %pid.shard, production = %pid.id,
+                            "duplicate production skipped: it was already applied to this key")
+                        }
+                        None => tracing::debug!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
+                            "duplicate input skipped: the record was already applied to this key"),
+                    }
                     dedup.advance(&input.id);
                     fates.push((input, Fate::Duplicate(p)));
                 }

@@ -73,6 +73,14 @@ impl TestStream {
         self.endpoint.label()
     }
 
+    /// Adopts an existing stream `name` (e.g. an intermediate stream a topology created): read it
+    /// with the test's helpers; deleted like the others.
+    pub async fn existing(name: &str) -> TestStream {
+        let endpoint = kinesis_endpoint();
+        let client = endpoint.client().await.expect("kinesis client");
+        TestStream { name: name.to_string(), endpoint, client, deleted: false }
+    }
+
     /// Deletes the stream now.
     pub async fn delete(mut self) {
         self.deleted = true;

@@ -1,0 +1,161 @@
+//! Exactly-once keyed state through two stages, against kinesis-local, ZooKeeper and dynalite:
+//! workers of `examples/exactly_once_counts.rs --two-stages` count records per partition key in
+//! stage `counts`, which emits a production `{key, n: 1}` with its production id per record it
+//! applies into an intermediate Kinesis stream; stage `totals` sums them per key. One worker
+//! aborts right after a `totals` commit is written (before its inputs are acked: the
+//! intermediate records come back), one right after a `counts` commit, one is SIGSTOPped past
+//! its ZooKeeper session and resumed (a zombie in both stages), one is SIGKILLed. The
+//! intermediate stream must really hold productions twice (read back from it), and both stages'
+//! counts must still equal the producer's manifest: none lost, none counted twice.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use squall::kinesis::payload::Manifest;
+use squall::stage::codec::{self, Payload};
+use squall::state::{StateEndpoint, StateStore};
+use squall::topology::Value;
+use support::TestStream;
+use support::reliability::spawn_producer;
+use support::state::start_counts;
+use support::workers::{Cluster, scratch};
+
+fn count_in(path: &Path, needle: &str) -> usize {
+    std::fs::read_to_string(path).unwrap_or_default().lines().filter(|l| l.contains(needle)).count()
+}
+
+/// Polls until both stages' counts match the manifest (or the timeout); the last reports.
+async fn wait_both(
+    manifest: &Path,
+    ep: &StateEndpoint,
+    topology: &str,
+    timeout: Duration,
+) -> (squall::audit::CountsReport, squall::audit::CountsReport) {
+    let start = Instant::now();
+    let totals_topology = format!("{topology}.totals");
+    loop {
+        let m = [manifest.to_path_buf()];
+        let first = squall::audit::audit_counts(&m, ep, topology, "counts").await.unwrap();
+        let second = squall::audit::audit_counts(&m, ep, &totals_topology, "totals").await.unwrap();
+        if (first.mismatched == 0 && second.mismatched == 0) || start.elapsed() > timeout {
+            return (first, second);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Production id -> number of intermediate records holding it, read back from the stream.
+async fn production_copies(stream: &TestStream) -> BTreeMap<(String, String), usize> {
+    let mut copies = BTreeMap::new();
+    for r in support::stages::read_records(stream).await {
+        let data = bytes::Bytes::copy_from_slice(r.data().as_ref());
+        // fields: key, n, production_shard, production_id, production_floor
+        let Ok(rec) = codec::decode(&data, 5) else { continue };
+        if let Payload::Data(tuples) = rec.payload {
+            for t in tuples {
+                if let (Value::Str(shard), Value::Str(id)) = (&t[2], &t[3]) {
+                    *copies.entry((shard.to_string(), id.to_string())).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+    copies
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_are_exact_through_two_stages_after_aborts_zombie_and_sigkill() {
+    let t0 = Instant::now();
+    let mark = |what: &str| eprintln!("[{:>6.1} s] {what}", t0.elapsed().as_secs_f64());
+    let s = TestStream::create("eo-2st", 2).await;
+    let dir = scratch("eo-2st");
+    let cluster = Cluster::with_spout_config(&s.name, &dir, serde_json::json!({ "checkpoint_interval_ms": 200 }));
+    let table = support::unique_name("eo-2st");
+    let url = support::state_endpoint();
+    let ep = StateEndpoint::new(url.clone(), table.clone());
+    StateStore::open(&ep).await.expect("state table");
+    let two = ["--two-stages", "--boundary-shards", "2"];
+    let with = |extra: &[&str]| -> Vec<String> { two.iter().chain(extra).map(|s| s.to_string()).collect() };
+    let start = |name: &str, extra: &[&str]| {
+        let args = with(extra);
+        start_counts(&cluster, name, &url, &table, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+
+    let producer = spawn_producer(&s.client, &s.label(), &s.name, 3000, 20, 200.0);
+    // 1. b, alone, aborts right after its 15th written `totals` commit, before acking: the
+    //    intermediate records of that commit are read again by the next owner
+    let mut b = start("b", &["--abort-totals-after-commits", "15"]);
+    let code = b.wait_exit(Duration::from_secs(60));
+    assert!(code.is_some(), "b never reached its 15th totals commit\n{}", cluster.logs());
+    assert_eq!(count_in(&b.log, "abort_after_commits: aborting after a written commit"), 1, "{}", b.log_text());
+    mark(&format!("b aborted after a written totals commit (exit {code:?})"));
+    // 2. d, alone, aborts right after its 20th written `counts` commit
+    let mut d = start("d", &["--abort-after-commits", "20"]);
+    let code = d.wait_exit(Duration::from_secs(60));
+    assert!(code.is_some(), "d never reached its 20th counts commit\n{}", cluster.logs());
+    assert_eq!(count_in(&d.log, "abort_after_commits: aborting after a written commit"), 1, "{}", d.log_text());
+    mark(&format!("d aborted after a written counts commit (exit {code:?})"));
+    // 3. a commits slowly (inputs wait 400 ms), so it holds uncommitted inputs when frozen
+    let mut a = start("a", &["--commit-interval-ms", "400"]);
+    let mut c = start("c", &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count_in(&a.log, "reading shard") == 0 {
+        assert!(Instant::now() < deadline, "a never read a shard\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    a.pause();
+    mark("SIGSTOP a");
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    a.resume();
+    mark("SIGCONT a");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    c.kill();
+    mark("SIGKILL c");
+    let mut c2 = start("c2", &[]);
+
+    let manifest: Manifest = producer.await.unwrap();
+    let manifest_path = dir.join("manifest.json");
+    std::fs::write(&manifest_path, serde_json::to_string(&manifest).unwrap()).unwrap();
+    mark(&format!("producer done: {} records over {} keys", manifest.total, manifest.counts.len()));
+    let (first, second) = wait_both(&manifest_path, &ep, &cluster.topology, Duration::from_secs(120)).await;
+    mark("counts settled (or timed out)");
+
+    // ---- the faults really happened ----
+    let logs = ["a", "b", "c", "c2", "d"].map(|n| dir.join(format!("{n}.log")));
+    let refused = count_in(&a.log, "state write refused");
+    let dup_productions: usize = logs.iter().map(|l| count_in(l, "duplicate production skipped")).sum();
+    let inter = TestStream::existing(&format!("{}-tally", cluster.topology)).await;
+    let copies = production_copies(&inter).await;
+    let repeated = copies.values().filter(|n| **n > 1).count();
+    eprintln!(
+        "refused writes of the zombie a: {refused}; duplicate productions skipped: {dup_productions}; \
+         productions in the intermediate stream: {} ({repeated} held by more than one record)",
+        copies.len()
+    );
+    assert!(refused > 0, "the zombie's late writes were not refused\n{}", a.log_text());
+    assert!(dup_productions > 0, "no production was recognized as already applied\n{}", cluster.logs());
+    assert!(repeated > 0, "no production was put twice into the intermediate stream: the test proves nothing");
+    assert_eq!(copies.len(), 3000, "one production per source record, each with its id");
+
+    // ---- exactly once, in both stages ----
+    eprintln!("counts: {first:?}\ntotals: {second:?}");
+    for (stage, r) in [("counts", &first), ("totals", &second)] {
+        assert_eq!(r.expected_total, 3000);
+        assert_eq!(
+            (r.mismatched, r.over, r.under),
+            (0, 0, 0),
+            "stage {stage}: counts differ from the manifest: {r:?}\n{}",
+            cluster.logs()
+        );
+        assert_eq!(r.counted_total, r.expected_total, "stage {stage}");
+    }
+    eprintln!("total run {:.1} s", t0.elapsed().as_secs_f64());
+    for p in [&mut a, &mut c2] {
+        p.stop(Duration::from_secs(15));
+    }
+    inter.delete().await;
+    s.delete().await;
+}
