@@ -315,6 +315,7 @@ impl<K: KeyedState> ExactlyOnce<K> {
             .collect::<Vec<_>>()
             .await;
             let mut retry = false;
+            tracing::debug!(writes = results.len(), "state commit round written");
             for (w, r) in results {
                 match r {
                     Ok(WriteOutcome::Written) => {
