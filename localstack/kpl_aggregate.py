@@ -1,0 +1,34 @@
+#!/usr/bin/env python3
+"""Aggregates user records with AWS's reference KPL aggregator (aws-kinesis-agg, installed by
+localstack/kpl-agg-install), for the tests of the spout's de-aggregation.
+
+stdin:  {"aggregates": [[{"partition_key": "k", "explicit_hash_key": "123" or null,
+                           "data_b64": "..."}, ...], ...]}
+stdout: [{"partition_key": "...", "explicit_hash_key": "..." or null, "data_b64": "..."}, ...]
+        one aggregated Kinesis record per input group, as RecordAggregator.clear_and_get() packs it.
+"""
+import base64
+import json
+import sys
+
+from aws_kinesis_agg.aggregator import RecordAggregator
+
+
+def main():
+    request = json.load(sys.stdin)
+    out = []
+    for group in request["aggregates"]:
+        agg = RecordAggregator()
+        for r in group:
+            full = agg.add_user_record(r["partition_key"], base64.b64decode(r["data_b64"]),
+                                       r.get("explicit_hash_key"))
+            if full is not None:
+                sys.exit("a group does not fit in one aggregated record (1 MB): send fewer records per group")
+        pk, ehk, data = agg.clear_and_get().get_contents()
+        out.append({"partition_key": pk, "explicit_hash_key": ehk or None,
+                    "data_b64": base64.b64encode(data).decode()})
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
