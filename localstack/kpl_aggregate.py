@@ -3,11 +3,10 @@
 localstack/kpl-agg-install), for the tests of the spout's de-aggregation.
 
 stdin:  {"aggregates": [[{"partition_key": "k", "explicit_hash_key": "123" or null,
-                           "data_b64": "..."}, ...], ...]}
-stdout: [{"partition_key": "...", "explicit_hash_key": "..." or null, "data_b64": "..."}, ...]
+                           "data_hex": "..."}, ...], ...]}
+stdout: [{"partition_key": "...", "explicit_hash_key": "..." or null, "data_hex": "..."}, ...]
         one aggregated Kinesis record per input group, as RecordAggregator.clear_and_get() packs it.
 """
-import base64
 import json
 import sys
 
@@ -20,13 +19,13 @@ def main():
     for group in request["aggregates"]:
         agg = RecordAggregator()
         for r in group:
-            full = agg.add_user_record(r["partition_key"], base64.b64decode(r["data_b64"]),
+            full = agg.add_user_record(r["partition_key"], bytes.fromhex(r["data_hex"]),
                                        r.get("explicit_hash_key"))
             if full is not None:
                 sys.exit("a group does not fit in one aggregated record (1 MB): send fewer records per group")
         pk, ehk, data = agg.clear_and_get().get_contents()
         out.append({"partition_key": pk, "explicit_hash_key": ehk or None,
-                    "data_b64": base64.b64encode(data).decode()})
+                    "data_hex": data.hex()})
     json.dump(out, sys.stdout)
 
 

@@ -70,7 +70,9 @@ pub enum CheckpointPosition {
     /// From the first record at or after this time. LATEST at the first start is persisted as
     /// `AtTimestamp(first start)` so a restart before the first record loses nothing.
     AtTimestamp { millis: i64 },
-    /// After this record (sequence number as a decimal string, KPL sub-sequence).
+    /// After this user record: (sequence number as a decimal string, KPL sub-sequence). The
+    /// spout reads AT the sequence again and skips the user records at or below the position, so
+    /// a checkpoint can stop in the middle of an aggregate.
     AfterSequence { sequence: String, sub_sequence: u64 },
 }
 
