@@ -404,6 +404,10 @@ async fn open_ranges(client: &Client, endpoint: &str, stream: &str) -> Result<Ve
         .collect())
 }
 
+/// An aggregate of one PutRecords call: the shard it is meant for, the user records it packs (key
+/// index, how many of that key's next records), and its data.
+type PackedAggregate = (String, Vec<(usize, u64)>, super::kpl::Aggregate);
+
 /// [`put_records`] with KPL aggregation, as the KPL does it: user records are grouped by the shard
 /// their hash key falls in (from ListShards), up to `opts.aggregate` per aggregated record, one
 /// aggregate per open shard per PutRecords call, each put with its first user record's partition
@@ -434,7 +438,7 @@ async fn put_aggregated(
     let mut cursor = 0usize;
     while written < opts.count {
         // One aggregate per open shard: (shard, [(key index, count)], aggregate).
-        let mut batch: Vec<(String, Vec<(usize, u64)>, kpl::Aggregate)> = Vec::new();
+        let mut batch: Vec<PackedAggregate> = Vec::new();
         for (shard, lo, hi) in &shards {
             let mine: Vec<usize> = (0..keys.len())
                 .map(|i| (i + cursor) % keys.len())
