@@ -158,6 +158,7 @@ async fn fill(client: &Client, endpoint: &str, stream: &str, count: u64, produce
             run: String::new(),
             key_prefix: format!("p{p}-key-"),
             explicit_hash_key: None,
+            aggregate: 0,
         };
         set.spawn(async move { squall::kinesis::put_records(&client, &endpoint, &stream, &opts).await });
     }

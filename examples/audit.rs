@@ -15,7 +15,9 @@
 //! that a sink which writes before it acks gives at-least-once delivery across workers, crashes
 //! and resharding. `--fail-every N` fails the first attempt of every N-th record of a key to exercise replay;
 //! `--poison-key`, `--panic-key`, `--dead-letters` and `--fail-dead-letters` exercise the dead-letter
-//! stream; `--sink-delay-ms` makes the sink slow (backpressure, fairness and memory tests).
+//! stream; `--sink-delay-ms` makes the sink slow (backpressure, fairness and memory tests);
+//! `--non-audit PATH` writes records that are not audit payloads there (e.g. corrupt KPL aggregates
+//! the spout delivers whole) and acks them, instead of failing them.
 
 use std::path::PathBuf;
 
@@ -56,6 +58,10 @@ struct Args {
     /// Sleep this long (ms) in the sink before recording each delivery: a slow consumer.
     #[arg(long, default_value_t = 0)]
     sink_delay_ms: u64,
+    /// Append records that are not audit payloads here (shard, sequence number, sub-sequence,
+    /// hex of the data) and ack them, instead of failing them.
+    #[arg(long)]
+    non_audit: Option<PathBuf>,
 }
 
 /// The delivery sink, plus optional injected failures.
@@ -66,6 +72,7 @@ struct Sink {
     poison_key: Option<String>,
     panic_key: Option<String>,
     delay: std::time::Duration,
+    non_audit: Option<DeliveryLog>,
 }
 
 impl Bolt for Sink {
@@ -74,7 +81,18 @@ impl Bolt for Sink {
     }
 
     async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
-        let p = DeliverySink::payload(&t)?;
+        let p = match (DeliverySink::payload(&t), &self.non_audit) {
+            (Ok(p), _) => p,
+            (Err(_), Some(log)) => {
+                let line = serde_json::json!({
+                    "shard": t.get_str("shard_id")?, "sequence": t.get_str("sequence_number")?,
+                    "sub_sequence": t.get_u64("sub_sequence")?,
+                    "data_hex": t.get_bytes("data")?.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+                });
+                return log.append(&line).map_err(|e| ComponentError::retryable(format!("writing {e}")));
+            }
+            (Err(e), None) => return Err(e),
+        };
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }
@@ -129,6 +147,7 @@ async fn main() -> anyhow::Result<()> {
     let (sinks, fail_every, poison_key) = (args.sinks, args.fail_every, args.poison_key.clone());
     let panic_key = args.panic_key.clone();
     let delay = std::time::Duration::from_millis(args.sink_delay_ms);
+    let non_audit = args.non_audit.as_deref().map(DeliveryLog::open).transpose()?;
     let (fail_dead, dead_failed) = (args.fail_dead_letters, std::sync::Arc::default());
     squall::run(args.worker, move |b, spout| {
         b.set_bolt("sink", sinks, move |_| Sink {
@@ -138,6 +157,7 @@ async fn main() -> anyhow::Result<()> {
             poison_key: poison_key.clone(),
             panic_key: panic_key.clone(),
             delay,
+            non_audit: non_audit.clone(),
         })
         .fields_grouping(spout, &["partition_key"]);
         if let Some(dead) = dead {

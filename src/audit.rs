@@ -71,6 +71,7 @@ impl DeliverySink {
             seq: p.seq,
             shard: t.get_str("shard_id")?.to_string(),
             sequence: t.get_str("sequence_number")?.to_string(),
+            sub_sequence: t.get_u64("sub_sequence")?,
             worker: self.worker.clone(),
             t_us: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -106,6 +107,9 @@ pub struct Delivery {
     pub shard: String,
     /// Kinesis sequence number.
     pub sequence: String,
+    /// KPL sub-sequence (the user record's index in its aggregate; 0 for plain records).
+    #[serde(default)]
+    pub sub_sequence: u64,
     /// Worker that delivered it.
     pub worker: String,
     /// Microseconds since the epoch at delivery.
@@ -227,6 +231,7 @@ mod tests {
             seq,
             shard: "s".into(),
             sequence: "1".into(),
+            sub_sequence: 0,
             worker: "w".into(),
             t_us: t,
         }

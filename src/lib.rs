@@ -9,11 +9,13 @@
 //!   watermarks, drain, windows.
 //! - [`spout`]: the Kinesis spout: the worker's stream coordinator (the leader's discovery, sticky
 //!   assignment and garbage collection), the task coordinator (leases, fenced checkpoints,
-//!   handoff, resharding), shard readers, in-flight tracking, low watermarks.
+//!   handoff, resharding), shard readers, KPL de-aggregation (one tuple per user record,
+//!   sub-sequence checkpoints, hash-range filter), in-flight tracking, low watermarks.
 //! - [`coord`]: ZooKeeper access: the worker's shared session, layout, task registry, shard list,
 //!   assignment, checkpoints, leases, watches.
 //! - [`worker`]: [`run`] and [`WorkerArgs`], the entry point of user worker binaries.
-//! - [`kinesis`]: Kinesis client construction, shard listing, stream helpers and the test producer.
+//! - [`kinesis`]: Kinesis client construction, shard listing, stream helpers, the test producer,
+//!   and the KPL aggregated-record format ([`kinesis::kpl`]).
 //! - [`sink`]: the Kinesis sink bolt: batched PutRecords, inputs acked once put, per-key order
 //!   kept through retries, bounded bytes in flight.
 //! - [`state`]: exactly-once keyed state in DynamoDB (MillWheel): [`state::KeyedState`] and the

@@ -686,9 +686,16 @@ fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines) -> WorkerSt
     let mut shards = std::collections::BTreeMap::new();
     let mut components = serde_json::Map::new();
     let mut stages = Vec::new();
+    let mut kpl = crate::coord::KplRuntime::default();
     for (i, stage) in engines.stages.iter().enumerate() {
         for t in stage.registry.tasks() {
             let name = t.task_name();
+            let k = &t.stats().kpl;
+            let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+            kpl.aggregates += load(&k.aggregates);
+            kpl.user_records += load(&k.user_records);
+            kpl.out_of_range += load(&k.out_of_range);
+            kpl.corrupt += load(&k.corrupt);
             for (shard, st) in t.shards() {
                 // a later stage's shards are named with their stream: shard ids repeat across streams
                 let key = if i == 0 { shard } else { format!("{}/{shard}", stage.input) };
@@ -735,6 +742,7 @@ fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines) -> WorkerSt
         shards,
         components: serde_json::Value::Object(components),
         stages: if stages.len() > 1 { stages } else { Vec::new() },
+        kpl,
     }
 }
 

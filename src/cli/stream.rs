@@ -47,6 +47,10 @@ pub enum StreamCommand {
         /// Run id to use (default: a fresh random one).
         #[arg(long, default_value = "")]
         run: String,
+        /// Pack up to N user records into each Kinesis record, in the KPL aggregated format
+        /// (grouped by shard, as the KPL does). The manifest counts user records.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        aggregate: usize,
     },
     /// Split a shard at the midpoint of its hash range.
     Split {
@@ -96,13 +100,14 @@ pub(super) async fn run(cli: &Cli, cmd: &StreamCommand) -> anyhow::Result<()> {
                 print_shards(name, &shards);
             }
         }
-        StreamCommand::Put { name, count, keys, rate, size, manifest, run } => {
+        StreamCommand::Put { name, count, keys, rate, size, manifest, run, aggregate } => {
             let opts = PutOptions {
                 count: *count,
                 keys: *keys,
                 rate: *rate,
                 size: *size,
                 run: run.clone(),
+                aggregate: *aggregate,
                 ..PutOptions::default()
             };
             let report = kinesis::put_records(&client, &label, name, &opts).await?;
@@ -111,8 +116,9 @@ pub(super) async fn run(cli: &Cli, cmd: &StreamCommand) -> anyhow::Result<()> {
                 std::fs::write(path, text).with_context(|| format!("writing the manifest to {}", path.display()))?;
             }
             let secs = report.elapsed.as_secs_f64().max(1e-9);
+            let packed = if *aggregate > 1 { format!(" (KPL aggregates of up to {aggregate})") } else { String::new() };
             outln!(
-                "put {} records over {} keys to {name} (run {}) in {:.2} s, {:.0} records/s, {} PutRecords calls, {} retried",
+                "put {} records{packed} over {} keys to {name} (run {}) in {:.2} s, {:.0} records/s, {} PutRecords calls, {} retried",
                 report.manifest.total,
                 report.manifest.counts.len(),
                 report.manifest.run,

@@ -387,6 +387,9 @@ pub struct WorkerReport {
     pub since_ms: i64,
     /// Per-component counters.
     pub components: serde_json::Value,
+    /// KPL de-aggregation counters (aggregates, user records, hash-range drops, corrupt).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kpl: Option<crate::coord::KplRuntime>,
 }
 
 /// A stream in [`StatusReport`].
@@ -574,6 +577,7 @@ pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<S
             tasks: w.tasks,
             since_ms: w.since_ms,
             components: w.components,
+            kpl: (w.kpl != crate::coord::KplRuntime::default()).then_some(w.kpl),
         });
     }
     for stream in &sources {
@@ -626,6 +630,15 @@ pub(super) async fn status(cli: &Cli, topology: &str, json: bool) -> anyhow::Res
     outln!("workers: {}", r.workers.len());
     for w in &r.workers {
         outln!("  {}  host {}  pid {}  tasks {}  since {}", w.worker_id, w.host, w.pid, w.tasks.join(","), w.since_ms);
+        if let Some(k) = &w.kpl {
+            outln!(
+                "    KPL: {} aggregates, {} user records, {} dropped outside the shard's hash range, {} corrupt (delivered whole)",
+                k.aggregates,
+                k.user_records,
+                k.out_of_range,
+                k.corrupt
+            );
+        }
         if let Some(obj) = w.components.as_object() {
             for (c, m) in obj {
                 outln!(

@@ -70,7 +70,9 @@ pub enum CheckpointPosition {
     /// From the first record at or after this time. LATEST at the first start is persisted as
     /// `AtTimestamp(first start)` so a restart before the first record loses nothing.
     AtTimestamp { millis: i64 },
-    /// After this record (sequence number as a decimal string, KPL sub-sequence).
+    /// After this user record: (sequence number as a decimal string, KPL sub-sequence). The
+    /// spout reads AT the sequence again and skips the user records at or below the position, so
+    /// a checkpoint can stop in the middle of an aggregate.
     AfterSequence { sequence: String, sub_sequence: u64 },
 }
 
@@ -231,6 +233,30 @@ pub struct WorkerStatus {
     /// stream and its control-record counters. Empty for a single-stage topology.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stages: Vec<StageRuntime>,
+    /// KPL de-aggregation counters of the worker's spout tasks (absent when it read no aggregate).
+    #[serde(default, skip_serializing_if = "KplRuntime::is_empty")]
+    pub kpl: KplRuntime,
+}
+
+/// KPL de-aggregation counters of a worker, since it started.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KplRuntime {
+    /// Valid aggregates read.
+    pub aggregates: u64,
+    /// User records taken out of them.
+    pub user_records: u64,
+    /// User records dropped because their hash key is outside the hash range of the shard they
+    /// were read from (after a reshard; the producer put them to their own shard).
+    pub out_of_range: u64,
+    /// Records with the KPL magic bytes that were not valid aggregates (bad MD5 or protobuf),
+    /// delivered whole as plain records.
+    pub corrupt: u64,
+}
+
+impl KplRuntime {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// One stage of a worker, in its status.

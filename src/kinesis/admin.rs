@@ -236,6 +236,9 @@ pub struct PutOptions {
     /// Put every record with this explicit hash key (a decimal 128-bit number), so that all land
     /// in the shard whose hash range holds it, whatever their partition keys.
     pub explicit_hash_key: Option<String>,
+    /// Pack up to this many user records into one KPL aggregated Kinesis record (0 or 1: plain
+    /// records). The manifest counts user records.
+    pub aggregate: usize,
 }
 
 impl Default for PutOptions {
@@ -248,6 +251,7 @@ impl Default for PutOptions {
             run: String::new(),
             key_prefix: "key-".into(),
             explicit_hash_key: None,
+            aggregate: 0,
         }
     }
 }
@@ -298,6 +302,9 @@ pub async fn put_records(
     } else {
         opts.run.clone()
     };
+    if opts.aggregate > 1 {
+        return put_aggregated(client, endpoint, stream, opts, run).await;
+    }
     let start = Instant::now();
     let keys: Vec<String> = (0..opts.keys).map(|i| format!("{}{i}", opts.key_prefix)).collect();
     // next sequence per key; per-key target counts
@@ -370,6 +377,179 @@ pub async fn put_records(
                 // Not advanced: this key's record is sent again before its next one.
                 retried += 1;
             }
+        }
+    }
+    let counts: BTreeMap<String, u64> =
+        keys.iter().cloned().zip(next.iter().copied()).filter(|(_, c)| *c > 0).collect();
+    Ok(PutReport {
+        manifest: Manifest { run, stream: stream.to_string(), counts, total: written },
+        elapsed: start.elapsed(),
+        calls,
+        retried,
+    })
+}
+
+/// A shard's hash range, both ends included.
+fn range_of(d: &ShardDescription) -> Option<(u128, u128)> {
+    Some((d.starting_hash_key.parse().ok()?, d.ending_hash_key.parse().ok()?))
+}
+
+/// The open shards and their hash ranges.
+async fn open_ranges(client: &Client, endpoint: &str, stream: &str) -> Result<Vec<(String, u128, u128)>, KinesisError> {
+    Ok(list_shards(client, endpoint, stream)
+        .await?
+        .iter()
+        .filter(|d| !d.closed)
+        .filter_map(|d| range_of(d).map(|(a, b)| (d.shard_id.clone(), a, b)))
+        .collect())
+}
+
+/// An aggregate of one PutRecords call: the shard it is meant for, the user records it packs (key
+/// index, how many of that key's next records), and its data.
+type PackedAggregate = (String, Vec<(usize, u64)>, super::kpl::Aggregate);
+
+/// [`put_records`] with KPL aggregation, as the KPL does it: user records are grouped by the shard
+/// their hash key falls in (from ListShards), up to `opts.aggregate` per aggregated record, one
+/// aggregate per open shard per PutRecords call, each put with its first user record's partition
+/// key (and explicit hash key). When an aggregate lands in another shard than predicted (the
+/// stream was resharded), the shard list is read again and the keys outside the shard it landed in
+/// are sent again (consumers drop them there, see `squall::spout`), as the KPL retries them.
+/// Per-key order holds: a key's records are consecutive inside an aggregate, and a key's next
+/// records are packed only after its previous aggregate was accepted.
+async fn put_aggregated(
+    client: &Client,
+    endpoint: &str,
+    stream: &str,
+    opts: &PutOptions,
+    run: String,
+) -> Result<PutReport, KinesisError> {
+    use super::kpl;
+    let start = Instant::now();
+    let keys: Vec<String> = (0..opts.keys).map(|i| format!("{}{i}", opts.key_prefix)).collect();
+    let hashes: Vec<u128> = keys.iter().map(|k| kpl::hash_key(k, opts.explicit_hash_key.as_deref())).collect();
+    let mut target: Vec<u64> = vec![opts.count / opts.keys; keys.len()];
+    for t in target.iter_mut().take((opts.count % opts.keys) as usize) {
+        *t += 1;
+    }
+    let mut next: Vec<u64> = vec![0; keys.len()];
+    let (mut written, mut calls, mut retried) = (0u64, 0u64, 0u64);
+    let mut shards = open_ranges(client, endpoint, stream).await?;
+    let mut failures_in_row = 0u32;
+    let mut cursor = 0usize;
+    while written < opts.count {
+        // One aggregate per open shard: (shard, [(key index, count)], aggregate).
+        let mut batch: Vec<PackedAggregate> = Vec::new();
+        for (shard, lo, hi) in &shards {
+            let mine: Vec<usize> = (0..keys.len())
+                .map(|i| (i + cursor) % keys.len())
+                .filter(|&k| (*lo..=*hi).contains(&hashes[k]) && next[k] < target[k])
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            // Round-robin over the shard's keys, up to `aggregate` user records, each key's
+            // records consecutive and in order.
+            let mut take: Vec<(usize, u64)> = mine.iter().map(|&k| (k, 0)).collect();
+            let mut n = 0usize;
+            'fill: loop {
+                let mut progressed = false;
+                for (k, c) in take.iter_mut() {
+                    if n >= opts.aggregate {
+                        break 'fill;
+                    }
+                    if next[*k] + *c < target[*k] {
+                        *c += 1;
+                        n += 1;
+                        progressed = true;
+                    }
+                }
+                if !progressed {
+                    break;
+                }
+            }
+            take.retain(|(_, c)| *c > 0);
+            let payloads: Vec<(usize, Vec<u8>)> = take
+                .iter()
+                .flat_map(|&(k, c)| (0..c).map(move |j| (k, j)))
+                .map(|(k, j)| (k, AuditPayload::new(&run, &keys[k], next[k] + j, opts.size).to_bytes()))
+                .collect();
+            let users: Vec<kpl::NewUserRecord<'_>> = payloads
+                .iter()
+                .map(|(k, data)| kpl::NewUserRecord {
+                    partition_key: &keys[*k],
+                    explicit_hash_key: opts.explicit_hash_key.as_deref(),
+                    data,
+                })
+                .collect();
+            let agg = kpl::aggregate(&users)
+                .map_err(|e| KinesisError::Config { field: "aggregate".into(), reason: e.to_string() })?;
+            batch.push((shard.clone(), take, agg));
+        }
+        cursor += 1;
+        if batch.is_empty() {
+            // Every remaining key hashes outside the open shards we know: the list is stale.
+            shards = open_ranges(client, endpoint, stream).await?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        let users_in_batch: u64 = batch.iter().flat_map(|(_, t, _)| t.iter().map(|(_, c)| *c)).sum();
+        if let Some(rate) = opts.rate {
+            let due = Duration::from_secs_f64((written + users_in_batch) as f64 / rate);
+            let el = start.elapsed();
+            if due > el {
+                tokio::time::sleep(due - el).await;
+            }
+        }
+        let entries: Vec<PutRecordsRequestEntry> = batch
+            .iter()
+            .map(|(_, _, agg)| {
+                PutRecordsRequestEntry::builder()
+                    .partition_key(agg.partition_key.clone())
+                    .set_explicit_hash_key(agg.explicit_hash_key.clone())
+                    .data(Blob::new(agg.data.to_vec()))
+                    .build()
+                    .map_err(|e| KinesisError::Config { field: "record".into(), reason: e.to_string() })
+            })
+            .collect::<Result<_, _>>()?;
+        calls += 1;
+        let out = match client.put_records().stream_name(stream).set_records(Some(entries)).send().await {
+            Ok(out) => out,
+            Err(e) => {
+                let err = KinesisError::from_sdk("PutRecords", stream, endpoint, e);
+                if err.is_retryable() && failures_in_row < 8 {
+                    failures_in_row += 1;
+                    retried += users_in_batch;
+                    tokio::time::sleep(Duration::from_millis(50 << failures_in_row.min(6))).await;
+                    continue; // nothing advanced: the same records are packed again
+                }
+                return Err(err);
+            }
+        };
+        failures_in_row = 0;
+        let mut stale = false;
+        for (i, (predicted, take, _)) in batch.iter().enumerate() {
+            let Some(r) = out.records().get(i).filter(|r| r.error_code().is_none()) else {
+                retried += take.iter().map(|(_, c)| *c).sum::<u64>();
+                continue;
+            };
+            let landed = r.shard_id().unwrap_or(predicted);
+            let range = if landed == predicted {
+                shards.iter().find(|s| s.0 == landed).map(|s| (s.1, s.2))
+            } else {
+                stale = true;
+                list_shards(client, endpoint, stream).await?.iter().find(|d| d.shard_id == landed).and_then(range_of)
+            };
+            for &(k, c) in take {
+                if range.is_none_or(|(lo, hi)| (lo..=hi).contains(&hashes[k])) {
+                    next[k] += c;
+                    written += c;
+                } else {
+                    retried += c; // dropped by consumers of `landed`: sent again to its own shard
+                }
+            }
+        }
+        if stale {
+            shards = open_ranges(client, endpoint, stream).await?;
         }
     }
     let counts: BTreeMap<String, u64> =

@@ -3,6 +3,7 @@
 
 mod admin;
 mod error;
+pub mod kpl;
 pub mod payload;
 
 pub use admin::{

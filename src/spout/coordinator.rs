@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::config::KinesisSpoutConfig;
 use super::reader::{ReaderCtx, ReaderEvent};
 use super::stream::{StreamCommand, StreamHandle, StreamView};
-use super::tracker::Tracker;
+use super::tracker::{SeqKey, Tracker};
 use crate::coord::{
     Acquire, Checkpoint, CheckpointPosition, CoordError, Health, Lease, TaskInfo, Versioned, ZkStore, now_ms,
 };
@@ -420,7 +420,9 @@ impl Coordinator {
             s.blocked.remove(shard);
             lock(&self.reader.status).remove(shard);
             let floor = match &cp.value.position {
-                crate::coord::CheckpointPosition::AfterSequence { sequence, .. } => Some(Arc::from(sequence.as_str())),
+                CheckpointPosition::AfterSequence { sequence, sub_sequence } => {
+                    Some(SeqKey(Arc::from(sequence.as_str()), *sub_sequence))
+                }
                 _ => None,
             };
             let epoch = lock(&self.tracker).start_owned(shard, lease_token(&lease.path), floor);
@@ -506,7 +508,9 @@ impl Coordinator {
             let Some(o) = s.owned.get(&shard) else { continue };
             let safe = lock(&self.tracker).peek_checkpoint(&shard);
             let position = match safe {
-                Some(seq) => CheckpointPosition::AfterSequence { sequence: seq.to_string(), sub_sequence: 0 },
+                Some(SeqKey(seq, sub)) => {
+                    CheckpointPosition::AfterSequence { sequence: seq.to_string(), sub_sequence: sub }
+                }
                 None => o.cp.value.position.clone(),
             };
             let cp = Checkpoint { position, finished: false, updated_at_ms: now_ms(), writer: Some(s.task.clone()) };
@@ -606,10 +610,12 @@ impl Coordinator {
                 continue;
             }
             let written = match &o.cp.value.position {
-                CheckpointPosition::AfterSequence { sequence, .. } => Some(sequence.as_str()),
+                CheckpointPosition::AfterSequence { sequence, sub_sequence } => {
+                    Some((sequence.as_str(), *sub_sequence))
+                }
                 _ => None,
             };
-            let moved = safe.as_deref().is_some_and(|seq| written != Some(seq));
+            let moved = safe.as_ref().is_some_and(|k| written != Some((&*k.0, k.1)));
             let release_now = releasing.is_some_and(|d| unsettled == 0 || Instant::now() >= d);
             if moved && (force || release_now || o.last_write.elapsed() >= interval) {
                 if let Some(seq) = &safe {
@@ -626,10 +632,10 @@ impl Coordinator {
     }
 
     /// Writes a fenced checkpoint. Ok(false) when fenced (the shard is dropped).
-    async fn write_checkpoint(&self, s: &mut Session, shard: &Arc<str>, seq: &str) -> Result<bool, CoordError> {
+    async fn write_checkpoint(&self, s: &mut Session, shard: &Arc<str>, at: &SeqKey) -> Result<bool, CoordError> {
         let Some(o) = s.owned.get_mut(shard) else { return Ok(false) };
         let cp = Checkpoint {
-            position: CheckpointPosition::AfterSequence { sequence: seq.to_string(), sub_sequence: 0 },
+            position: CheckpointPosition::AfterSequence { sequence: at.0.to_string(), sub_sequence: at.1 },
             finished: false,
             updated_at_ms: now_ms(),
             writer: Some(s.task.clone()),
@@ -666,14 +672,12 @@ impl Coordinator {
 
     /// The shard was read to its end and everything of it acked: checkpoint it as finished (fenced;
     /// the same transaction creates its `finished/` marker, which the leader watches), release it.
-    async fn finish(&self, s: &mut Session, shard: &Arc<str>, last: Option<Arc<str>>) -> Result<(), CoordError> {
+    async fn finish(&self, s: &mut Session, shard: &Arc<str>, last: Option<SeqKey>) -> Result<(), CoordError> {
         let Some(o) = s.owned.get(shard) else { return Ok(()) };
-        let written = match &o.cp.value.position {
-            CheckpointPosition::AfterSequence { sequence, .. } => Some(sequence.clone()),
-            _ => None,
-        };
-        let position = match last.map(|l| l.to_string()).or(written) {
-            Some(sequence) => CheckpointPosition::AfterSequence { sequence, sub_sequence: 0 },
+        let position = match last {
+            Some(SeqKey(sequence, sub_sequence)) => {
+                CheckpointPosition::AfterSequence { sequence: sequence.to_string(), sub_sequence }
+            }
             None => o.cp.value.position.clone(),
         };
         let cp = Checkpoint { position, finished: true, updated_at_ms: now_ms(), writer: Some(s.task.clone()) };

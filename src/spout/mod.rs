@@ -34,6 +34,7 @@
 
 pub mod config;
 mod coordinator;
+mod deagg;
 mod reader;
 pub mod readlog;
 mod shared;
@@ -43,6 +44,7 @@ mod stream;
 mod tracker;
 
 pub use config::{InitialPosition, KinesisSpoutConfig, RetryPolicy, SpoutConfigError, ZkSettings};
+pub use deagg::KplStats;
 pub use readlog::ReadLogEntry;
 pub use shared::{DEFAULT_GIVE_UP_AFTER, SpoutShared};
 pub use stage_input::{LiveProducers, Producers, StageInputSpec, StageInputStats};
@@ -100,6 +102,8 @@ pub struct KinesisMsgId {
     pub shard_id: Arc<str>,
     /// Sequence number.
     pub sequence: Arc<str>,
+    /// KPL sub-sequence (the user record's index in its aggregate; 0 for plain records).
+    pub sub_sequence: u64,
     epoch: u64,
 }
 
@@ -161,6 +165,8 @@ pub struct SpoutStats {
     pub dead_letters_acked: AtomicU64,
     /// Dead-letter tuples that failed (each is emitted again after a back-off).
     pub dead_letters_failed: AtomicU64,
+    /// KPL de-aggregation: aggregates, user records, hash-range drops, corrupt aggregates.
+    pub kpl: KplStats,
 }
 
 /// Who runs this spout: identifies the worker process in ZooKeeper.
@@ -394,6 +400,7 @@ impl KinesisSpout {
         v.push(r.arrival_ms);
         v.push(r.data.clone());
         v.push(own.map_or(0, |o| o.lease_token));
+        // `sequence` or `sequence:sub_sequence` (see `SeqKey::floor_text`).
         v.push(own.and_then(|o| o.floor.clone()).unwrap_or_else(|| Arc::from("")));
         v
     }
@@ -559,6 +566,8 @@ impl Spout for KinesisSpout {
             liveness: session.liveness(),
             status: self.status.clone(),
             read_log,
+            stats: self.stats.clone(),
+            hash_ranges: tokio::sync::Mutex::default(),
         });
         let coordinator = coordinator::Coordinator {
             cfg: self.cfg.clone(),
@@ -607,7 +616,7 @@ impl Spout for KinesisSpout {
         while let Some(id) = self.dead_letters.pop_front() {
             let rec = {
                 let t = lock(&self.tracker);
-                t.dead_letter_record(&id.shard_id, id.epoch, &id.sequence)
+                t.dead_letter_record(&id.shard_id, id.epoch, &id.sequence, id.sub_sequence)
                     .map(|r| (r, t.ownership(&id.shard_id, id.epoch)))
             };
             if let Some(((rec, failures), own)) = rec {
@@ -627,7 +636,7 @@ impl Spout for KinesisSpout {
             let Some(id) = self.replay_ids.remove(&key) else { continue };
             match id {
                 SpoutMsgId::Record(id) => {
-                    let rec = lock(&self.tracker).replay_record(&id.shard_id, id.epoch, &id.sequence);
+                    let rec = lock(&self.tracker).replay_record(&id.shard_id, id.epoch, &id.sequence, id.sub_sequence);
                     if let Some(tuples) = rec.and_then(|rec| self.replay_values(&rec, id.epoch)) {
                         self.stats.replayed.fetch_add(1, Ordering::Relaxed);
                         Self::emit_record(out, tuples, SpoutMsgId::Record(id))?;
@@ -637,7 +646,7 @@ impl Spout for KinesisSpout {
                 SpoutMsgId::DeadLetter(id) => {
                     let rec = {
                         let t = lock(&self.tracker);
-                        t.dead_letter_record(&id.shard_id, id.epoch, &id.sequence)
+                        t.dead_letter_record(&id.shard_id, id.epoch, &id.sequence, id.sub_sequence)
                             .map(|r| (r, t.ownership(&id.shard_id, id.epoch)))
                     };
                     if let Some(((rec, failures), own)) = rec {
@@ -664,13 +673,18 @@ impl Spout for KinesisSpout {
                     }
                     stage_input::Step::Consumed => {
                         // a control record: handled here, so its checkpoint may move at once
-                        lock(&self.tracker).ack(&rec.shard_id, epoch, &rec.sequence);
+                        lock(&self.tracker).ack(&rec.shard_id, epoch, &rec.sequence, rec.sub_sequence);
                         continue;
                     }
                 },
             };
             self.stats.emitted.fetch_add(1, Ordering::Relaxed);
-            let id = KinesisMsgId { shard_id: rec.shard_id.clone(), sequence: rec.sequence.clone(), epoch };
+            let id = KinesisMsgId {
+                shard_id: rec.shard_id.clone(),
+                sequence: rec.sequence.clone(),
+                sub_sequence: rec.sub_sequence,
+                epoch,
+            };
             Self::emit_record(out, tuples, SpoutMsgId::Record(id))?;
             return Ok(());
         }
@@ -690,11 +704,11 @@ impl Spout for KinesisSpout {
         match id {
             SpoutMsgId::Record(id) => {
                 self.stats.acked.fetch_add(1, Ordering::Relaxed);
-                lock(&self.tracker).ack(&id.shard_id, id.epoch, &id.sequence);
+                lock(&self.tracker).ack(&id.shard_id, id.epoch, &id.sequence, id.sub_sequence);
             }
             SpoutMsgId::DeadLetter(id) => {
                 self.stats.dead_letters_acked.fetch_add(1, Ordering::Relaxed);
-                if lock(&self.tracker).ack(&id.shard_id, id.epoch, &id.sequence) {
+                if lock(&self.tracker).ack(&id.shard_id, id.epoch, &id.sequence, id.sub_sequence) {
                     tracing::debug!(stream = %self.cfg.stream, shard = %id.shard_id, sequence = %id.sequence,
                         "dead-letter tuple acked: the record is handled");
                 }
@@ -707,7 +721,8 @@ impl Spout for KinesisSpout {
             SpoutMsgId::Record(id) => id,
             SpoutMsgId::DeadLetter(id) => {
                 self.stats.dead_letters_failed.fetch_add(1, Ordering::Relaxed);
-                let failed = lock(&self.tracker).fail_dead_letter(&id.shard_id, id.epoch, &id.sequence);
+                let failed =
+                    lock(&self.tracker).fail_dead_letter(&id.shard_id, id.epoch, &id.sequence, id.sub_sequence);
                 if let Some(n) = failed {
                     let (shard, sequence) = (id.shard_id.clone(), id.sequence.clone());
                     let delay = self.schedule(SpoutMsgId::DeadLetter(id), n);
@@ -722,7 +737,8 @@ impl Spout for KinesisSpout {
             }
         };
         self.stats.failed.fetch_add(1, Ordering::Relaxed);
-        let outcome = lock(&self.tracker).fail(&id.shard_id, id.epoch, &id.sequence, self.cfg.retry.max_replays);
+        let outcome =
+            lock(&self.tracker).fail(&id.shard_id, id.epoch, &id.sequence, id.sub_sequence, self.cfg.retry.max_replays);
         match outcome {
             FailOutcome::Replay(n) => {
                 self.schedule(SpoutMsgId::Record(id), n);

@@ -1,6 +1,11 @@
 //! One GetRecords loop per owned shard.
 //!
-//! - Starts from the shard's checkpoint (TRIM_HORIZON, AT_TIMESTAMP, AFTER_SEQUENCE_NUMBER).
+//! - Starts from the shard's checkpoint (TRIM_HORIZON, AT_TIMESTAMP, or AT_SEQUENCE_NUMBER of the
+//!   checkpointed record, skipping the user records at or below the checkpoint: a checkpoint may
+//!   stop inside a KPL aggregate).
+//! - KPL aggregates are split into user records before they are queued (see `deagg`): the queue,
+//!   its bounds and the tracker count user records; the call's Limit counts Kinesis records, sized
+//!   from the running estimate of user records per Kinesis record.
 //! - Call budget: at most `max_gets_per_second` GetRecords calls in any one second (Kinesis allows
 //!   5 per shard), and `idle_poll_interval` after a read that returned nothing, so an idle shard
 //!   costs one call per interval.
@@ -38,9 +43,10 @@ use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::ShardStatus;
+use super::deagg::{self, HashRange};
 use super::readlog::ReadLog;
-use super::source::ShardSource;
-use super::tracker::{RECORD_OVERHEAD, Record, Tracker};
+use super::source::{ShardSource, StartAt};
+use super::tracker::{RECORD_OVERHEAD, Record, SeqKey, Tracker};
 use crate::coord::CheckpointPosition;
 use crate::kinesis::{ErrorKind, KinesisError};
 
@@ -89,6 +95,11 @@ pub(crate) struct ReaderCtx {
     pub liveness: Arc<crate::coord::Liveness>,
     pub status: Arc<Mutex<std::collections::HashMap<Arc<str>, ShardStatus>>>,
     pub read_log: ReadLog,
+    /// The task's counters (KPL de-aggregation).
+    pub stats: Arc<super::SpoutStats>,
+    /// Hash ranges of the stream's shards (from ListShards, fetched when a reader first meets a
+    /// KPL aggregate on a shard not known yet).
+    pub hash_ranges: tokio::sync::Mutex<std::collections::HashMap<Arc<str>, HashRange>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -102,41 +113,57 @@ pub(crate) struct Room {
     queued_bytes: usize,
 }
 
-/// A running estimate of a shard's record size (memory per queued record), weighted towards
+/// A running estimate of a shard's record size (memory the user records of one Kinesis record
+/// hold once queued) and of user records per Kinesis record (KPL aggregates), weighted towards
 /// recent reads.
 #[derive(Debug, Clone)]
 pub(crate) struct SizeEstimate {
     bytes: f64,
     count: f64,
+    users: f64,
 }
 
 impl Default for SizeEstimate {
     fn default() -> Self {
-        Self { bytes: INITIAL_RECORD_SIZE_GUESS as f64, count: 1.0 }
+        Self { bytes: INITIAL_RECORD_SIZE_GUESS as f64, count: 1.0, users: 1.0 }
     }
 }
 
 impl SizeEstimate {
-    /// Notes a read of `n` records holding `bytes` in total.
+    /// Notes a read of `n` plain records holding `bytes` in total.
+    #[cfg(test)]
     pub fn observe(&mut self, bytes: usize, n: usize) {
-        if n == 0 {
+        self.observe_batch(bytes, n, n);
+    }
+
+    /// Notes a read of `records` Kinesis records that became `users` queued user records holding
+    /// `bytes` in total.
+    pub fn observe_batch(&mut self, bytes: usize, records: usize, users: usize) {
+        if records == 0 {
             return;
         }
         self.bytes = self.bytes * 0.5 + bytes as f64;
-        self.count = self.count * 0.5 + n as f64;
+        self.count = self.count * 0.5 + records as f64;
+        self.users = self.users * 0.5 + users.max(1) as f64;
     }
 
-    /// Estimated bytes per record.
+    /// Estimated bytes per Kinesis record (all its user records).
     pub fn average(&self) -> usize {
         ((self.bytes / self.count).ceil() as usize).max(RECORD_OVERHEAD)
     }
+
+    /// Estimated user records per Kinesis record (1 without aggregation).
+    pub fn users_per_record(&self) -> f64 {
+        (self.users / self.count).max(1.0)
+    }
 }
 
-/// The Limit of the next GetRecords call: the room left in the queue, in records
-/// (`records_per_get` at most) and in bytes (at the estimated record size); at least 1.
+/// The Limit of the next GetRecords call: the room left in the queue, in user records
+/// (`records_per_get` at most, divided by the estimated user records per Kinesis record) and in
+/// bytes (at the estimated record size); at least 1.
 pub(crate) fn get_limit(records_per_get: i32, max_bytes: usize, room: Room, est: &SizeEstimate) -> i32 {
     let per_get = records_per_get.max(1) as usize;
-    let by_count = per_get.saturating_sub(room.queued);
+    let by_count = (per_get.saturating_sub(room.queued) as f64 / est.users_per_record()) as usize;
     let by_bytes = max_bytes.saturating_sub(room.queued_bytes) / est.average();
     by_count.min(by_bytes).clamp(1, per_get) as i32
 }
@@ -185,8 +212,28 @@ impl ReaderCtx {
         }
     }
 
-    async fn iterator(&self, shard: &str, pos: &CheckpointPosition) -> Result<String, KinesisError> {
+    async fn iterator(&self, shard: &str, pos: StartAt<'_>) -> Result<String, KinesisError> {
         self.source.shard_iterator(shard, pos).await
+    }
+
+    /// The shard's hash range, from the task's cache or ListShards; `None` when ListShards does
+    /// not name the shard (then nothing is filtered).
+    async fn hash_range(&self, shard: &Arc<str>) -> Result<Option<HashRange>, KinesisError> {
+        let mut ranges = self.hash_ranges.lock().await;
+        if let Some(r) = ranges.get(shard) {
+            return Ok(Some(*r));
+        }
+        for d in self.source.list_shards().await? {
+            if let Some(r) = HashRange::of(&d) {
+                ranges.insert(Arc::from(d.shard_id.as_str()), r);
+            }
+        }
+        let found = ranges.get(shard).copied();
+        if found.is_none() {
+            tracing::warn!(stream = %self.stream, shard = %shard,
+                "ListShards does not name this shard: its KPL user records are not filtered by hash range");
+        }
+        Ok(found)
     }
 
     fn set_status(&self, shard: &Arc<str>, f: impl FnOnce(&mut ShardStatus)) {
@@ -229,6 +276,14 @@ impl ReaderCtx {
         let mut backoffs = self.backoffs();
         let mut sizes = SizeEstimate::default();
         let mut last_fetched: Option<Arc<str>> = None;
+        // Resuming from a checkpoint: its record is read again (AT_SEQUENCE_NUMBER), and the user
+        // records at or below it are skipped.
+        let mut skip = match &start {
+            CheckpointPosition::AfterSequence { sequence, sub_sequence } => {
+                Some(SeqKey(Arc::from(sequence.as_str()), *sub_sequence))
+            }
+            _ => None,
+        };
         let mut iterator: Option<String> = None;
         // Start times of the recent GetRecords calls: a sliding one-second window.
         let mut calls: VecDeque<Instant> = VecDeque::with_capacity(self.max_gets_per_second as usize + 1);
@@ -247,12 +302,12 @@ impl ReaderCtx {
                 Some(it) => it.clone(),
                 None => {
                     let pos = match &last_fetched {
-                        Some(seq) => CheckpointPosition::AfterSequence { sequence: seq.to_string(), sub_sequence: 0 },
-                        None => start.clone(),
+                        Some(seq) => StartAt::AfterFetched(seq),
+                        None => StartAt::Checkpoint(&start),
                     };
                     let res = tokio::select! {
                         _ = cancel.cancelled() => return,
-                        r = self.iterator(&shard, &pos) => r,
+                        r = self.iterator(&shard, pos) => r,
                     };
                     match res {
                         Ok(it) => {
@@ -315,6 +370,27 @@ impl ReaderCtx {
                 iterator = Some(it);
                 continue;
             }
+            // KPL aggregates are filtered by the shard's hash range, which a first aggregate on
+            // this shard looks up (ListShards); if that fails, the same iterator is used again.
+            let range = if deagg::any_aggregate(&out.records) {
+                let res = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = self.hash_range(&shard) => r,
+                };
+                match res {
+                    Ok(r) => r,
+                    Err(e) => {
+                        drop(permit);
+                        iterator = Some(it);
+                        if self.on_error(&shard, &e, &mut backoffs, &cancel).await {
+                            continue;
+                        }
+                        return;
+                    }
+                }
+            } else {
+                None
+            };
             if backoffs.failing.take().is_some() {
                 tracing::info!(stream = %self.stream, shard = %shard, "reading the shard works again");
             }
@@ -322,22 +398,25 @@ impl ReaderCtx {
             let behind = out.millis_behind_latest;
             let next_iterator = out.next_iterator;
             let children = out.children;
-            let records = out.records;
-            let n = records.len();
-            sizes.observe(records.iter().map(Record::mem_size).sum(), n);
+            let n = out.records.len();
+            if let Some(last) = out.records.last() {
+                last_fetched = Some(last.sequence.clone());
+            }
+            let (records, counts) = deagg::split(&self.stream, out.records, range, &mut skip);
+            self.stats.kpl.add(&counts);
+            sizes.observe_batch(records.iter().map(Record::mem_size).sum(), n, records.len());
             self.set_status(&shard, |s| {
                 s.millis_behind_latest = behind;
                 s.clear_error();
                 s.records_read += n as u64;
             });
             if let (Some(first), Some(last)) = (records.first(), records.last()) {
-                last_fetched = Some(last.sequence.clone());
-                let (first, last) = (first.sequence.clone(), last.sequence.clone());
+                let (first, last, users) = (first.sequence.clone(), last.sequence.clone(), records.len());
                 let live = lock(&self.tracker).enqueue(&shard, epoch, records);
                 if !live || cancel.is_cancelled() {
                     return;
                 }
-                self.read_log.records(&lock(&self.task), &shard, &first, &last, n);
+                self.read_log.records(&lock(&self.task), &shard, &first, &last, users);
                 self.wakeup.notify();
             }
             drop(permit);

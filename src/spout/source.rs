@@ -30,6 +30,19 @@ pub(crate) struct Batch {
     pub children: Vec<String>,
 }
 
+/// Where a shard iterator starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StartAt<'a> {
+    /// A stored checkpoint. `AfterSequence { sequence, .. }` starts AT that sequence: the
+    /// checkpoint may stop in the middle of a KPL aggregate, so its record is read again and the
+    /// reader skips the user records at or below the checkpoint (as KCL does). For a plain record
+    /// that costs one record read again per shard taken.
+    Checkpoint(&'a CheckpointPosition),
+    /// After a Kinesis record this reader already fetched whole (a new iterator after an expired
+    /// one): AFTER_SEQUENCE_NUMBER.
+    AfterFetched(&'a str),
+}
+
 /// The shard-level API the spout needs.
 #[derive(Clone, Debug)]
 pub(crate) enum ShardSource {
@@ -67,18 +80,23 @@ impl ShardSource {
     }
 
     /// A shard iterator at `pos`.
-    pub async fn shard_iterator(&self, shard: &str, pos: &CheckpointPosition) -> Result<String, KinesisError> {
+    pub async fn shard_iterator(&self, shard: &str, pos: StartAt<'_>) -> Result<String, KinesisError> {
         let (client, endpoint, stream) = match self {
             ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
             ShardSource::Simulated(sim) => return sim.iterator(shard, pos),
         };
         let mut req = client.get_shard_iterator().stream_name(stream).shard_id(shard);
         req = match pos {
-            CheckpointPosition::TrimHorizon => req.shard_iterator_type(ShardIteratorType::TrimHorizon),
-            CheckpointPosition::AtTimestamp { millis } => {
+            StartAt::Checkpoint(CheckpointPosition::TrimHorizon) => {
+                req.shard_iterator_type(ShardIteratorType::TrimHorizon)
+            }
+            StartAt::Checkpoint(CheckpointPosition::AtTimestamp { millis }) => {
                 req.shard_iterator_type(ShardIteratorType::AtTimestamp).timestamp(DateTime::from_millis(*millis))
             }
-            CheckpointPosition::AfterSequence { sequence, .. } => {
+            StartAt::Checkpoint(CheckpointPosition::AfterSequence { sequence, .. }) => {
+                req.shard_iterator_type(ShardIteratorType::AtSequenceNumber).starting_sequence_number(sequence)
+            }
+            StartAt::AfterFetched(sequence) => {
                 req.shard_iterator_type(ShardIteratorType::AfterSequenceNumber).starting_sequence_number(sequence)
             }
         };
@@ -112,6 +130,7 @@ impl ShardSource {
                 shard_id: shard.clone(),
                 arrival_ms: r.approximate_arrival_timestamp.and_then(|t| t.to_millis().ok()).unwrap_or(0),
                 sequence: r.sequence_number.into(),
+                // De-aggregated (and given sub-sequences) by the reader.
                 sub_sequence: 0,
                 partition_key: r.partition_key.into(),
                 // Takes the decoded buffer as it is: no second copy of every payload.
@@ -216,22 +235,23 @@ impl SimStream {
         format!("4{i:06}{k:020}")
     }
 
-    fn iterator(&self, shard: &str, pos: &CheckpointPosition) -> Result<String, KinesisError> {
+    fn iterator(&self, shard: &str, pos: StartAt<'_>) -> Result<String, KinesisError> {
         let i = self.index(shard)?;
+        let index = |sequence: &str| -> Result<u64, KinesisError> {
+            sequence.get(7..).and_then(|d| d.parse().ok()).ok_or_else(|| KinesisError::Service {
+                op: "GetShardIterator",
+                stream: "(simulated)".into(),
+                endpoint: SIM_SCHEME.into(),
+                message: format!("{sequence} is not a sequence number of the simulated stream"),
+            })
+        };
         let k = match pos {
-            CheckpointPosition::TrimHorizon => 0,
-            CheckpointPosition::AtTimestamp { millis } => {
+            StartAt::Checkpoint(CheckpointPosition::TrimHorizon) => 0,
+            StartAt::Checkpoint(CheckpointPosition::AtTimestamp { millis }) => {
                 (((millis - self.epoch_ms).max(0) as f64) * self.rate / 1000.0).ceil() as u64
             }
-            CheckpointPosition::AfterSequence { sequence, .. } => {
-                let k: u64 = sequence.get(7..).and_then(|d| d.parse().ok()).ok_or_else(|| KinesisError::Service {
-                    op: "GetShardIterator",
-                    stream: "(simulated)".into(),
-                    endpoint: SIM_SCHEME.into(),
-                    message: format!("{sequence} is not a sequence number of the simulated stream"),
-                })?;
-                k + 1
-            }
+            StartAt::Checkpoint(CheckpointPosition::AfterSequence { sequence, .. }) => index(sequence)?,
+            StartAt::AfterFetched(sequence) => index(sequence)? + 1,
         };
         Ok(format!("sim:{i}:{k}"))
     }
@@ -279,15 +299,20 @@ mod tests {
         let shards = sim.shards();
         assert_eq!(shards.len(), 4);
         assert_eq!(shards[3].ending_hash_key, u128::MAX.to_string());
-        let it = sim.iterator("shardId-000000000001", &CheckpointPosition::TrimHorizon).unwrap();
+        let it = sim.iterator("shardId-000000000001", StartAt::Checkpoint(&CheckpointPosition::TrimHorizon)).unwrap();
         let shard: Arc<str> = "shardId-000000000001".into();
         let b = sim.get_records(&shard, &it, 5).unwrap();
         assert_eq!(b.records.len(), 5);
         assert!(b.millis_behind_latest.unwrap() > 0, "behind: ~20 records arrived");
         let seq = b.records[4].sequence.to_string();
-        let after = sim
-            .iterator("shardId-000000000001", &CheckpointPosition::AfterSequence { sequence: seq, sub_sequence: 0 })
-            .unwrap();
+        let after = sim.iterator("shardId-000000000001", StartAt::AfterFetched(&seq)).unwrap();
+        let at = CheckpointPosition::AfterSequence { sequence: seq.clone(), sub_sequence: 0 };
+        let again = sim.iterator("shardId-000000000001", StartAt::Checkpoint(&at)).unwrap();
+        assert_eq!(
+            sim.get_records(&shard, &again, 1).unwrap().records[0].sequence.as_ref(),
+            seq.as_str(),
+            "at the checkpoint"
+        );
         assert_eq!(Some(after.clone()), b.next_iterator);
         let rest = sim.get_records(&shard, &after, 10_000).unwrap();
         assert!((14..=18).contains(&rest.records.len()), "{}", rest.records.len());

@@ -2,9 +2,13 @@
 //! be replayed. Pure logic shared by the spout (emit, ack, fail) and the coordinator (checkpoint,
 //! shard end, handoff) behind one short-held mutex.
 //!
-//! The checkpoint of a shard is the highest sequence number whose record and every earlier emitted
-//! record of that shard are acked (Storm spout / KCL semantics). Records are emitted in shard order,
-//! so in-flight records form a queue; acks may arrive in any order.
+//! The checkpoint of a shard is the highest (sequence number, sub-sequence) whose user record and
+//! every earlier emitted user record of that shard are acked (Storm spout / KCL semantics). A KPL
+//! aggregate is one Kinesis record holding many user records, each emitted, acked and tracked on
+//! its own under the aggregate's sequence and its index in it (plain records have sub-sequence 0),
+//! so the checkpoint can stop in the middle of an aggregate and never skips an unacked user record.
+//! Records are emitted in shard order, so in-flight records form a queue; acks may arrive in any
+//! order.
 //!
 //! - Shards are served round-robin, one record per turn: a shard with a backlog cannot starve the
 //!   task's other shards (nor hold back their watermark).
@@ -45,7 +49,7 @@ pub struct Record {
     pub shard_id: Arc<str>,
     /// Sequence number (decimal string, up to 56 digits).
     pub sequence: Arc<str>,
-    /// KPL sub-sequence (0 for plain records).
+    /// KPL sub-sequence: the user record's index in its aggregate (0 for plain records).
     pub sub_sequence: u64,
     /// Partition key.
     pub partition_key: Arc<str>,
@@ -60,7 +64,15 @@ pub struct Record {
 pub(crate) const RECORD_OVERHEAD: usize = 192;
 
 impl Record {
-    /// Estimated memory this record holds while queued (payload, key, sequence, overhead).
+    /// Its position in the shard: (sequence, sub-sequence).
+    pub(crate) fn key(&self) -> SeqKey {
+        SeqKey(self.sequence.clone(), self.sub_sequence)
+    }
+
+    /// Estimated memory this record holds while queued (payload, key, sequence, overhead). The
+    /// user records of one aggregate each count their own payload slice (they share the
+    /// aggregate's buffer, so the sum is the aggregate's size), key and sequence, plus the
+    /// overhead each of them costs: never less than what the queue really holds.
     pub(crate) fn mem_size(&self) -> usize {
         self.data.len() + self.partition_key.len() + self.sequence.len() + RECORD_OVERHEAD
     }
@@ -108,13 +120,22 @@ impl Queue {
     }
 }
 
-/// Sort key for decimal sequence numbers of any length.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SeqKey(pub Arc<str>);
+/// A user record's position in its shard: (sequence number, sub-sequence), ordered numerically
+/// by sequence (decimal strings of any length), then by sub-sequence.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct SeqKey(pub Arc<str>, pub u64);
+
+impl SeqKey {
+    /// The form carried by tuples' `checkpoint` field: `sequence` for sub-sequence 0, else
+    /// `sequence:sub_sequence` (see [`crate::state`]'s deduplication floor).
+    pub fn floor_text(&self) -> Arc<str> {
+        if self.1 == 0 { self.0.clone() } else { Arc::from(format!("{}:{}", self.0, self.1)) }
+    }
+}
 
 impl Ord for SeqKey {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        sequence_cmp(&self.0, &other.0)
+        sequence_cmp(&self.0, &other.0).then(self.1.cmp(&other.1))
     }
 }
 impl PartialOrd for SeqKey {
@@ -162,15 +183,16 @@ pub(crate) struct ShardTrack {
     /// The lease's sequencer token (the sequential number of its lease znode): later owners of the
     /// shard hold higher tokens, so a store can refuse the writes of an earlier (zombie) owner.
     pub lease_token: u64,
-    /// Everything up to this sequence is handled (the checkpoint this ownership started from,
+    /// Everything up to this position is handled (the checkpoint this ownership started from,
     /// then each new safe point): never read again by a correct owner. Unlike `safe`, never
-    /// taken; carried by each tuple so exactly-once state can prune its deduplication data.
+    /// taken; carried by each tuple (as [`SeqKey::floor_text`]) so exactly-once state can prune
+    /// its deduplication data.
     pub floor: Option<Arc<str>>,
     inflight: BTreeMap<SeqKey, Entry>,
-    /// Highest sequence with it and everything before it acked, not yet returned by `take_checkpoint`.
-    safe: Option<Arc<str>>,
-    /// Highest sequence handed to the spout (emitted at least once).
-    pub last_emitted: Option<Arc<str>>,
+    /// Highest position with it and everything before it acked, not yet returned by `take_checkpoint`.
+    safe: Option<SeqKey>,
+    /// Highest position handed to the spout (emitted at least once).
+    pub last_emitted: Option<SeqKey>,
     /// The reader saw the end of the shard (null NextShardIterator).
     pub ended: bool,
     /// Handoff or shutdown in progress: nothing new is emitted, replays are dropped.
@@ -251,13 +273,17 @@ impl ShardTrack {
 
     /// Drains acked records off the front of the queue; remembers the highest as safe.
     fn advance(&mut self) {
+        let mut moved = None;
         while let Some(first) = self.inflight.first_entry() {
             if !first.get().acked {
                 break;
             }
             let (k, _) = first.remove_entry();
-            self.floor = Some(k.0.clone());
-            self.safe = Some(k.0);
+            moved = Some(k);
+        }
+        if let Some(k) = moved {
+            self.floor = Some(k.floor_text());
+            self.safe = Some(k);
         }
     }
 }
@@ -327,14 +353,14 @@ impl Tracker {
     }
 
     /// Starts tracking a newly owned shard under a lease with sequencer token `lease_token`,
-    /// read from `floor` (the checkpointed sequence, everything up to it handled); returns its
+    /// read from `floor` (the checkpointed position, everything up to it handled); returns its
     /// epoch.
-    pub fn start_owned(&mut self, shard: &Arc<str>, lease_token: u64, floor: Option<Arc<str>>) -> u64 {
+    pub fn start_owned(&mut self, shard: &Arc<str>, lease_token: u64, floor: Option<SeqKey>) -> u64 {
         self.next_epoch += 1;
         let epoch = self.next_epoch;
         let mut track = ShardTrack::new(shard.clone(), epoch);
         track.lease_token = lease_token;
-        track.floor = floor;
+        track.floor = floor.map(|f| f.floor_text());
         if self.shards.insert(shard.clone(), track).is_some() {
             self.ready.retain(|s| s != shard);
         }
@@ -441,8 +467,8 @@ impl Tracker {
             } else {
                 self.ready.push_back(id);
             }
-            t.last_emitted = Some(r.sequence.clone());
-            t.inflight.insert(SeqKey(r.sequence.clone()), Entry::new(r.clone()));
+            t.last_emitted = Some(r.key());
+            t.inflight.insert(r.key(), Entry::new(r.clone()));
             let own = Ownership { epoch: t.epoch, lease_token: t.lease_token, floor: t.floor.clone() };
             return Some((r, own));
         }
@@ -456,9 +482,9 @@ impl Tracker {
     }
 
     /// Records the ack of one record, or of its dead-letter tuple: either way it is handled.
-    pub fn ack(&mut self, shard: &str, epoch: u64, sequence: &Arc<str>) -> bool {
+    pub fn ack(&mut self, shard: &str, epoch: u64, sequence: &Arc<str>, sub_sequence: u64) -> bool {
         let Some(t) = self.live(shard, epoch) else { return false };
-        match t.inflight.get_mut(&SeqKey(sequence.clone())) {
+        match t.inflight.get_mut(&SeqKey(sequence.clone(), sub_sequence)) {
             Some(e) => {
                 e.acked = true;
                 t.advance();
@@ -469,10 +495,17 @@ impl Tracker {
     }
 
     /// Records the failure of one record and decides what happens to it.
-    pub fn fail(&mut self, shard: &str, epoch: u64, sequence: &Arc<str>, max_retries: u32) -> FailOutcome {
+    pub fn fail(
+        &mut self,
+        shard: &str,
+        epoch: u64,
+        sequence: &Arc<str>,
+        sub_sequence: u64,
+        max_retries: u32,
+    ) -> FailOutcome {
         let Some(t) = self.live(shard, epoch) else { return FailOutcome::Ignore };
         let stopping = t.stopping;
-        let Some(e) = t.inflight.get_mut(&SeqKey(sequence.clone())) else { return FailOutcome::Ignore };
+        let Some(e) = t.inflight.get_mut(&SeqKey(sequence.clone(), sub_sequence)) else { return FailOutcome::Ignore };
         if e.acked || e.dead_lettering {
             return FailOutcome::Ignore;
         }
@@ -495,10 +528,10 @@ impl Tracker {
     /// Records the failure of a record's dead-letter tuple. Returns how many times it failed (it
     /// is to be emitted again after a back-off), or `None` when stale: older epoch, handed off
     /// (the next owner reads the record again from the checkpoint), or already handled.
-    pub fn fail_dead_letter(&mut self, shard: &str, epoch: u64, sequence: &Arc<str>) -> Option<u32> {
+    pub fn fail_dead_letter(&mut self, shard: &str, epoch: u64, sequence: &Arc<str>, sub_sequence: u64) -> Option<u32> {
         let t = self.live(shard, epoch)?;
         let stopping = t.stopping;
-        let e = t.inflight.get_mut(&SeqKey(sequence.clone()))?;
+        let e = t.inflight.get_mut(&SeqKey(sequence.clone(), sub_sequence))?;
         if e.acked || !e.dead_lettering {
             return None;
         }
@@ -513,9 +546,9 @@ impl Tracker {
     /// Takes the record to replay, if its shard and epoch are still live and it is still unacked
     /// (and not on its way to the dead-letter stream): it is in flight again, and no longer holds
     /// the shard's watermark.
-    pub fn replay_record(&mut self, shard: &str, epoch: u64, sequence: &Arc<str>) -> Option<Record> {
+    pub fn replay_record(&mut self, shard: &str, epoch: u64, sequence: &Arc<str>, sub_sequence: u64) -> Option<Record> {
         let t = self.shards.get_mut(shard).filter(|t| t.epoch == epoch && !t.stopping)?;
-        let e = t.inflight.get_mut(&SeqKey(sequence.clone()))?;
+        let e = t.inflight.get_mut(&SeqKey(sequence.clone(), sub_sequence))?;
         if e.acked || e.dead_lettering {
             return None;
         }
@@ -525,20 +558,32 @@ impl Tracker {
 
     /// The record whose dead-letter tuple is to be emitted (again), with its failures, if its
     /// shard and epoch are still live and the dead-letter tuple is not acked yet.
-    pub fn dead_letter_record(&self, shard: &str, epoch: u64, sequence: &Arc<str>) -> Option<(Record, u32)> {
+    pub fn dead_letter_record(
+        &self,
+        shard: &str,
+        epoch: u64,
+        sequence: &Arc<str>,
+        sub_sequence: u64,
+    ) -> Option<(Record, u32)> {
         let t = self.shards.get(shard).filter(|t| t.epoch == epoch && !t.stopping)?;
-        let e = t.inflight.get(&SeqKey(sequence.clone()))?;
+        let e = t.inflight.get(&SeqKey(sequence.clone(), sub_sequence))?;
         (!e.acked && e.dead_lettering).then(|| (e.record.clone(), e.failures))
     }
 
-    /// The new safe checkpoint of a shard since the last call, if it moved.
+    /// The sequence of the new safe checkpoint of a shard since the last call, if it moved.
     #[cfg(test)]
     pub fn take_checkpoint(&mut self, shard: &str) -> Option<Arc<str>> {
+        self.take_checkpoint_key(shard).map(|k| k.0)
+    }
+
+    /// The new safe checkpoint (sequence, sub-sequence) of a shard since the last call, if it moved.
+    #[cfg(test)]
+    pub fn take_checkpoint_key(&mut self, shard: &str) -> Option<SeqKey> {
         self.shards.get_mut(shard)?.safe.take()
     }
 
     /// Peeks the safe checkpoint without consuming it.
-    pub fn peek_checkpoint(&self, shard: &str) -> Option<Arc<str>> {
+    pub fn peek_checkpoint(&self, shard: &str) -> Option<SeqKey> {
         self.shards.get(shard)?.safe.clone()
     }
 
@@ -575,20 +620,20 @@ mod tests {
         let emitted: Vec<_> = std::iter::from_fn(|| t.next_to_emit()).collect();
         assert_eq!(emitted.len(), 3);
         let seq = |i: usize| emitted[i].0.sequence.clone();
-        assert!(t.ack(&s, e, &seq(1)));
+        assert!(t.ack(&s, e, &seq(1), 0));
         assert_eq!(t.take_checkpoint(&s), None, "record 1 is not acked yet");
-        assert!(t.ack(&s, e, &seq(0)));
+        assert!(t.ack(&s, e, &seq(0), 0));
         assert_eq!(t.take_checkpoint(&s), Some(seq(1)));
         assert_eq!(t.take_checkpoint(&s), None, "taken once");
-        assert!(matches!(t.fail(&s, e, &seq(2), 1), FailOutcome::Replay(1)));
-        assert!(t.replay_record(&s, e, &seq(2)).is_some());
-        assert!(matches!(t.fail(&s, e, &seq(2), 1), FailOutcome::DeadLetter(2)));
-        let (r, failures) = t.dead_letter_record(&s, e, &seq(2)).expect("its dead-letter tuple is to be emitted");
+        assert!(matches!(t.fail(&s, e, &seq(2), 0, 1), FailOutcome::Replay(1)));
+        assert!(t.replay_record(&s, e, &seq(2), 0).is_some());
+        assert!(matches!(t.fail(&s, e, &seq(2), 0, 1), FailOutcome::DeadLetter(2)));
+        let (r, failures) = t.dead_letter_record(&s, e, &seq(2), 0).expect("its dead-letter tuple is to be emitted");
         assert_eq!((r.sequence.clone(), failures), (seq(2), 2));
-        assert!(t.replay_record(&s, e, &seq(2)).is_none(), "no longer replayed on the default stream");
+        assert!(t.replay_record(&s, e, &seq(2), 0).is_none(), "no longer replayed on the default stream");
         assert_eq!(t.take_checkpoint(&s), None, "not handled until its dead-letter tuple is acked");
         assert_eq!(t.get(&s).unwrap().unsettled(), 1);
-        assert!(t.ack(&s, e, &seq(2)), "the dead-letter tuple's ack");
+        assert!(t.ack(&s, e, &seq(2), 0), "the dead-letter tuple's ack");
         assert_eq!(t.take_checkpoint(&s), Some(seq(2)), "a dead-lettered record counts as handled once acked");
         assert_eq!(t.total_inflight(), 0);
     }
@@ -601,22 +646,22 @@ mod tests {
         t.enqueue(&s, e, (1..=2).map(|i| rec(&s, i)).collect());
         let (r1, _) = t.next_to_emit().unwrap();
         let (r2, _) = t.next_to_emit().unwrap();
-        assert!(t.ack(&s, e, &r2.sequence));
-        assert!(matches!(t.fail(&s, e, &r1.sequence, 0), FailOutcome::DeadLetter(1)));
+        assert!(t.ack(&s, e, &r2.sequence, 0));
+        assert!(matches!(t.fail(&s, e, &r1.sequence, 0, 0), FailOutcome::DeadLetter(1)));
         for n in 1..=3 {
-            assert_eq!(t.fail_dead_letter(&s, e, &r1.sequence), Some(n), "emit it again after a back-off");
+            assert_eq!(t.fail_dead_letter(&s, e, &r1.sequence, 0), Some(n), "emit it again after a back-off");
             assert_eq!(t.take_checkpoint(&s), None, "a failed dead letter never moves the checkpoint");
-            let (again, failures) = t.dead_letter_record(&s, e, &r1.sequence).unwrap();
+            let (again, failures) = t.dead_letter_record(&s, e, &r1.sequence, 0).unwrap();
             assert_eq!((again.sequence, failures), (r1.sequence.clone(), 1), "the record's own failures");
         }
         assert!(
-            matches!(t.fail(&s, e, &r1.sequence, 0), FailOutcome::Ignore),
+            matches!(t.fail(&s, e, &r1.sequence, 0, 0), FailOutcome::Ignore),
             "a record fail while dead-lettering changes nothing"
         );
-        assert!(t.ack(&s, e, &r1.sequence));
+        assert!(t.ack(&s, e, &r1.sequence, 0));
         assert_eq!(t.take_checkpoint(&s), Some(r2.sequence.clone()));
-        assert_eq!(t.fail_dead_letter(&s, e, &r1.sequence), None, "handled: stale");
-        assert!(t.dead_letter_record(&s, e, &r1.sequence).is_none());
+        assert_eq!(t.fail_dead_letter(&s, e, &r1.sequence, 0), None, "handled: stale");
+        assert!(t.dead_letter_record(&s, e, &r1.sequence, 0).is_none());
     }
 
     #[test]
@@ -626,11 +671,11 @@ mod tests {
         let e = t.start(&s);
         t.enqueue(&s, e, vec![rec(&s, 1)]);
         let (r, _) = t.next_to_emit().unwrap();
-        assert!(matches!(t.fail(&s, e, &r.sequence, 0), FailOutcome::DeadLetter(1)));
+        assert!(matches!(t.fail(&s, e, &r.sequence, 0, 0), FailOutcome::DeadLetter(1)));
         t.get_mut(&s).unwrap().stopping = true;
-        assert!(t.dead_letter_record(&s, e, &r.sequence).is_none(), "not emitted again while handing off");
+        assert!(t.dead_letter_record(&s, e, &r.sequence, 0).is_none(), "not emitted again while handing off");
         assert_eq!(t.get(&s).unwrap().unsettled(), 1, "the handoff waits for it");
-        assert_eq!(t.fail_dead_letter(&s, e, &r.sequence), None);
+        assert_eq!(t.fail_dead_letter(&s, e, &r.sequence, 0), None);
         assert_eq!(t.get(&s).unwrap().unsettled(), 0, "abandoned: the next owner reads it again");
         assert_eq!(t.take_checkpoint(&s), None, "its checkpoint never moved");
     }
@@ -695,9 +740,45 @@ mod tests {
         t.remove(&s);
         let e2 = t.start(&s);
         assert_ne!(e1, e2);
-        assert!(!t.ack(&s, e1, &r.sequence));
-        assert!(matches!(t.fail(&s, e1, &r.sequence, 3), FailOutcome::Ignore));
+        assert!(!t.ack(&s, e1, &r.sequence, 0));
+        assert!(matches!(t.fail(&s, e1, &r.sequence, 0, 3), FailOutcome::Ignore));
         assert!(!t.enqueue(&s, e1, vec![rec(&s, 2)]));
+    }
+
+    /// The user records of a KPL aggregate share its sequence: each is tracked on its own, and
+    /// the checkpoint stops at the last user record with everything before it acked.
+    #[test]
+    fn the_checkpoint_stops_inside_an_aggregate_and_never_skips_an_unacked_user_record() {
+        let mut t = Tracker::default();
+        let s: Arc<str> = "shardId-0".into();
+        let e = t.start(&s);
+        let user = |seq: u64, sub: u64| Record { sub_sequence: sub, ..rec(&s, seq) };
+        t.enqueue(&s, e, vec![user(1, 0), user(2, 0), user(2, 1), user(2, 2), user(3, 0)]);
+        let emitted: Vec<Record> = std::iter::from_fn(|| t.next_to_emit()).map(|(r, _)| r).collect();
+        assert_eq!(emitted.len(), 5, "one in-flight entry per user record");
+        assert_eq!(t.get(&s).unwrap().inflight(), 5);
+        let k = |r: &Record| (r.sequence.clone(), r.sub_sequence);
+        for i in [0, 1, 3] {
+            let (seq, sub) = k(&emitted[i]);
+            assert!(t.ack(&s, e, &seq, sub));
+        }
+        assert_eq!(t.take_checkpoint_key(&s), Some(emitted[1].key()), "(2, 0): (2, 1) is not acked yet");
+        assert!(!t.ack(&s, e, &emitted[2].sequence, 7), "an unknown sub-sequence is not an ack");
+        assert!(matches!(t.fail(&s, e, &emitted[2].sequence, 1, 3), FailOutcome::Replay(1)));
+        let again = t.replay_record(&s, e, &emitted[2].sequence, 1).expect("the failed user record");
+        assert_eq!(again.key(), emitted[2].key());
+        assert_eq!(t.take_checkpoint_key(&s), None);
+        assert!(t.ack(&s, e, &emitted[2].sequence, 1));
+        assert_eq!(t.take_checkpoint_key(&s), Some(emitted[3].key()), "(2, 2): the whole aggregate");
+        assert_eq!(t.get(&s).unwrap().floor.as_deref(), Some(&*format!("{}:2", emitted[3].sequence)));
+        assert!(t.ack(&s, e, &emitted[4].sequence, 0));
+        assert_eq!(t.take_checkpoint_key(&s), Some(emitted[4].key()));
+        assert_eq!(
+            t.get(&s).unwrap().floor.as_deref(),
+            Some(&*emitted[4].sequence),
+            "sub-sequence 0: the sequence alone"
+        );
+        assert_eq!(t.get(&s).unwrap().last_emitted, Some(emitted[4].key()));
     }
 
     #[test]
@@ -710,9 +791,9 @@ mod tests {
         t.enqueue(&s, e, vec![short.clone(), long.clone()]);
         t.next_to_emit();
         t.next_to_emit();
-        t.ack(&s, e, &long.sequence);
+        t.ack(&s, e, &long.sequence, 0);
         assert_eq!(t.take_checkpoint(&s), None, "99 < 100 numerically, though not as text");
-        t.ack(&s, e, &short.sequence);
+        t.ack(&s, e, &short.sequence, 0);
         assert_eq!(t.take_checkpoint(&s).as_deref(), Some("100"));
     }
 
@@ -734,19 +815,19 @@ mod tests {
         assert_eq!(t.watermark(idle), Some(200), "emitted: no longer held by it, the oldest queued holds it");
         let (r2, _) = t.next_to_emit().unwrap();
         assert_eq!(t.watermark(idle), Some(300), "in flight does not hold it; queued does");
-        assert!(matches!(t.fail(&s, e, &r1.sequence, 1), FailOutcome::Replay(1)));
+        assert!(matches!(t.fail(&s, e, &r1.sequence, 0, 1), FailOutcome::Replay(1)));
         assert_eq!(t.watermark(idle), Some(100), "failed and awaiting its replay: holds it");
-        let replayed = t.replay_record(&s, e, &r1.sequence).expect("replayed");
+        let replayed = t.replay_record(&s, e, &r1.sequence, 0).expect("replayed");
         assert_eq!(replayed.sequence, r1.sequence);
         assert_eq!(t.watermark(idle), Some(300), "replayed: in flight again, no longer holds it");
-        assert!(matches!(t.fail(&s, e, &r1.sequence, 1), FailOutcome::DeadLetter(2)));
+        assert!(matches!(t.fail(&s, e, &r1.sequence, 0, 1), FailOutcome::DeadLetter(2)));
         assert_eq!(t.watermark(idle), Some(300), "dead-lettering: leaves the default stream, does not hold it");
-        t.ack(&s, e, &r2.sequence);
-        t.ack(&s, e, &r1.sequence);
+        t.ack(&s, e, &r2.sequence, 0);
+        t.ack(&s, e, &r1.sequence, 0);
         assert_eq!(t.watermark(idle), Some(300), "the oldest queued");
         let (r3, _) = t.next_to_emit().unwrap();
         assert_eq!(t.watermark(idle), Some(300), "nothing queued, r3 in flight: the newest read");
-        t.ack(&s, e, &r3.sequence);
+        t.ack(&s, e, &r3.sequence, 0);
         assert_eq!(t.watermark(idle), Some(300), "nothing pending: the newest read");
         t.mark_caught_up(&s, e, 10_000);
         assert_eq!(t.watermark(idle), Some(300), "not idle yet");
@@ -759,7 +840,7 @@ mod tests {
         assert_eq!(t.watermark(idle), Some(5_000), "minimum over shards");
         let (r, _) = t.next_to_emit().unwrap();
         assert_eq!(t.watermark(idle), Some(5_000), "its only record in flight: the newest read");
-        assert!(matches!(t.fail(&s2, e2, &r.sequence, 3), FailOutcome::Replay(1)));
+        assert!(matches!(t.fail(&s2, e2, &r.sequence, 0, 3), FailOutcome::Replay(1)));
         t.get_mut(&s2).unwrap().stopping = true;
         assert_eq!(t.watermark(idle), Some(10_000 - 50), "a shard being handed off holds nothing");
     }
@@ -824,11 +905,11 @@ mod tests {
                 let i = (o as usize) % n;
                 if o % 3 == 0 {
                     if dead_lettering[i] {
-                        let _ = t.fail_dead_letter(&s, e, &recs[i].sequence);
-                    } else if let FailOutcome::DeadLetter(..) = t.fail(&s, e, &recs[i].sequence, max_retries) {
+                        let _ = t.fail_dead_letter(&s, e, &recs[i].sequence, 0);
+                    } else if let FailOutcome::DeadLetter(..) = t.fail(&s, e, &recs[i].sequence, 0, max_retries) {
                         dead_lettering[i] = true;
                     }
-                } else if t.ack(&s, e, &recs[i].sequence) || handled[i] {
+                } else if t.ack(&s, e, &recs[i].sequence, 0) || handled[i] {
                     handled[i] = true;
                 }
                 let want = handled.iter().position(|h| !h).unwrap_or(n).checked_sub(1);

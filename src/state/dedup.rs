@@ -1,9 +1,10 @@
 //! Exact deduplication and fencing data kept with each key's state (pure logic, no I/O).
 //!
 //! Per source shard the item keeps:
-//! - `floor`: a sequence up to which every record of the shard is handled (the spout's
-//!   checkpoint as carried by the latest tuple); no correct owner reads those records again, so
-//!   anything at or below it is a duplicate;
+//! - `floor`: a position up to which every record of the shard is handled (the spout's
+//!   checkpoint as carried by the latest tuple: `sequence`, or `sequence:sub_sequence` inside a
+//!   KPL aggregate); no correct owner reads those records again, so anything at or below it,
+//!   compared as (sequence, sub-sequence), is a duplicate;
 //! - `applied`: the exact ids (sequence and sub-sequence) of the records applied to this key above
 //!   the floor, each with the productions it made (re-sent if the record is seen again, because
 //!   its tuple tree may not have completed); pruned as the floor moves past them;
@@ -46,7 +47,8 @@ pub struct RecordId {
     pub sub_sequence: u64,
     /// Sequencer token of the lease the record was read under.
     pub lease_token: u64,
-    /// Every record of the shard up to this sequence is handled (none when unknown).
+    /// Every record of the shard up to this position is handled (none when unknown):
+    /// `sequence` (sub-sequence 0) or `sequence:sub_sequence`.
     pub floor: Option<Arc<str>>,
     /// When the record is another stage's production (read from an intermediate stream), its
     /// production id: then the fields above identify the intermediate record, which is fenced
@@ -169,8 +171,21 @@ pub struct Dedup {
     pub productions: BTreeMap<String, ProductionDedup>,
 }
 
-fn at_or_below(sequence: &str, floor: &str) -> bool {
-    sequence_cmp(sequence, floor) != Ordering::Greater
+/// Splits `sequence[:sub_sequence]` (a floor, or an id of `applied`) into its two parts; a
+/// missing or unreadable sub-sequence is 0.
+fn position(text: &str) -> (&str, u64) {
+    match text.split_once(':') {
+        Some((seq, sub)) => (seq, sub.parse().unwrap_or(0)),
+        None => (text, 0),
+    }
+}
+
+/// Whether `(sequence, sub_sequence)` is at or below `floor` (`sequence[:sub_sequence]`):
+/// numerically by sequence, then by sub-sequence. A user record of a KPL aggregate whose earlier
+/// user records are below the floor is not itself below it.
+fn at_or_below(sequence: &str, sub_sequence: u64, floor: &str) -> bool {
+    let (fseq, fsub) = position(floor);
+    sequence_cmp(sequence, fseq).then(sub_sequence.cmp(&fsub)) != Ordering::Greater
 }
 
 impl Dedup {
@@ -183,7 +198,7 @@ impl Dedup {
         if s.token > id.lease_token {
             return Verdict::Fenced { stored: s.token };
         }
-        if s.floor.as_deref().is_some_and(|f| at_or_below(&id.sequence, f)) {
+        if s.floor.as_deref().is_some_and(|f| at_or_below(&id.sequence, id.sub_sequence, f)) {
             return Verdict::Duplicate(Vec::new());
         }
         match s.applied.get(&id.key()) {
@@ -216,13 +231,14 @@ impl Dedup {
             return;
         }
         let Some(floor) = id.floor.as_deref().filter(|f| !f.is_empty()) else { return };
-        if s.floor.as_deref().is_some_and(|old| at_or_below(floor, old)) {
+        let (seq, sub) = position(floor);
+        if s.floor.as_deref().is_some_and(|old| at_or_below(seq, sub, old)) {
             return;
         }
         s.floor = Some(floor.to_string());
         s.applied.retain(|k, _| {
-            let seq = k.rsplit_once(':').map_or(k.as_str(), |(s, _)| s);
-            !at_or_below(seq, floor)
+            let (seq, sub) = position(k);
+            !at_or_below(seq, sub, floor)
         });
     }
 
@@ -351,6 +367,36 @@ mod tests {
         assert_eq!(d.shards["a"].floor.as_deref(), Some("9"));
         // numeric, not lexicographic: "10" > "9"
         assert_eq!(d.judge(&id("a", "10", 1, None)), Verdict::Fresh);
+    }
+
+    fn sub(shard: &str, seq: &str, sub_sequence: u64, floor: Option<&str>) -> RecordId {
+        RecordId { sub_sequence, ..id(shard, seq, 1, floor) }
+    }
+
+    #[test]
+    fn floors_inside_a_kpl_aggregate_compare_sub_sequences() {
+        let mut d = Dedup::default();
+        for i in 0..4 {
+            d.record(&sub("a", "200", i, None), vec![serde_json::json!(i)]);
+        }
+        // The checkpoint stopped after user record 1 of aggregate 200.
+        d.advance(&sub("a", "200", 3, Some("200:1")));
+        assert_eq!(d.applied_count(), 2, "200:0 and 200:1 pruned, 200:2 and 200:3 kept");
+        assert_eq!(d.judge(&sub("a", "200", 1, None)), Verdict::Duplicate(vec![]));
+        assert_eq!(d.judge(&sub("a", "200", 2, None)), Verdict::Duplicate(vec![serde_json::json!(2)]));
+        assert_eq!(d.judge(&sub("a", "200", 4, None)), Verdict::Fresh, "above the floor, never applied");
+        // A floor of sub-sequence 0 ("200") does not cover the aggregate's later user records.
+        let mut e = Dedup::default();
+        e.advance(&sub("a", "200", 0, Some("200")));
+        assert_eq!(e.judge(&sub("a", "200", 0, None)), Verdict::Duplicate(vec![]));
+        assert_eq!(e.judge(&sub("a", "200", 1, None)), Verdict::Fresh);
+        // Floors move forward only, by (sequence, sub-sequence); numeric across lengths.
+        e.advance(&sub("a", "200", 0, Some("200:5")));
+        e.advance(&sub("a", "200", 0, Some("200:2")));
+        assert_eq!(e.shards["a"].floor.as_deref(), Some("200:5"));
+        e.advance(&sub("a", "1000", 0, Some("1000")));
+        assert_eq!(e.shards["a"].floor.as_deref(), Some("1000"));
+        assert_eq!(e.judge(&sub("a", "999", 9, None)), Verdict::Duplicate(vec![]));
     }
 
     #[test]

@@ -1,0 +1,382 @@
+//! KPL de-aggregation end to end, against kinesis-local and ZooKeeper, with audit workers as real
+//! processes:
+//! - records packed by AWS's reference aggregator (`aws-kinesis-agg` from PyPI, installed by
+//!   `localstack/up` through `localstack/kpl-agg-install`) flow through a split and a merge with
+//!   nothing lost and per-key order kept;
+//! - a graceful stop in the middle of an aggregate: the next worker resumes after the last acked
+//!   user record, and emits none of the acked ones again;
+//! - after a split, a user record packed into an aggregate of the wrong child (a stale KPL shard
+//!   map) is dropped there and counted, and delivered once from its own shard;
+//! - corrupt aggregates (bad MD5, bad protobuf) are delivered once each as plain records, counted.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use aws_sdk_kinesis::primitives::Blob;
+use squall::kinesis::kpl::{self, NewUserRecord};
+use squall::kinesis::payload::{AuditPayload, Manifest};
+use squall::kinesis::{self, ShardDescription};
+use support::TestStream;
+use support::workers::{Cluster, read_deliveries, scratch};
+
+/// The reference aggregator's Python (a project-local venv made by `localstack/up`).
+fn reference_python() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let state = std::env::var_os("SQUALL_STATE_DIR").map(PathBuf::from).unwrap_or_else(|| root.join(".squall"));
+    let py = state.join("kpl-agg/venv/bin/python");
+    assert!(py.exists(), "{} missing: run localstack/up (it installs aws-kinesis-agg)", py.display());
+    py
+}
+
+/// One Kinesis record to put: (partition key, explicit hash key, data).
+type Put = (String, Option<String>, Vec<u8>);
+
+/// Packs each group of user records (partition key, data) into one aggregated record with AWS's
+/// reference aggregator (`localstack/kpl_aggregate.py`).
+fn reference_aggregate(groups: &[Vec<(String, Vec<u8>)>]) -> Vec<Put> {
+    let request = serde_json::json!({
+        "aggregates": groups.iter().map(|g| g.iter().map(|(k, d)| serde_json::json!({
+            "partition_key": k, "data_hex": hex(d)
+        })).collect::<Vec<_>>()).collect::<Vec<_>>()
+    });
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("localstack/kpl_aggregate.py");
+    let mut child = Command::new(reference_python())
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("running localstack/kpl_aggregate.py");
+    use std::io::Write as _;
+    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "kpl_aggregate.py failed");
+    let v: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    v.iter()
+        .map(|a| {
+            (
+                a["partition_key"].as_str().unwrap().to_string(),
+                a["explicit_hash_key"].as_str().map(str::to_string),
+                unhex(a["data_hex"].as_str().unwrap()),
+            )
+        })
+        .collect()
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+}
+
+fn range(d: &ShardDescription) -> (u128, u128) {
+    (d.starting_hash_key.parse().unwrap(), d.ending_hash_key.parse().unwrap())
+}
+
+/// Puts one record and returns the shard it landed in.
+async fn put_one(s: &TestStream, (pk, ehk, data): &Put) -> String {
+    let out = s
+        .client
+        .put_record()
+        .stream_name(&s.name)
+        .partition_key(pk)
+        .set_explicit_hash_key(ehk.clone())
+        .data(Blob::new(data.clone()))
+        .send()
+        .await
+        .expect("PutRecord");
+    out.shard_id().to_string()
+}
+
+/// Writes `per_key` more audit records of each key as the KPL would: grouped by the open shard
+/// their key hashes to, `per_aggregate` user records per aggregated record packed by the reference
+/// aggregator, each shard's aggregates put in order. Adds what it wrote to `counts`.
+async fn put_reference(
+    s: &TestStream,
+    run: &str,
+    keys: &[String],
+    per_key: u64,
+    per_aggregate: usize,
+    counts: &mut BTreeMap<String, u64>,
+) {
+    let shards = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap();
+    let open: Vec<&ShardDescription> = shards.iter().filter(|d| !d.closed).collect();
+    let mut puts: Vec<(String, Put)> = Vec::new();
+    for shard in &open {
+        let (lo, hi) = range(shard);
+        let mine: Vec<&String> =
+            keys.iter().filter(|k| (lo..=hi).contains(&kpl::partition_key_hash(k.as_str()))).collect();
+        let mut users = Vec::new();
+        for _ in 0..per_key {
+            for k in &mine {
+                let seq = counts.entry(k.to_string()).or_default();
+                users.push((k.to_string(), AuditPayload::new(run, k, *seq, 0).to_bytes()));
+                *seq += 1;
+            }
+        }
+        let groups: Vec<Vec<(String, Vec<u8>)>> = users.chunks(per_aggregate).map(<[_]>::to_vec).collect();
+        if groups.is_empty() {
+            continue;
+        }
+        for agg in reference_aggregate(&groups) {
+            assert!(agg.2.starts_with(&kpl::MAGIC), "the reference aggregator wrote the KPL format");
+            puts.push((shard.shard_id.clone(), agg));
+        }
+    }
+    for (shard, put) in &puts {
+        assert_eq!(&put_one(s, put).await, shard, "no reshard while putting: each aggregate lands where predicted");
+    }
+}
+
+fn manifest(run: &str, stream: &str, counts: &BTreeMap<String, u64>) -> Manifest {
+    Manifest { run: run.into(), stream: stream.into(), counts: counts.clone(), total: counts.values().sum() }
+}
+
+/// The worker statuses' KPL counters, summed: (aggregates, user records, out of range, corrupt).
+async fn kpl_counters(cluster: &Cluster) -> (u64, u64, u64, u64) {
+    let zk = support::zk_client().await;
+    let mut t = (0, 0, 0, 0);
+    for w in support::ops::worker_statuses(&zk, cluster).await {
+        let k = &w["kpl"];
+        let n = |f: &str| k[f].as_u64().unwrap_or(0);
+        t = (t.0 + n("aggregates"), t.1 + n("user_records"), t.2 + n("out_of_range"), t.3 + n("corrupt"));
+    }
+    t
+}
+
+/// Polls the KPL counters until `done` holds (worker statuses are refreshed every few seconds).
+async fn wait_counters(cluster: &Cluster, done: impl Fn((u64, u64, u64, u64)) -> bool) -> (u64, u64, u64, u64) {
+    let mut last = (0, 0, 0, 0);
+    for _ in 0..100 {
+        last = kpl_counters(cluster).await;
+        if done(last) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    last
+}
+
+async fn cleanup(cluster: &Cluster, s: TestStream) {
+    let zk = support::zk_client().await;
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_aggregates_through_a_split_and_a_merge_lose_nothing_and_keep_order() {
+    let s = TestStream::create("kpl-reshard", 2).await;
+    let dir = scratch("kpl-reshard");
+    let cluster = Cluster::new(&s.name, &dir);
+    let mut w = cluster.start("w", 2);
+    let label = s.label();
+    let run = "kplref";
+    let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
+    let mut counts = BTreeMap::new();
+
+    put_reference(&s, run, &keys, 5, 25, &mut counts).await;
+    kinesis::split_shard(&s.client, &label, &s.name, "shardId-000000000000").await.unwrap();
+    put_reference(&s, run, &keys, 5, 25, &mut counts).await;
+    let shards = kinesis::list_shards(&s.client, &label, &s.name).await.unwrap();
+    let mut open: Vec<&ShardDescription> = shards.iter().filter(|d| !d.closed).collect();
+    open.sort_by_key(|d| range(d).0);
+    let (a, b) = (open[0].shard_id.clone(), open[1].shard_id.clone());
+    kinesis::merge_shards(&s.client, &label, &s.name, &a, &b).await.unwrap();
+    put_reference(&s, run, &keys, 5, 25, &mut counts).await;
+
+    let m = manifest(run, &s.name, &counts);
+    assert_eq!(m.total, 600);
+    let report = cluster.wait_delivered(std::slice::from_ref(&m), Duration::from_secs(90)).await;
+    assert_eq!(report.lost, 0, "lost user records: {report:?}\n{}", cluster.logs());
+    assert_eq!(report.order_violations, 0, "per-key order broken: {report:?}");
+    assert_eq!(report.duplicates, 0, "nothing failed, so nothing is delivered twice: {report:?}");
+    let deliveries = read_deliveries(&cluster.delivery_files());
+    assert!(deliveries.iter().any(|d| d.sub_sequence == 24), "user records carry their index in the aggregate");
+    let (aggregates, users, dropped, corrupt) = wait_counters(&cluster, |c| c.1 >= 600).await;
+    assert_eq!((users, dropped, corrupt), (600, 0, 0), "aggregates {aggregates}");
+    assert_eq!(w.stop(Duration::from_secs(30)), Some(0));
+    cleanup(&cluster, s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_restart_mid_aggregate_emits_no_acked_user_record_again() {
+    let s = TestStream::create("kpl-restart", 1).await;
+    let dir = scratch("kpl-restart");
+    let cluster = Cluster::new(&s.name, &dir);
+    let run = "kplrestart";
+    // One aggregate of 40 user records over 4 keys, packed by our aggregator.
+    let payloads: Vec<(String, Vec<u8>)> = (0..40u64)
+        .map(|i| {
+            let key = format!("key-{}", i % 4);
+            let p = AuditPayload::new(run, &key, i / 4, 0).to_bytes();
+            (key, p)
+        })
+        .collect();
+    let users: Vec<NewUserRecord<'_>> =
+        payloads.iter().map(|(k, d)| NewUserRecord { partition_key: k, explicit_hash_key: None, data: d }).collect();
+    let agg = kpl::aggregate(&users).unwrap();
+    put_one(&s, &(agg.partition_key.clone(), None, agg.data.to_vec())).await;
+    let counts: BTreeMap<String, u64> = (0..4).map(|k| (format!("key-{k}"), 10)).collect();
+    let m = manifest(run, &s.name, &counts);
+
+    // A slow sink and two tuples in flight: the stop comes in the middle of the aggregate.
+    let slow = ["--sink-delay-ms", "150", "--max-spout-pending", "2", "--sinks", "1"];
+    let mut w1 = cluster.start_with("w1", 1, &slow);
+    let first = dir.join("w1.deliveries.jsonl");
+    for _ in 0..200 {
+        if read_deliveries(std::slice::from_ref(&first)).len() >= 8 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(w1.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());
+    let before: Vec<u64> = read_deliveries(std::slice::from_ref(&first)).iter().map(|d| d.sub_sequence).collect();
+    let before_set: BTreeSet<u64> = before.iter().copied().collect();
+    assert_eq!(before.len(), before_set.len(), "no duplicate before the restart: {before:?}");
+    assert!((8..40).contains(&before.len()), "stopped mid-aggregate: {} of 40 delivered", before.len());
+    assert_eq!(before_set, (0..before.len() as u64).collect(), "acked in order up to the stop");
+    // The checkpoint carries the last acked user record's sub-sequence.
+    let zk = support::zk_client().await;
+    let cp_path = format!("{}/checkpoints/shardId-000000000000", cluster.stream_path());
+    let cp = support::ops::znode_json(&zk, &cp_path).await.expect("checkpoint written");
+    assert_eq!(cp["position"]["sub_sequence"].as_u64(), Some(before.len() as u64 - 1), "{cp}");
+
+    let mut w2 = cluster.start("w2", 1);
+    let report = cluster.wait_delivered(std::slice::from_ref(&m), Duration::from_secs(60)).await;
+    assert_eq!(report.lost, 0, "{report:?}\n{}", cluster.logs());
+    let again: Vec<u64> = read_deliveries(std::slice::from_ref(&dir.join("w2.deliveries.jsonl")))
+        .iter()
+        .map(|d| d.sub_sequence)
+        .collect();
+    let emitted_again: Vec<u64> = again.iter().copied().filter(|s| before_set.contains(s)).collect();
+    assert_eq!(emitted_again, Vec::<u64>::new(), "user records acked before the stop were emitted again");
+    let mut rest = again.clone();
+    rest.sort_unstable();
+    assert_eq!(rest, (before.len() as u64..40).collect::<Vec<_>>(), "the restart delivers exactly the rest");
+    assert_eq!(report.duplicates, 0, "{report:?}");
+    assert_eq!(w2.stop(Duration::from_secs(30)), Some(0));
+    cleanup(&cluster, s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_records_outside_the_shards_hash_range_are_dropped_counted_and_delivered_by_the_sibling() {
+    let s = TestStream::create("kpl-range", 1).await;
+    let dir = scratch("kpl-range");
+    let cluster = Cluster::new(&s.name, &dir);
+    let label = s.label();
+    kinesis::split_shard(&s.client, &label, &s.name, "shardId-000000000000").await.unwrap();
+    let shards = kinesis::list_shards(&s.client, &label, &s.name).await.unwrap();
+    let mut open: Vec<&ShardDescription> = shards.iter().filter(|d| !d.closed).collect();
+    open.sort_by_key(|d| range(d).0);
+    let (low, high) = (open[0], open[1]);
+    let in_low = |k: &String| (range(low).0..=range(low).1).contains(&kpl::partition_key_hash(k));
+    let low_keys: Vec<String> = (0..).map(|i| format!("key-{i}")).filter(in_low).take(5).collect();
+    let stray = (0..).map(|i| format!("stray-{i}")).find(|k| !in_low(k)).unwrap();
+    let run = "kplrange";
+    // An aggregate for the low child, packed with a stale shard map: the stray key belongs to the
+    // high child. Then the stray record again, to its own shard (as the KPL re-sends it).
+    let mut payloads: Vec<(String, Vec<u8>)> =
+        low_keys.iter().map(|k| (k.clone(), AuditPayload::new(run, k, 0, 0).to_bytes())).collect();
+    payloads.insert(2, (stray.clone(), AuditPayload::new(run, &stray, 0, 0).to_bytes()));
+    let stale = reference_aggregate(&[payloads.clone()]).remove(0);
+    assert_eq!(put_one(&s, &stale).await, low.shard_id);
+    let resent = reference_aggregate(&[vec![payloads[2].clone()]]).remove(0);
+    assert_eq!(put_one(&s, &resent).await, high.shard_id);
+    let counts: BTreeMap<String, u64> = payloads.iter().map(|(k, _)| (k.clone(), 1)).collect();
+    let m = manifest(run, &s.name, &counts);
+
+    let mut w = cluster.start("w", 2);
+    let report = cluster.wait_delivered(std::slice::from_ref(&m), Duration::from_secs(60)).await;
+    assert_eq!(report.lost, 0, "{report:?}\n{}", cluster.logs());
+    assert_eq!(report.duplicates, 0, "the stray record is delivered once: {report:?}");
+    let deliveries = read_deliveries(&cluster.delivery_files());
+    let stray_from: Vec<&str> = deliveries.iter().filter(|d| d.key == stray).map(|d| d.shard.as_str()).collect();
+    assert_eq!(stray_from, vec![high.shard_id.as_str()], "delivered by its own shard only");
+    let (_, users, dropped, corrupt) = wait_counters(&cluster, |c| c.2 > 0 && c.1 >= 7).await;
+    assert_eq!((users, dropped, corrupt), (7, 1, 0), "the drop happened and was counted");
+    assert!(cluster.logs().contains("outside the shard's hash range"), "the drop is logged\n{}", cluster.logs());
+    assert_eq!(w.stop(Duration::from_secs(30)), Some(0));
+    cleanup(&cluster, s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_aggregates_are_delivered_once_as_plain_records_and_counted() {
+    let s = TestStream::create("kpl-corrupt", 1).await;
+    let dir = scratch("kpl-corrupt");
+    let cluster = Cluster::new(&s.name, &dir);
+    let run = "kplcorrupt";
+    let payload = |k: &str, seq: u64| AuditPayload::new(run, k, seq, 0).to_bytes();
+    let good =
+        reference_aggregate(&[vec![("key-0".into(), payload("key-0", 0)), ("key-1".into(), payload("key-1", 0))]])
+            .remove(0);
+    // Bad MD5: the trailer's last byte flipped.
+    let mut bad_md5 = good.2.clone();
+    *bad_md5.last_mut().unwrap() ^= 0x55;
+    // Bad protobuf, with an MD5 that matches it.
+    let body = [0x1a, 0xff, 0x01, 0x08];
+    let mut bad_pb = kpl::MAGIC.to_vec();
+    bad_pb.extend_from_slice(&body);
+    bad_pb.extend_from_slice(&md5_of(&body));
+    put_one(&s, &("key-9".into(), None, payload("key-9", 0))).await;
+    let md5_seq = put_one_seq(&s, &("x".into(), None, bad_md5.clone())).await;
+    let pb_seq = put_one_seq(&s, &("y".into(), None, bad_pb.clone())).await;
+    put_one(&s, &good).await;
+    let counts: BTreeMap<String, u64> = ["key-0", "key-1", "key-9"].iter().map(|k| (k.to_string(), 1)).collect();
+    let m = manifest(run, &s.name, &counts);
+
+    let non_audit = dir.join("non-audit.jsonl");
+    let mut w = cluster.start_with("w", 1, &["--non-audit", non_audit.to_str().unwrap()]);
+    let report = cluster.wait_delivered(std::slice::from_ref(&m), Duration::from_secs(60)).await;
+    assert_eq!((report.lost, report.duplicates), (0, 0), "{report:?}\n{}", cluster.logs());
+    let (_, _, _, corrupt) = wait_counters(&cluster, |c| c.3 >= 2).await;
+    assert_eq!(corrupt, 2, "both corrupt aggregates counted");
+    assert_eq!(w.stop(Duration::from_secs(30)), Some(0));
+    let plain: Vec<serde_json::Value> = support::ops::json_lines(&non_audit);
+    let got: BTreeSet<(String, u64, String)> = plain
+        .iter()
+        .map(|v| {
+            (
+                v["sequence"].as_str().unwrap().to_string(),
+                v["sub_sequence"].as_u64().unwrap(),
+                v["data_hex"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(plain.len(), 2, "each delivered once: {plain:?}");
+    let want: BTreeSet<(String, u64, String)> =
+        [(md5_seq.clone(), 0, hex(&bad_md5)), (pb_seq.clone(), 0, hex(&bad_pb))].into_iter().collect();
+    assert_eq!(got, want, "whole, as plain records");
+    let logs = cluster.logs();
+    for seq in [&md5_seq, &pb_seq] {
+        assert!(
+            logs.lines().any(|l| l.contains("not a valid aggregate") && l.contains(seq.as_str())),
+            "logged with its sequence {seq}\n{logs}"
+        );
+    }
+    cleanup(&cluster, s).await;
+}
+
+fn md5_of(bytes: &[u8]) -> [u8; 16] {
+    use md5::Digest as _;
+    md5::Md5::digest(bytes).into()
+}
+
+/// Puts one record and returns its sequence number.
+async fn put_one_seq(s: &TestStream, (pk, ehk, data): &Put) -> String {
+    let out = s
+        .client
+        .put_record()
+        .stream_name(&s.name)
+        .partition_key(pk)
+        .set_explicit_hash_key(ehk.clone())
+        .data(Blob::new(data.clone()))
+        .send()
+        .await
+        .expect("PutRecord");
+    out.sequence_number().to_string()
+}
