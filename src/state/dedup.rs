@@ -65,6 +65,8 @@ pub struct ProductionId {
     pub shard: Arc<str>,
     /// The source record's sequence number.
     pub sequence: Arc<str>,
+    /// The source record's sub-sequence (its index in a KPL aggregate; 0 for plain records).
+    pub sub_sequence: u64,
     /// `{sequence}:{sub_sequence}:{index}`: unique per production.
     pub id: String,
     /// The producing stage's checkpoint of `shard` when the production was emitted (none when
@@ -80,17 +82,22 @@ impl ProductionId {
         let (Some(seq), Some(sub), Some(idx), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
             return Err(format!("production id {id:?} is not `sequence:sub_sequence:index`"));
         };
-        if seq.is_empty()
-            || !seq.bytes().all(|b| b.is_ascii_digit())
-            || sub.parse::<u64>().is_err()
-            || idx.parse::<u64>().is_err()
-        {
+        let (Ok(sub), Ok(_)) = (sub.parse::<u64>(), idx.parse::<u64>()) else {
+            return Err(format!("production id {id:?} is not `sequence:sub_sequence:index` (decimal numbers)"));
+        };
+        if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
             return Err(format!("production id {id:?} is not `sequence:sub_sequence:index` (decimal numbers)"));
         }
         if shard.is_empty() {
             return Err(format!("production {id:?} has an empty production_shard"));
         }
-        Ok(Self { shard, sequence: Arc::from(seq), id: id.to_string(), floor: (!floor.is_empty()).then_some(floor) })
+        Ok(Self {
+            shard,
+            sequence: Arc::from(seq),
+            sub_sequence: sub,
+            id: id.to_string(),
+            floor: (!floor.is_empty()).then_some(floor),
+        })
     }
 }
 
@@ -188,6 +195,19 @@ fn at_or_below(sequence: &str, sub_sequence: u64, floor: &str) -> bool {
     sequence_cmp(sequence, fseq).then(sub_sequence.cmp(&fsub)) != Ordering::Greater
 }
 
+/// Whether position `pos` (`sequence[:sub_sequence]`) is at or below `floor` (the same form).
+fn position_at_or_below(pos: &str, floor: &str) -> bool {
+    let (seq, sub) = position(pos);
+    at_or_below(seq, sub, floor)
+}
+
+/// The source record's position in a production id `sequence:sub_sequence:index`.
+fn production_position(id: &str) -> (&str, u64) {
+    let mut parts = id.split(':');
+    let seq = parts.next().unwrap_or(id);
+    (seq, parts.next().and_then(|s| s.parse().ok()).unwrap_or(0))
+}
+
 impl Dedup {
     /// Judges one input against what is stored.
     pub fn judge(&self, id: &RecordId) -> Verdict {
@@ -255,7 +275,7 @@ impl Dedup {
             }
         }
         let Some(d) = self.productions.get(&*p.shard) else { return Verdict::Fresh };
-        if d.floor.as_deref().is_some_and(|f| at_or_below(&p.sequence, f)) {
+        if d.floor.as_deref().is_some_and(|f| at_or_below(&p.sequence, p.sub_sequence, f)) {
             return Verdict::Duplicate(Vec::new());
         }
         match d.applied.get(&p.id) {
@@ -275,24 +295,24 @@ impl Dedup {
         for d in self.productions.values_mut() {
             let mut raised: Option<String> = None;
             d.candidates.retain(|c| {
-                if c.shard != *id.shard || !at_or_below(&c.sequence, checkpoint) {
+                if c.shard != *id.shard || !position_at_or_below(&c.sequence, checkpoint) {
                     return true;
                 }
-                if raised.as_deref().is_none_or(|r| !at_or_below(&c.floor, r)) {
+                if raised.as_deref().is_none_or(|r| !position_at_or_below(&c.floor, r)) {
                     raised = Some(c.floor.clone());
                 }
                 false
             });
             let Some(floor) = raised else { continue };
-            if d.floor.as_deref().is_some_and(|old| at_or_below(&floor, old)) {
+            if d.floor.as_deref().is_some_and(|old| position_at_or_below(&floor, old)) {
                 continue;
             }
             d.applied.retain(|k, _| {
-                let seq = k.split(':').next().unwrap_or(k);
-                !at_or_below(seq, &floor)
+                let (seq, sub) = production_position(k);
+                !at_or_below(seq, sub, &floor)
             });
             d.floor = Some(floor);
-            d.candidates.retain(|c| d.floor.as_deref().is_none_or(|f| !at_or_below(&c.floor, f)));
+            d.candidates.retain(|c| d.floor.as_deref().is_none_or(|f| !position_at_or_below(&c.floor, f)));
         }
     }
 
@@ -301,15 +321,16 @@ impl Dedup {
     fn add_candidate(&mut self, id: &RecordId, p: &ProductionId) {
         let Some(floor) = p.floor.as_deref() else { return };
         let d = self.productions.entry(p.shard.to_string()).or_default();
-        if d.floor.as_deref().is_some_and(|f| at_or_below(floor, f)) {
+        if d.floor.as_deref().is_some_and(|f| position_at_or_below(floor, f)) {
             return;
         }
         // a candidate of the same intermediate shard with a higher or equal floor read earlier
         // takes effect no later: nothing to add
-        let dominated = d
-            .candidates
-            .iter()
-            .any(|c| c.shard == *id.shard && at_or_below(&c.sequence, &id.sequence) && at_or_below(floor, &c.floor));
+        let dominated = d.candidates.iter().any(|c| {
+            c.shard == *id.shard
+                && position_at_or_below(&c.sequence, &id.sequence)
+                && position_at_or_below(floor, &c.floor)
+        });
         if dominated {
             return;
         }
