@@ -85,6 +85,10 @@ struct Args {
     /// Fault injection (tests): like `--abort-after-commits`, for a task of the `totals` stage.
     #[arg(long, hide = true)]
     abort_totals_after_commits: Option<u64>,
+    /// Fault injection (tests): the `totals` stage fails the first attempt of about this percent
+    /// of the productions (by production id), so they are replayed after later ones.
+    #[arg(long, hide = true, default_value_t = 0)]
+    totals_fail_percent: u64,
 }
 
 /// A production of the first of `--two-stages`: one record of `key` counted.
@@ -112,8 +116,13 @@ impl KeyedState for CountAndTally {
     }
 }
 
-/// The second of `--two-stages`: sums the tallies per key.
-struct SumTallies;
+/// The second of `--two-stages`: sums the tallies per key. With `fail_percent`, the first
+/// attempt of about that percent of the productions fails (a transient error of the user's
+/// computation): they come back as replays, after later productions of their key.
+struct SumTallies {
+    fail_percent: u64,
+    failed_once: std::collections::HashSet<String>,
+}
 
 impl KeyedState for SumTallies {
     type State = u64;
@@ -124,6 +133,14 @@ impl KeyedState for SumTallies {
     }
 
     fn apply(&mut self, _key: &str, total: &mut u64, t: &Tuple, _out: &mut Vec<()>) -> Result<(), ComponentError> {
+        if self.fail_percent > 0 {
+            let id = t.get_str("production_id")?;
+            let h = id.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100000001b3));
+            if h % 100 < self.fail_percent && self.failed_once.insert(id.to_string()) {
+                tracing::info!(production = id, "fault injection: failing the first attempt of a production");
+                return Err(ComponentError::retryable(format!("injected failure of production {id}")));
+            }
+        }
         *total += t.get_u64("n")?;
         Ok(())
     }
@@ -286,6 +303,7 @@ async fn main() -> anyhow::Result<()> {
         let mut second = cfg;
         second.abort_after_commits = args.abort_totals_after_commits;
         let out_fields = with_production_fields(&["key", "n"]);
+        let totals_fail_percent = args.totals_fail_percent;
         let stages = Stages::new("counts", move |b, spout| {
             b.set_bolt("counts", counters, move |_| ExactlyOnce::new(first.clone(), CountAndTally))
                 .fields_grouping(spout, &["partition_key"])
@@ -295,8 +313,13 @@ async fn main() -> anyhow::Result<()> {
             Boundary::new("tally", "counts", &["key", "n"]).key(&["key"]).shards(args.boundary_shards).exactly_once(),
             "totals",
             move |b, input| {
-                b.set_bolt("totals", counters, move |_| ExactlyOnce::new(second.clone(), SumTallies))
-                    .fields_grouping(input, &["key"]);
+                b.set_bolt("totals", counters, move |_| {
+                    ExactlyOnce::new(
+                        second.clone(),
+                        SumTallies { fail_percent: totals_fail_percent, failed_once: Default::default() },
+                    )
+                })
+                .fields_grouping(input, &["key"]);
             },
         );
         return squall::stage::run(args.worker, stages).await;

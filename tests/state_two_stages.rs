@@ -4,7 +4,8 @@
 //! applies into an intermediate Kinesis stream; stage `totals` sums them per key. One worker
 //! aborts right after a `totals` commit is written (before its inputs are acked: the
 //! intermediate records come back), one right after a `counts` commit, one is SIGSTOPped past
-//! its ZooKeeper session and resumed (a zombie in both stages), one is SIGKILLed. The
+//! its ZooKeeper session and resumed (a zombie in both stages), one is SIGKILLed, and `totals`
+//! fails the first attempt of ~5% of the productions (replayed after later ones). The
 //! intermediate stream must really hold productions twice (read back from it), and both stages'
 //! counts must still equal the producer's manifest: none lost, none counted twice.
 
@@ -76,7 +77,9 @@ async fn counts_are_exact_through_two_stages_after_aborts_zombie_and_sigkill() {
     let url = support::state_endpoint();
     let ep = StateEndpoint::new(url.clone(), table.clone());
     StateStore::open(&ep).await.expect("state table");
-    let two = ["--two-stages", "--boundary-shards", "2"];
+    // every worker's `totals` fails the first attempt of ~5% of the productions: they are
+    // replayed after later productions of their key, whose producer floors already cover them
+    let two = ["--two-stages", "--boundary-shards", "2", "--totals-fail-percent", "5"];
     let with = |extra: &[&str]| -> Vec<String> { two.iter().chain(extra).map(|s| s.to_string()).collect() };
     let start = |name: &str, extra: &[&str]| {
         let args = with(extra);
@@ -129,15 +132,18 @@ async fn counts_are_exact_through_two_stages_after_aborts_zombie_and_sigkill() {
     // ---- the faults really happened ----
     let logs = ["a", "b", "c", "c2", "d"].map(|n| dir.join(format!("{n}.log")));
     let refused = count_in(&a.log, "state write refused");
+    let injected: usize = logs.iter().map(|l| count_in(l, "fault injection: failing the first attempt")).sum();
     let dup_productions: usize = logs.iter().map(|l| count_in(l, "duplicate production skipped")).sum();
     let inter = TestStream::existing(&format!("{}-tally", cluster.topology)).await;
     let copies = production_copies(&inter).await;
     let repeated = copies.values().filter(|n| **n > 1).count();
     eprintln!(
-        "refused writes of the zombie a: {refused}; duplicate productions skipped: {dup_productions}; \
-         productions in the intermediate stream: {} ({repeated} held by more than one record)",
+        "refused writes of the zombie a: {refused}; productions failed on their first attempt: {injected}; \
+         duplicate productions skipped: {dup_productions}; productions in the intermediate stream: {} ({repeated} \
+         held by more than one record)",
         copies.len()
     );
+    assert!(injected > 0, "no production failed on its first attempt\n{}", cluster.logs());
     assert!(refused > 0, "the zombie's late writes were not refused\n{}", a.log_text());
     assert!(dup_productions > 0, "no production was recognized as already applied\n{}", cluster.logs());
     assert!(repeated > 0, "no production was put twice into the intermediate stream: the test proves nothing");
