@@ -72,6 +72,7 @@ impl DeliverySink {
             shard: t.get_str("shard_id")?.to_string(),
             sequence: t.get_str("sequence_number")?.to_string(),
             sub_sequence: t.get_u64("sub_sequence")?,
+            stream: t.get_str("stream").map(str::to_string).unwrap_or_default(),
             worker: self.worker.clone(),
             t_us: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -110,6 +111,9 @@ pub struct Delivery {
     /// KPL sub-sequence (the user record's index in its aggregate; 0 for plain records).
     #[serde(default)]
     pub sub_sequence: u64,
+    /// Stream it was read from (the tuple's `stream` field; empty in older logs).
+    #[serde(default)]
+    pub stream: String,
     /// Worker that delivered it.
     pub worker: String,
     /// Microseconds since the epoch at delivery.
@@ -232,6 +236,7 @@ mod tests {
             shard: "s".into(),
             sequence: "1".into(),
             sub_sequence: 0,
+            stream: String::new(),
             worker: "w".into(),
             t_us: t,
         }

@@ -53,9 +53,12 @@ pub struct WorkerArgs {
     /// Topology name (its state lives in ZooKeeper under {zk-root}/topologies/{topology}).
     #[arg(long, env = "SQUALL_TOPOLOGY")]
     pub topology: String,
-    /// Kinesis stream to read.
-    #[arg(long, env = "SQUALL_STREAM")]
-    pub stream: String,
+    /// Kinesis stream to read; repeat (`--stream a --stream b`, or `SQUALL_STREAM=a,b`) to read
+    /// several in one topology: each has its own shard list, assignment, leases and checkpoints,
+    /// and tuples say which stream (`stream`). The first is the primary (the lifecycle state and
+    /// the worker status live under it).
+    #[arg(long = "stream", env = "SQUALL_STREAM", value_delimiter = ',', required = true, num_args = 1)]
+    pub stream: Vec<String>,
     /// ZooKeeper connect string.
     #[arg(long, env = "SQUALL_ZK", default_value = "127.0.0.1:2181")]
     pub zk: String,
@@ -107,8 +110,34 @@ fn parse_secret(s: &str) -> Result<crate::coord::Secret, std::convert::Infallibl
 }
 
 impl WorkerArgs {
-    /// The spout configuration these flags describe (file first, then flags).
+    /// The primary (first) stream.
+    pub fn primary_stream(&self) -> &str {
+        self.stream.first().map_or("", String::as_str)
+    }
+
+    /// Checks the stream list: at least one, no repeats.
+    pub fn validate_streams(&self) -> anyhow::Result<()> {
+        if self.stream.iter().all(|s| s.is_empty()) {
+            anyhow::bail!("topology {}: no stream to read; pass --stream NAME (repeat it for several)", self.topology);
+        }
+        for (i, s) in self.stream.iter().enumerate() {
+            if self.stream[..i].contains(s) {
+                anyhow::bail!(
+                    "topology {}: stream {s:?} is given twice in --stream; list each stream once",
+                    self.topology
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The spout configuration of the primary stream (file first, then flags).
     pub fn spout_config(&self) -> anyhow::Result<KinesisSpoutConfig> {
+        self.spout_config_for(self.primary_stream())
+    }
+
+    /// The spout configuration of `stream` (file first, then flags).
+    pub fn spout_config_for(&self, stream: &str) -> anyhow::Result<KinesisSpoutConfig> {
         let mut cfg = match &self.spout_config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -117,15 +146,15 @@ impl WorkerArgs {
                     .with_context(|| format!("parsing the spout configuration {}", path.display()))?;
                 if let Some(o) = v.as_object_mut() {
                     o.entry("topology").or_insert_with(|| self.topology.clone().into());
-                    o.entry("stream").or_insert_with(|| self.stream.clone().into());
+                    o.insert("stream".into(), stream.into());
                 }
                 serde_json::from_value::<KinesisSpoutConfig>(v)
                     .with_context(|| format!("invalid spout configuration in {}", path.display()))?
             }
-            None => KinesisSpoutConfig::new(self.topology.clone(), self.stream.clone()),
+            None => KinesisSpoutConfig::new(self.topology.clone(), stream.to_string()),
         };
         cfg.topology = self.topology.clone();
-        cfg.stream = self.stream.clone();
+        cfg.stream = stream.to_string();
         cfg.kinesis = KinesisEndpoint::new(self.endpoint.clone(), self.region.clone());
         cfg.initial_position = self.initial_position;
         cfg.zookeeper.connect = self.zk.clone();
@@ -180,6 +209,7 @@ where
 /// drains in turn; the worker is drained when every stage is.
 pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> anyhow::Result<()> {
     crate::logging::init();
+    args.validate_streams()?;
     let spout_cfg = args.spout_config()?;
     let mut topo_cfg = args.topology_config()?;
     for b in stages.boundaries() {
@@ -200,7 +230,7 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
     let deployment = state.deployment_id.clone();
 
     let engines = Engines::start(&args, stages, spout_cfg, &topo_cfg, &identity, &session, &deployment).await?;
-    tracing::info!(topology = %args.topology, stream = %args.stream, spout_tasks = args.spout_tasks,
+    tracing::info!(topology = %args.topology, streams = %args.stream.join(","), spout_tasks = args.spout_tasks,
         stages = engines.stages.len(), "worker started");
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -357,17 +387,23 @@ impl Engines {
         let (first_name, first_build) = stages.first;
         let registry = SpoutRegistry::default();
         let mut builder = TopologyBuilder::new(args.topology.clone());
-        KinesisSpout::declare_shared(
+        // one spout component over every source stream, `--spout-tasks` tasks per stream
+        let mut cfgs = vec![spout_cfg.clone()];
+        for stream in args.stream.iter().skip(1) {
+            // its tasks register under the stream: its shards are assigned over them alone
+            cfgs.push(KinesisSpoutConfig { stream_tasks: true, ..args.spout_config_for(stream)? });
+        }
+        KinesisSpout::declare_streams(
             &mut builder,
             SPOUT_ID,
             args.spout_tasks,
-            spout_cfg.clone(),
+            cfgs,
             identity.clone(),
             registry.clone(),
-            SpoutShared::with_session(session.clone()),
+            session.clone(),
         );
         first_build(&mut builder, SPOUT_ID);
-        built.push((first_name, args.stream.clone(), builder, registry, Arc::default(), None));
+        built.push((first_name, args.primary_stream().to_string(), builder, registry, Arc::default(), None));
         for (boundary, name, build) in stages.rest {
             let stream = boundary.stream_name(&args.topology);
             // the writer, in the previous stage
@@ -546,7 +582,7 @@ async fn open_store(session: &SharedSession, args: &WorkerArgs) -> anyhow::Resul
     let Some(s) = session.current().session else {
         anyhow::bail!("no ZooKeeper session for topology {}", args.topology);
     };
-    ZkStore::open(s, &args.zk_root, &args.topology, &args.stream)
+    ZkStore::open(s, &args.zk_root, &args.topology, args.primary_stream())
         .await
         .map_err(|e| anyhow::anyhow!("worker of topology {}: {e}", args.topology))
 }
@@ -555,7 +591,7 @@ async fn reopen(
     session: std::sync::Arc<crate::coord::ZkSession>,
     args: &WorkerArgs,
 ) -> Result<(ZkStore, tokio::sync::mpsc::Receiver<ChangeEvent>), CoordError> {
-    let store = ZkStore::open(session, &args.zk_root, &args.topology, &args.stream).await?;
+    let store = ZkStore::open(session, &args.zk_root, &args.topology, args.primary_stream()).await?;
     let events = store.watch(&[WatchOn::State, WatchOn::Drain]).await?;
     Ok((store, events))
 }
@@ -687,6 +723,7 @@ fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines) -> WorkerSt
     let mut components = serde_json::Map::new();
     let mut stages = Vec::new();
     let mut kpl = crate::coord::KplRuntime::default();
+    let primary = engines.stages.first().map_or("", |s| s.input.as_str());
     for (i, stage) in engines.stages.iter().enumerate() {
         for t in stage.registry.tasks() {
             let name = t.task_name();
@@ -697,8 +734,9 @@ fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines) -> WorkerSt
             kpl.out_of_range += load(&k.out_of_range);
             kpl.corrupt += load(&k.corrupt);
             for (shard, st) in t.shards() {
-                // a later stage's shards are named with their stream: shard ids repeat across streams
-                let key = if i == 0 { shard } else { format!("{}/{shard}", stage.input) };
+                // shards of another stream than the primary (a later stage's input, a further
+                // source stream) are named with their stream: shard ids repeat across streams
+                let key = if i == 0 && t.stream() == primary { shard } else { format!("{}/{shard}", t.stream()) };
                 shards.insert(
                     key,
                     ShardRuntime {
@@ -713,7 +751,7 @@ fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines) -> WorkerSt
                 );
             }
             if !name.is_empty() {
-                tasks.push(if i == 0 { name } else { format!("{}/{name}", stage.input) });
+                tasks.push(if i == 0 && t.stream() == primary { name } else { format!("{}/{name}", t.stream()) });
             }
         }
         if let Ok(serde_json::Value::Object(m)) = serde_json::to_value(stage.running.metrics().components) {
@@ -743,6 +781,7 @@ fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines) -> WorkerSt
         components: serde_json::Value::Object(components),
         stages: if stages.len() > 1 { stages } else { Vec::new() },
         kpl,
+        stream: primary.to_string(),
     }
 }
 

@@ -569,6 +569,7 @@ pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<S
         }
     }
     let sources: Vec<&String> = all_streams.iter().filter(|s| !intermediate.contains(s)).collect();
+    let workers_primary = workers.iter().map(|w| w.stream.clone()).find(|s| !s.is_empty());
     for w in workers {
         report.workers.push(WorkerReport {
             worker_id: w.worker_id,
@@ -580,9 +581,16 @@ pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<S
             kpl: (w.kpl != crate::coord::KplRuntime::default()).then_some(w.kpl),
         });
     }
+    // the workers key their primary stream's shards by id, any other stream's by `{stream}/{id}`
+    let primary = workers_primary.unwrap_or_else(|| sources.first().map(|s| s.to_string()).unwrap_or_default());
     for stream in &sources {
         let store = ZkStore::open(session.clone(), &cli.zk_root, topology, stream).await?;
-        report.streams.push(stream_report(&store, stream, &runtime, str::to_string).await?);
+        let report_stream = if **stream == primary {
+            stream_report(&store, stream, &runtime, str::to_string).await?
+        } else {
+            stream_report(&store, stream, &runtime, |shard| format!("{stream}/{shard}")).await?
+        };
+        report.streams.push(report_stream);
     }
     if intermediate.is_empty() {
         return Ok(report);

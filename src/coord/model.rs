@@ -236,6 +236,10 @@ pub struct WorkerStatus {
     /// KPL de-aggregation counters of the worker's spout tasks (absent when it read no aggregate).
     #[serde(default, skip_serializing_if = "KplRuntime::is_empty")]
     pub kpl: KplRuntime,
+    /// The worker's primary source stream: its shards are keyed by shard id in `shards` (and its
+    /// tasks by name in `tasks`); those of any other stream by `{stream}/{id}`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stream: String,
 }
 
 /// KPL de-aggregation counters of a worker, since it started.

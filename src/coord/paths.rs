@@ -42,17 +42,26 @@ pub struct TopologyPaths {
 impl TopologyPaths {
     /// Builds the layout; rejects names that would escape their directory.
     pub fn new(root: &str, topology: &str, stream: &str) -> Result<Self, CoordError> {
-        Self::build(root, topology, stream, false)
+        Self::build(root, topology, stream, None)
     }
 
     /// The layout of an intermediate stream between two stages of a topology: like
     /// [`TopologyPaths::new`], but its spout tasks register under `streams/{stream}/tasks`, so
     /// the readers of each stage's input are assigned that stream's shards only.
     pub fn for_stage_input(root: &str, topology: &str, stream: &str) -> Result<Self, CoordError> {
-        Self::build(root, topology, stream, true)
+        Self::build(root, topology, stream, Some("tasks"))
     }
 
-    fn build(root: &str, topology: &str, stream: &str, stream_tasks: bool) -> Result<Self, CoordError> {
+    /// The layout of a further source stream of a topology reading several (`--stream a
+    /// --stream b`; the first keeps [`TopologyPaths::new`]): its spout tasks register under
+    /// `streams/{stream}/source-tasks`, so its shards are assigned over its own readers, and the
+    /// stream is not taken for a stage's intermediate stream (whose tasks register under
+    /// `streams/{stream}/tasks`).
+    pub fn for_source_stream(root: &str, topology: &str, stream: &str) -> Result<Self, CoordError> {
+        Self::build(root, topology, stream, Some("source-tasks"))
+    }
+
+    fn build(root: &str, topology: &str, stream: &str, stream_tasks: Option<&str>) -> Result<Self, CoordError> {
         validate_root(root)?;
         validate_name("topology name", topology)?;
         validate_name("stream name", stream)?;
@@ -63,7 +72,10 @@ impl TopologyPaths {
             topology_name: topology.to_string(),
             stream_name: stream.to_string(),
             state: format!("{topo}/state"),
-            tasks: if stream_tasks { format!("{stream_path}/tasks") } else { format!("{topo}/tasks") },
+            tasks: match stream_tasks {
+                Some(dir) => format!("{stream_path}/{dir}"),
+                None => format!("{topo}/tasks"),
+            },
             workers: format!("{topo}/workers"),
             shards: format!("{stream_path}/shards"),
             checkpoints: format!("{stream_path}/checkpoints"),

@@ -115,6 +115,18 @@ impl ZkStore {
         Self::open_paths(session, paths).await
     }
 
+    /// [`ZkStore::open`] for a further source stream of a topology reading several: its tasks
+    /// register under the stream (see [`TopologyPaths::for_source_stream`]).
+    pub async fn open_source_stream(
+        session: Arc<ZkSession>,
+        root: &str,
+        topology: &str,
+        stream: &str,
+    ) -> Result<Self, CoordError> {
+        let paths = TopologyPaths::for_source_stream(root, topology, stream)?;
+        Self::open_paths(session, paths).await
+    }
+
     /// A store on `session` for the producer registry of an intermediate stream, without the
     /// layout checks of [`ZkStore::open`] (the registry calls create their directory when it is
     /// missing): registering or following producers costs only its own requests.

@@ -262,6 +262,12 @@ pub struct KinesisSpoutConfig {
     /// register under the stream (`streams/{stream}/tasks`), apart from the other stages'.
     #[serde(default)]
     pub stage_input: bool,
+    /// Its tasks register under the stream (`streams/{stream}/source-tasks`) instead of the topology's
+    /// `tasks/`, so the stream's shards are assigned over the tasks reading it alone. Set by the
+    /// worker for every source stream but the primary when it reads several (`--stream a
+    /// --stream b`), not by hand.
+    #[serde(default)]
+    pub stream_tasks: bool,
 }
 
 fn default_idle_timeout_ms() -> u64 {
@@ -332,6 +338,7 @@ impl KinesisSpoutConfig {
             watermark_idle_timeout_ms: default_idle_timeout_ms(),
             watermark_interval_ms: default_watermark_interval_ms(),
             stage_input: false,
+            stream_tasks: false,
         }
     }
 

@@ -69,10 +69,21 @@ use tracker::{FailOutcome, Tracker};
 /// token of the lease the record was read under (later owners of the shard hold higher tokens),
 /// and `checkpoint`, a sequence of the shard up to which every record is handled (acked or
 /// dead-lettered) and will never be read again by a correct owner (`""` when none is known yet).
+/// `stream` is the Kinesis stream the record was read from (a worker reads several with
+/// `--stream a --stream b`).
 /// Exactly-once state ([`crate::state`]) fences zombies with the first and prunes its
 /// deduplication data with the second.
-pub const FIELDS: [&str; 8] =
-    ["partition_key", "sequence_number", "sub_sequence", "shard_id", "arrival_ms", "data", "lease_token", "checkpoint"];
+pub const FIELDS: [&str; 9] = [
+    "partition_key",
+    "sequence_number",
+    "sub_sequence",
+    "shard_id",
+    "arrival_ms",
+    "data",
+    "lease_token",
+    "checkpoint",
+    "stream",
+];
 /// Fields a stage input appends to each tuple with [`crate::stage::Boundary::exactly_once`]:
 /// the intermediate record's shard and sequence, the tuple's index in the record (as its
 /// sub-sequence), the lease token and the checkpoint, as in [`FIELDS`].
@@ -82,7 +93,7 @@ pub const STAGE_RECORD_ID_FIELDS: [&str; 5] =
 /// The stream on which records that exhausted their replays are emitted.
 pub const DEAD_LETTER_STREAM: &str = "dead_letter";
 /// Fields of the dead-letter stream: the record's fields plus how many times it failed.
-pub const DEAD_LETTER_FIELDS: [&str; 9] = [
+pub const DEAD_LETTER_FIELDS: [&str; 10] = [
     "partition_key",
     "sequence_number",
     "sub_sequence",
@@ -91,6 +102,7 @@ pub const DEAD_LETTER_FIELDS: [&str; 9] = [
     "data",
     "lease_token",
     "checkpoint",
+    "stream",
     "failures",
 ];
 
@@ -198,12 +210,18 @@ impl WorkerIdentity {
 /// What a worker can see of one of its spout tasks (for status publication).
 #[derive(Debug, Clone)]
 pub struct SpoutTaskHandle {
+    stream: Arc<str>,
     task_name: Arc<Mutex<String>>,
     status: Arc<Mutex<HashMap<Arc<str>, ShardStatus>>>,
     stats: Arc<SpoutStats>,
 }
 
 impl SpoutTaskHandle {
+    /// The stream the task reads.
+    pub fn stream(&self) -> &str {
+        &self.stream
+    }
+
     /// The task's ZooKeeper node name (empty until registered).
     pub fn task_name(&self) -> String {
         lock(&self.task_name).clone()
@@ -234,6 +252,8 @@ impl SpoutRegistry {
 /// The Kinesis spout. Build one per task with [`KinesisSpout::declare`].
 pub struct KinesisSpout {
     cfg: Arc<KinesisSpoutConfig>,
+    /// `cfg.stream`, shared by every tuple's `stream` field.
+    stream_name: Arc<str>,
     worker: WorkerIdentity,
     tracker: Arc<Mutex<Tracker>>,
     space: Arc<Notify>,
@@ -274,6 +294,7 @@ impl KinesisSpout {
     /// A spout task sharing `shared` (session and stream coordinator) with its siblings.
     pub fn with_shared(cfg: Arc<KinesisSpoutConfig>, worker: WorkerIdentity, shared: SpoutShared) -> Self {
         Self {
+            stream_name: Arc::from(cfg.stream.as_str()),
             cfg,
             worker,
             tracker: Arc::default(),
@@ -346,11 +367,38 @@ impl KinesisSpout {
     /// Records this task in `registry` (for the worker's status).
     fn registered(self, registry: &SpoutRegistry) -> Self {
         lock(&registry.0).push(SpoutTaskHandle {
+            stream: self.stream_name.clone(),
             task_name: self.task_name.clone(),
             status: self.status.clone(),
             stats: self.stats.clone(),
         });
         self
+    }
+
+    /// Declares one spout component `id` reading every stream of `cfgs` (one configuration per
+    /// stream), with `per_stream` tasks for each: task `i` reads stream `i / per_stream`. Each
+    /// stream has its own coordinator (shard list, assignment over the tasks reading it,
+    /// leases, checkpoints under `streams/{stream}/`); tuples say which stream (`stream`).
+    pub fn declare_streams(
+        builder: &mut TopologyBuilder,
+        id: &str,
+        per_stream: usize,
+        cfgs: Vec<KinesisSpoutConfig>,
+        worker: WorkerIdentity,
+        registry: SpoutRegistry,
+        session: Arc<crate::coord::SharedSession>,
+    ) {
+        let per_stream = per_stream.max(1);
+        let streams: Vec<(Arc<KinesisSpoutConfig>, SpoutShared)> =
+            cfgs.into_iter().map(|c| (Arc::new(c), SpoutShared::with_session(session.clone()))).collect();
+        let n = streams.len();
+        builder
+            .set_spout(id, per_stream * n, move |ctx: &TaskContext| {
+                let (cfg, shared) = &streams[(ctx.task_index() / per_stream).min(n.saturating_sub(1))];
+                KinesisSpout::with_shared(cfg.clone(), worker.clone(), shared.clone()).registered(&registry)
+            })
+            .fields(&FIELDS)
+            .output(DEAD_LETTER_STREAM, &DEAD_LETTER_FIELDS);
     }
 
     /// Declares the spout reading a stage's input, the intermediate stream `cfg.stream` (which
@@ -391,7 +439,7 @@ impl KinesisSpout {
         self.stats.clone()
     }
 
-    fn values(r: &tracker::Record, own: Option<&tracker::Ownership>) -> Values {
+    fn values(&self, r: &tracker::Record, own: Option<&tracker::Ownership>) -> Values {
         let mut v = Values::new();
         v.push(r.partition_key.clone());
         v.push(r.sequence.clone());
@@ -402,11 +450,12 @@ impl KinesisSpout {
         v.push(own.map_or(0, |o| o.lease_token));
         // `sequence` or `sequence:sub_sequence` (see `SeqKey::floor_text`).
         v.push(own.and_then(|o| o.floor.clone()).unwrap_or_else(|| Arc::from("")));
+        v.push(self.stream_name.clone());
         v
     }
 
-    fn dead_letter_values(r: &tracker::Record, own: Option<&tracker::Ownership>, failures: u32) -> Values {
-        let mut v = Self::values(r, own);
+    fn dead_letter_values(&self, r: &tracker::Record, own: Option<&tracker::Ownership>, failures: u32) -> Values {
+        let mut v = self.values(r, own);
         v.push(failures);
         v
     }
@@ -451,7 +500,7 @@ impl KinesisSpout {
         match &mut self.stage {
             None => {
                 let own = lock(&self.tracker).ownership(&rec.shard_id, epoch);
-                Some(vec![Self::values(rec, own.as_ref())])
+                Some(vec![self.values(rec, own.as_ref())])
             }
             Some(stage) => match stage.on_record(rec, epoch) {
                 stage_input::Step::Emit(mut values) => {
@@ -622,7 +671,7 @@ impl Spout for KinesisSpout {
             if let Some(((rec, failures), own)) = rec {
                 out.emit_to(
                     DEAD_LETTER_STREAM,
-                    Self::dead_letter_values(&rec, own.as_ref(), failures),
+                    self.dead_letter_values(&rec, own.as_ref(), failures),
                     Some(SpoutMsgId::DeadLetter(id)),
                 )?;
                 return Ok(());
@@ -650,7 +699,7 @@ impl Spout for KinesisSpout {
                             .map(|r| (r, t.ownership(&id.shard_id, id.epoch)))
                     };
                     if let Some(((rec, failures), own)) = rec {
-                        let v = Self::dead_letter_values(&rec, own.as_ref(), failures);
+                        let v = self.dead_letter_values(&rec, own.as_ref(), failures);
                         out.emit_to(DEAD_LETTER_STREAM, v, Some(SpoutMsgId::DeadLetter(id)))?;
                         return Ok(());
                     }
@@ -663,7 +712,7 @@ impl Spout for KinesisSpout {
             let epoch = own.epoch;
             self.space.notify_waiters();
             let tuples = match &mut self.stage {
-                None => vec![Self::values(&rec, Some(&own))],
+                None => vec![self.values(&rec, Some(&own))],
                 Some(stage) => match stage.on_record(&rec, epoch) {
                     stage_input::Step::Emit(mut tuples) => {
                         if stage.record_ids() {

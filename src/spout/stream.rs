@@ -204,9 +204,11 @@ impl StreamCoordinator {
             self.stop_listing();
             self.assignment = None;
             let setup = async {
+                let (root, topology, stream) = (&self.cfg.zookeeper.root, &self.cfg.topology, &self.cfg.stream);
                 let store = if self.cfg.stage_input {
-                    ZkStore::open_stage_input(session, &self.cfg.zookeeper.root, &self.cfg.topology, &self.cfg.stream)
-                        .await?
+                    ZkStore::open_stage_input(session, root, topology, stream).await?
+                } else if self.cfg.stream_tasks {
+                    ZkStore::open_source_stream(session, root, topology, stream).await?
                 } else {
                     ZkStore::open(session, &self.cfg.zookeeper.root, &self.cfg.topology, &self.cfg.stream).await?
                 };
