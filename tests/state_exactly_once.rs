@@ -17,12 +17,8 @@ use squall::state::{StateEndpoint, StateStore};
 use support::TestStream;
 use support::faultproxy::{FaultPlan, FaultProxy};
 use support::reliability::spawn_producer;
-use support::state::start_counts;
+use support::state::{count_in, start_counts, wait_reading};
 use support::workers::{Cluster, scratch};
-
-fn count_in(path: &Path, needle: &str) -> usize {
-    std::fs::read_to_string(path).unwrap_or_default().lines().filter(|l| l.contains(needle)).count()
-}
 
 /// Polls the table until the counts match the manifest (or the timeout); the last report.
 async fn wait_counts(
@@ -71,11 +67,7 @@ async fn counts_are_exact_after_abort_mid_commit_sigkill_zombie_store_faults_spl
     let mut a = start_counts(&cluster, "a", &url, &table, &["--commit-interval-ms", "400"]);
     let mut b2 = start_counts(&cluster, "b2", &url, &table, &[]);
     let mut c = start_counts(&cluster, "c", &url, &table, &[]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while count_in(&a.log, "reading shard") == 0 {
-        assert!(Instant::now() < deadline, "a never read a shard\n{}", cluster.logs());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_reading(&a, &cluster).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // 2. split a shard
@@ -166,11 +158,7 @@ async fn window_counts_are_exact_after_abort_zombie_sigkill_and_split() {
     mark("b aborted after a written commit");
     let mut a = start_counts(&cluster, "a", &url, &table, &[&win[..], &["--commit-interval-ms", "400"]].concat());
     let mut c = start_counts(&cluster, "c", &url, &table, &win);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while count_in(&a.log, "reading shard") == 0 {
-        assert!(Instant::now() < deadline, "a never read a shard\n{}", cluster.logs());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_reading(&a, &cluster).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     a.pause();
     mark("SIGSTOP a");

@@ -21,12 +21,8 @@ use squall::state::{StateEndpoint, StateStore};
 use squall::topology::Value;
 use support::TestStream;
 use support::reliability::spawn_producer;
-use support::state::start_counts;
+use support::state::{count_in, start_counts, wait_reading};
 use support::workers::{Cluster, scratch};
-
-fn count_in(path: &Path, needle: &str) -> usize {
-    std::fs::read_to_string(path).unwrap_or_default().lines().filter(|l| l.contains(needle)).count()
-}
 
 /// Polls until both stages' counts match the manifest (or the timeout); the last reports.
 async fn wait_both(
@@ -103,11 +99,7 @@ async fn counts_are_exact_through_two_stages_after_aborts_zombie_and_sigkill() {
     // 3. a commits slowly (inputs wait 400 ms), so it holds uncommitted inputs when frozen
     let mut a = start("a", &["--commit-interval-ms", "400"]);
     let mut c = start("c", &[]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while count_in(&a.log, "reading shard") == 0 {
-        assert!(Instant::now() < deadline, "a never read a shard\n{}", cluster.logs());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_reading(&a, &cluster).await;
     // past the replays of the aborted workers' records (duplicates write nothing, so a zombie
     // holding only those has nothing to be refused): a holds fresh inputs when it freezes
     tokio::time::sleep(Duration::from_secs(3)).await;

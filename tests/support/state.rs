@@ -11,6 +11,20 @@ use squall::state::{StateEndpoint, StateStore};
 use super::reliability::Proc;
 use super::workers::{Cluster, example_bin};
 
+/// Lines of the file at `path` that contain `needle` (0 when it cannot be read).
+pub fn count_in(path: &std::path::Path, needle: &str) -> usize {
+    std::fs::read_to_string(path).unwrap_or_default().lines().filter(|l| l.contains(needle)).count()
+}
+
+/// Waits (30 s at most) until worker `p` of `cluster` logs that it reads a shard.
+pub async fn wait_reading(p: &Proc, cluster: &Cluster) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count_in(&p.log, "reading shard") == 0 {
+        assert!(Instant::now() < deadline, "{} never read a shard\n{}", p.name, cluster.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The component id of the counting bolt in the example.
 pub const COMPONENT: &str = "counts";
 
