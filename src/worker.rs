@@ -211,6 +211,10 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
     crate::logging::init();
     args.validate_streams()?;
     let spout_cfg = args.spout_config()?;
+    // every stream's configuration is checked before anything connects
+    for stream in args.stream.iter().skip(1) {
+        args.spout_config_for(stream)?;
+    }
     let mut topo_cfg = args.topology_config()?;
     for b in stages.boundaries() {
         b.validate(&args.topology).map_err(|e| anyhow::anyhow!("topology {}: {e}", args.topology))?;
