@@ -43,9 +43,10 @@ impl HashRange {
 /// KPL counters of one spout task.
 #[derive(Debug, Default)]
 pub struct KplStats {
-    /// Valid aggregates read.
+    /// Valid aggregates read (not counting one read again wholly below a resume checkpoint).
     pub aggregates: AtomicU64,
-    /// User records taken out of aggregates (before the hash-range filter).
+    /// User records taken out of aggregates (before the hash-range filter), not counting those at
+    /// or below the checkpoint a reader resumed from (they were counted when first read).
     pub user_records: AtomicU64,
     /// User records dropped because their hash key is outside the shard's hash range.
     pub out_of_range: AtomicU64,
@@ -79,45 +80,63 @@ pub(crate) fn split(
 ) -> (Vec<Record>, BatchCounts) {
     let mut c = BatchCounts::default();
     let mut out = Vec::with_capacity(records.len());
-    let mut keep = |r: Record, c: &mut BatchCounts, out: &mut Vec<Record>| {
+    // Whether a record is at or below the checkpoint the reader resumed from (counted as
+    // skipped); clears the skip once the batch passed it.
+    let mut skipped = |r: &Record, c: &mut BatchCounts| {
         if let Some(k) = skip.as_ref() {
             if r.key() <= *k {
                 c.skipped += 1;
-                return;
+                return true;
             }
             if sequence_cmp(&r.sequence, &k.0).is_gt() {
                 *skip = None;
             }
         }
-        out.push(r);
+        false
     };
     for r in records {
         match kpl::deaggregate(&r.data) {
-            Deaggregated::Plain => keep(r, &mut c, &mut out),
+            Deaggregated::Plain => {
+                if !skipped(&r, &mut c) {
+                    out.push(r);
+                }
+            }
             Deaggregated::Corrupt(reason) => {
+                if skipped(&r, &mut c) {
+                    continue;
+                }
                 c.corrupt += 1;
                 tracing::warn!(stream = %stream, shard = %r.shard_id, sequence = %r.sequence, bytes = r.data.len(), %reason,
                     "record starts with the KPL magic bytes but is not a valid aggregate: delivered whole as one plain record");
-                keep(r, &mut c, &mut out);
+                out.push(r);
             }
             Deaggregated::Records(users) => {
-                c.aggregates += 1;
-                c.user_records += users.len() as u64;
+                // counted once per ownership: user records at or below the checkpoint the
+                // reader resumed from were counted when first read
                 let mut dropped = 0u64;
+                let mut taken = 0u64;
                 for (i, u) in users.into_iter().enumerate() {
-                    if range.is_some_and(|range| !range.contains(u.hash_key())) {
-                        dropped += 1;
-                        continue;
-                    }
                     let user = Record {
                         shard_id: r.shard_id.clone(),
                         sequence: r.sequence.clone(),
                         sub_sequence: i as u64,
-                        partition_key: u.partition_key,
+                        partition_key: u.partition_key.clone(),
                         arrival_ms: r.arrival_ms,
-                        data: u.data,
+                        data: u.data.clone(),
                     };
-                    keep(user, &mut c, &mut out);
+                    if skipped(&user, &mut c) {
+                        continue;
+                    }
+                    taken += 1;
+                    if range.is_some_and(|range| !range.contains(u.hash_key())) {
+                        dropped += 1;
+                        continue;
+                    }
+                    out.push(user);
+                }
+                if taken > 0 {
+                    c.aggregates += 1;
+                    c.user_records += taken;
                 }
                 if dropped > 0 {
                     c.out_of_range += dropped;
