@@ -48,7 +48,7 @@ pub use config::{Secret, ZkAuth, ZkConfig};
 pub use error::{CoordError, ErrorDomain};
 pub use logic::{assign, leader, moved, readable, readable_shards, sequence_cmp, sticky_assign, task_cmp};
 pub use model::{
-    Assignment, Checkpoint, CheckpointPosition, DrainRequest, KplRuntime, LeaseInfo, Lifecycle, ShardList, ShardRecord,
+    Assignment, Checkpoint, CheckpointPosition, DrainRequest, EfoRuntime, KplRuntime, LeaseInfo, Lifecycle, ShardList, ShardRecord,
     ShardRuntime, StageRuntime, TaskInfo, TopologyState, Versioned, WorkerStatus, now_ms,
 };
 pub use paths::TopologyPaths;
