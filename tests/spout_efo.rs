@@ -178,8 +178,8 @@ async fn efo_renewed_subscriptions_continue_from_the_continuation_sequence() {
     let zk = support::zk_client().await;
     let consumer = consumer_flag(&s);
     let mut w = cluster.start_with("w", 1, &["--consumer", &consumer]);
-    // ~12 s of records at 100/s, across several renewals of each subscription.
-    let producer = spawn_producer(&s.client, &s.label(), &s.name, 1200, 40, 100.0);
+    // ~15 s of records at 100/s, across several renewals of each subscription.
+    let producer = spawn_producer(&s.client, &s.label(), &s.name, 1500, 40, 100.0);
     let mut seen = BTreeMap::new();
     while !producer.is_finished() {
         merge_max(&mut seen, shard_status(&zk, &cluster).await);
@@ -197,7 +197,8 @@ async fn efo_renewed_subscriptions_continue_from_the_continuation_sequence() {
     assert_eq!(seen.len(), 2, "{seen:?}");
     for (sh, rt) in &seen {
         let efo = rt.efo.as_ref().unwrap_or_else(|| panic!("{sh} not read by EFO: {rt:?}"));
-        assert!(efo.resubscriptions >= 3, "{sh}: too few renewals {efo:?}");
+        // Every 2 s, plus the ResourceInUse back-off while kinesis-local frees the previous one.
+        assert!(efo.resubscriptions >= 2, "{sh}: too few renewals {efo:?}");
         assert_eq!(rt.get_records_calls, 0, "{sh} was polled: {rt:?}");
     }
     assert_eq!(w.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());

@@ -212,6 +212,18 @@ enum Start<'a> {
     After(&'a str),
 }
 
+/// Where a shard's reading stands, carried from one subscription to the next.
+struct Position<'a> {
+    /// User records at or below this are skipped (a resume inside a KPL aggregate).
+    skip: &'a mut Option<SeqKey>,
+    /// The continuation sequence of the last event handed on.
+    resume: &'a mut Option<String>,
+    /// The last Kinesis record handed on.
+    last_fetched: &'a mut Option<Arc<str>>,
+    /// Set when the subscription delivered an event.
+    delivered: &'a mut bool,
+}
+
 /// Why a subscription ended.
 #[derive(Debug)]
 enum Ended {
@@ -239,13 +251,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// An SDK error as a `KinesisError`, and whether it is ResourceInUse.
-fn classify<E, R>(op: &'static str, stream: &str, endpoint: &str, e: SdkError<E, R>) -> (KinesisError, bool)
+/// An SDK error as a `KinesisError`, and whether it is ResourceInUse (`typed`: the modeled
+/// error says so; an error inside the event stream carries no code of its own).
+fn classify<E, R>(
+    op: &'static str,
+    stream: &str,
+    endpoint: &str,
+    e: SdkError<E, R>,
+    typed: impl Fn(&E) -> bool,
+) -> (KinesisError, bool)
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug + Send + Sync + 'static,
 {
-    let in_use = e.code() == Some("ResourceInUseException");
+    let in_use = e.code() == Some("ResourceInUseException") || e.as_service_error().is_some_and(typed);
     (KinesisError::from_sdk(op, stream, endpoint, e), in_use)
 }
 
@@ -333,7 +352,7 @@ impl ReaderCtx {
             .starting_position(pos)
             .send()
             .await
-            .map_err(|e| classify("SubscribeToShard", stream, endpoint, e))?;
+            .map_err(|e| classify("SubscribeToShard", stream, endpoint, e, |e| e.is_resource_in_use_exception()))?;
         Ok(out)
     }
 
@@ -380,18 +399,21 @@ impl ReaderCtx {
             let ended = match sub {
                 Err((e, in_use)) => Ended::Error(e, in_use),
                 Ok(mut rx) => {
-                    self.set_status(&shard, |s| {
-                        s.efo_subscriptions += 1;
-                        if opened_before {
-                            s.efo_resubscriptions += 1;
-                        }
-                    });
                     tracing::debug!(stream = %self.stream, shard = %shard, consumer = %efo.consumer, ?from,
-                        renewal = opened_before, "subscribed to the shard");
-                    opened_before = true;
-                    let ended = self
-                        .read_subscription(&efo, &mut rx, &shard, epoch, &mut skip, &mut resume, &mut last_fetched, &cancel)
-                        .await;
+                        renewal = opened_before, "subscribing to the shard");
+                    let mut delivered = false;
+                    let pos = Position {
+                        skip: &mut skip,
+                        resume: &mut resume,
+                        last_fetched: &mut last_fetched,
+                        delivered: &mut delivered,
+                    };
+                    let ended =
+                        self.read_subscription(&efo, &mut rx, &shard, epoch, pos, &mut opened_before, &cancel).await;
+                    if delivered {
+                        // The back-off starts again after a subscription that worked.
+                        backoffs = self.backoffs();
+                    }
                     // Dropping the receiver closes the subscription.
                     drop(rx);
                     ended
@@ -444,18 +466,18 @@ impl ReaderCtx {
     }
 
     /// Hands on the events of one subscription until it ends.
-    #[allow(clippy::too_many_arguments)]
     async fn read_subscription(
         &self,
         efo: &EfoCtx,
         rx: &mut SubscribeToShardOutput,
         shard: &Arc<str>,
         epoch: u64,
-        skip: &mut Option<SeqKey>,
-        resume: &mut Option<String>,
-        last_fetched: &mut Option<Arc<str>>,
+        pos: Position<'_>,
+        opened_before: &mut bool,
         cancel: &CancellationToken,
     ) -> Ended {
+        let Position { skip, resume, last_fetched, delivered } = pos;
+        let mut first = true;
         let (endpoint, stream) = match &self.source {
             ShardSource::Kinesis { endpoint, stream, .. } => (endpoint.as_str(), stream.as_str()),
             ShardSource::Simulated(_) => ("", ""),
@@ -479,11 +501,22 @@ impl ReaderCtx {
                 Ok(Some(_)) => continue,
                 Ok(None) => return Ended::ByKinesis,
                 Err(e) => {
-                    let (e, in_use) = classify("SubscribeToShard", stream, endpoint, e);
+                    let (e, in_use) =
+                        classify("SubscribeToShard", stream, endpoint, e, |e| e.is_resource_in_use_exception());
                     return Ended::Error(e, in_use);
                 }
             };
-            self.set_status(shard, |s| s.efo_events += 1);
+            // A subscription counts once Kinesis sent its first event (kinesis-local refuses a
+            // second subscription inside the event stream, not in the response).
+            let renewal = std::mem::replace(opened_before, true);
+            *delivered = true;
+            self.set_status(shard, |s| {
+                s.efo_events += 1;
+                if std::mem::take(&mut first) {
+                    s.efo_subscriptions += 1;
+                    s.efo_resubscriptions += u64::from(renewal);
+                }
+            });
             // Fencing: hand nothing on unless the leases can be trusted right now. The event is
             // read again by the next subscription (after the last continuation handed on).
             if !self.liveness.trusted() || !*self.fetch_allowed.borrow() {
