@@ -717,7 +717,7 @@ fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines) -> WorkerSt
                         error_since_ms: st.error_since_ms,
                         error_kind: st.error_kind.map(|k| k.to_string()),
                         get_records_calls: st.get_records_calls,
-                        efo: (st.efo_subscriptions + st.efo_in_use > 0).then(|| crate::coord::EfoRuntime {
+                        efo: st.efo_reader.then_some(crate::coord::EfoRuntime {
                             events: st.efo_events,
                             subscriptions: st.efo_subscriptions,
                             resubscriptions: st.efo_resubscriptions,

@@ -104,7 +104,8 @@ async fn efo_through_a_split_loses_nothing_and_keeps_order() {
     assert_eq!(open.len(), 3, "{shards:?}");
     let mut seen = BTreeMap::new();
     watch_status(&zk, &cluster, &mut seen, Duration::from_secs(20), |seen| {
-        open.iter().all(|sh| seen.get(sh).and_then(|r| r.efo.as_ref()).is_some_and(|e| e.subscriptions > 0 && e.events > 0))
+        open.iter()
+            .all(|sh| seen.get(sh).and_then(|r| r.efo.as_ref()).is_some_and(|e| e.subscriptions > 0 && e.events > 0))
     })
     .await;
     eprintln!("EFO split status: {}", serde_json::to_string(&seen).unwrap());

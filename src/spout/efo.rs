@@ -139,7 +139,10 @@ pub(crate) async fn register(source: &ShardSource, name: &str, settings: &EfoSet
             Ok(out) => match out.stream_description_summary {
                 Some(s) => break s.stream_arn,
                 None => {
-                    return Err(fail(KinesisError::StreamNotFound { stream: stream.clone(), endpoint: endpoint.clone() }));
+                    return Err(fail(KinesisError::StreamNotFound {
+                        stream: stream.clone(),
+                        endpoint: endpoint.clone(),
+                    }));
                 }
             },
             Err(e) => {
@@ -161,8 +164,7 @@ pub(crate) async fn register(source: &ShardSource, name: &str, settings: &EfoSet
     }
     let mut delay = Duration::from_millis(100);
     loop {
-        let status = match client.describe_stream_consumer().stream_arn(&stream_arn).consumer_name(name).send().await
-        {
+        let status = match client.describe_stream_consumer().stream_arn(&stream_arn).consumer_name(name).send().await {
             Ok(out) => match out.consumer_description {
                 Some(c) if c.consumer_status == ConsumerStatus::Active => {
                     tracing::info!(stream = %stream, consumer = %name, arn = %c.consumer_arn, "stream consumer ACTIVE");
@@ -222,6 +224,9 @@ struct Position<'a> {
     last_fetched: &'a mut Option<Arc<str>>,
     /// Set when the subscription delivered an event.
     delivered: &'a mut bool,
+    /// Whether an earlier subscription of this ownership delivered an event (the next one
+    /// that does is a renewal).
+    opened_before: &'a mut bool,
 }
 
 /// Why a subscription ended.
@@ -322,10 +327,7 @@ impl ReaderCtx {
         efo: &EfoCtx,
         shard: &str,
         from: Start<'_>,
-    ) -> Result<
-        SubscribeToShardOutput,
-        (KinesisError, bool),
-    > {
+    ) -> Result<SubscribeToShardOutput, (KinesisError, bool)> {
         let ShardSource::Kinesis { client, endpoint, stream } = &self.source else {
             let e = KinesisError::Config { field: "consumer".into(), reason: "no enhanced fan-out here".into() };
             return Err((e, false));
@@ -366,6 +368,7 @@ impl ReaderCtx {
         mut skip: Option<SeqKey>,
         cancel: CancellationToken,
     ) {
+        self.set_status(&shard, |s| s.efo_reader = true);
         let mut backoffs = self.backoffs();
         // The continuation sequence of the last event handed on: where the next subscription
         // starts (after it). `None` until an event was handed on: then the checkpoint.
@@ -407,9 +410,9 @@ impl ReaderCtx {
                         resume: &mut resume,
                         last_fetched: &mut last_fetched,
                         delivered: &mut delivered,
+                        opened_before: &mut opened_before,
                     };
-                    let ended =
-                        self.read_subscription(&efo, &mut rx, &shard, epoch, pos, &mut opened_before, &cancel).await;
+                    let ended = self.read_subscription(&efo, &mut rx, &shard, epoch, pos, &cancel).await;
                     if delivered {
                         // The back-off starts again after a subscription that worked.
                         backoffs = self.backoffs();
@@ -473,10 +476,9 @@ impl ReaderCtx {
         shard: &Arc<str>,
         epoch: u64,
         pos: Position<'_>,
-        opened_before: &mut bool,
         cancel: &CancellationToken,
     ) -> Ended {
-        let Position { skip, resume, last_fetched, delivered } = pos;
+        let Position { skip, resume, last_fetched, delivered, opened_before } = pos;
         let mut first = true;
         let (endpoint, stream) = match &self.source {
             ShardSource::Kinesis { endpoint, stream, .. } => (endpoint.as_str(), stream.as_str()),

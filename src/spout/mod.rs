@@ -44,7 +44,9 @@ pub mod stage_input;
 mod stream;
 mod tracker;
 
-pub use config::{Consumer, EfoSettings, InitialPosition, KinesisSpoutConfig, RetryPolicy, SpoutConfigError, ZkSettings};
+pub use config::{
+    Consumer, EfoSettings, InitialPosition, KinesisSpoutConfig, RetryPolicy, SpoutConfigError, ZkSettings,
+};
 pub use deagg::KplStats;
 pub use readlog::ReadLogEntry;
 pub use shared::{DEFAULT_GIVE_UP_AFTER, SpoutShared};
@@ -137,6 +139,8 @@ pub struct ShardStatus {
     pub errors: u64,
     /// Records read so far.
     pub records_read: u64,
+    /// The shard is read by enhanced fan-out.
+    pub efo_reader: bool,
     /// GetRecords calls made for this shard (polling, and the end-of-shard check of EFO).
     pub get_records_calls: u64,
     /// Enhanced fan-out: events received (empty ones included).

@@ -458,7 +458,13 @@ impl ReaderCtx {
     }
 
     /// Backs off after an error, as its kind says; false when cancelled.
-    pub(super) async fn on_error(&self, shard: &Arc<str>, e: &KinesisError, b: &mut Backoffs, cancel: &CancellationToken) -> bool {
+    pub(super) async fn on_error(
+        &self,
+        shard: &Arc<str>,
+        e: &KinesisError,
+        b: &mut Backoffs,
+        cancel: &CancellationToken,
+    ) -> bool {
         let kind = e.kind();
         let now = crate::coord::now_ms();
         let repeated = b.failing.is_some_and(|(k, _)| k == kind);
