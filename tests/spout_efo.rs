@@ -6,6 +6,8 @@
 //! - a graceful stop and a new worker resume exactly from the checkpoints: no duplicate;
 //! - subscriptions renewed every 2 s (`efo.renew_after_ms`; kinesis-local ends them only after
 //!   5 minutes) continue from the continuation sequence: nothing lost, nothing duplicated;
+//! - a subscription that goes silent (a proxy stops forwarding its bytes) is dropped by the watchdog
+//!   (`efo.silence_timeout_ms`, 3 s here) and renewed: nothing lost, nothing duplicated;
 //! - a bad consumer name stops the worker with an error naming it and the fix.
 //!
 //! kinesis-local sends no ChildShards and always a continuation sequence: the parent's end is found
@@ -20,6 +22,7 @@ use squall::coord::{ShardRuntime, WorkerStatus};
 use squall::kinesis::{self, PutOptions};
 use support::TestStream;
 use support::reliability::spawn_producer;
+use support::stallproxy::StallProxy;
 use support::workers::{Cluster, audit_bin, read_log_entries, read_log_violations, scratch};
 
 async fn put(s: &TestStream, count: u64) -> squall::kinesis::payload::Manifest {
@@ -200,6 +203,51 @@ async fn efo_renewed_subscriptions_continue_from_the_continuation_sequence() {
         let efo = rt.efo.as_ref().unwrap_or_else(|| panic!("{sh} not read by EFO: {rt:?}"));
         // Every 2 s, plus the ResourceInUse back-off while kinesis-local frees the previous one.
         assert!(efo.resubscriptions >= 2, "{sh}: too few renewals {efo:?}");
+        assert_eq!(rt.get_records_calls, 0, "{sh} was polled: {rt:?}");
+    }
+    assert_eq!(w.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn efo_watchdog_renews_a_silent_subscription() {
+    let s = TestStream::create("efo-watchdog", 2).await;
+    let dir = scratch("efo-watchdog");
+    let cluster = Cluster::with_spout_config(&s.name, &dir, serde_json::json!({"efo": {"silence_timeout_ms": 3000}}));
+    let zk = support::zk_client().await;
+    let upstream = support::kinesis_endpoint().endpoint.trim_start_matches("http://").to_string();
+    let proxy = StallProxy::start(&upstream).await;
+    let consumer = consumer_flag(&s);
+    let mut w = cluster.start_with("w", 1, &["--consumer", &consumer, "--endpoint", &proxy.url]);
+    let producer = spawn_producer(&s.client, &s.label(), &s.name, 1000, 40, 100.0);
+    // Once both shards deliver, the subscriptions hang: no byte of theirs reaches the worker.
+    let start = Instant::now();
+    let mut seen = BTreeMap::new();
+    watch_status(&zk, &cluster, &mut seen, Duration::from_secs(30), |seen| {
+        seen.len() == 2 && seen.values().all(|r| r.records_read > 0 && r.efo.as_ref().is_some_and(|e| e.events > 0))
+    })
+    .await;
+    let stalled = proxy.stall_streams();
+    assert_eq!(stalled, 2, "event streams open when stalled ({:?} after the start)", start.elapsed());
+    while !producer.is_finished() {
+        merge_max(&mut seen, shard_status(&zk, &cluster).await);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let manifest = producer.await.unwrap();
+    let report = cluster.wait_delivered(std::slice::from_ref(&manifest), Duration::from_secs(60)).await;
+    watch_status(&zk, &cluster, &mut seen, Duration::from_secs(15), |seen| {
+        seen.values().all(|r| r.efo.as_ref().is_some_and(|e| e.watchdog > 0 && e.resubscriptions > 0))
+    })
+    .await;
+    let report_late = cluster.audit(std::slice::from_ref(&manifest));
+    eprintln!("EFO watchdog audit: {}", serde_json::to_string(&report_late).unwrap());
+    eprintln!("EFO watchdog status: {}", serde_json::to_string(&seen).unwrap());
+    assert_eq!(report.lost, 0, "{report:?}\n{}", cluster.logs());
+    assert_eq!(report_late.duplicates, 0, "{report_late:?}");
+    for (sh, rt) in &seen {
+        let efo = rt.efo.as_ref().unwrap_or_else(|| panic!("{sh} not read by EFO: {rt:?}"));
+        assert!(efo.watchdog > 0 && efo.resubscriptions > 0, "{sh}: the watchdog never fired: {efo:?}");
         assert_eq!(rt.get_records_calls, 0, "{sh} was polled: {rt:?}");
     }
     assert_eq!(w.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());
