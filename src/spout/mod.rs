@@ -9,7 +9,9 @@
 //!   session loss).
 //! - [`shared`](SpoutShared): the session and stream coordinator the tasks of one worker share.
 //! - `source`: where shards come from (the Kinesis API).
-//! - `reader`: one GetRecords loop per owned shard.
+//! - `reader`: one GetRecords loop per owned shard (polling, the default).
+//! - `efo`: enhanced fan-out: consumer registration and one SubscribeToShard subscription per
+//!   owned shard, renewed from its continuation sequence, with a silence watchdog.
 //! - `tracker`: in-flight records per shard, checkpoint computation, replay bookkeeping.
 //! - [`readlog`]: an optional JSON-lines read log for audits.
 //!
