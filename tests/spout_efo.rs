@@ -8,7 +8,9 @@
 //!   5 minutes) continue from the continuation sequence: nothing lost, nothing duplicated;
 //! - a subscription that goes silent (a proxy stops forwarding its bytes) is dropped by the watchdog
 //!   (`efo.silence_timeout_ms`, 3 s here) and renewed: nothing lost, nothing duplicated;
-//! - a bad consumer name stops the worker with an error naming it and the fix.
+//! - a bad consumer name stops the worker with an error naming it and the fix; so does a consumer
+//!   that cannot be registered (here: the stream does not exist), naming the consumer, the stream
+//!   and the fix.
 //!
 //! kinesis-local sends no ChildShards and always a continuation sequence: the parent's end is found
 //! by the reader's fallback (ListShards says closed, then GetRecords to the null iterator).
@@ -264,4 +266,28 @@ async fn efo_bad_consumer_name_exits_with_the_fix() {
     let text = std::fs::read_to_string(log).unwrap();
     assert!(!status.success(), "{text}");
     assert!(text.contains("no spaces!") && text.contains("a-z, A-Z, 0-9"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn efo_registration_failure_exits_naming_the_consumer_the_stream_and_the_fix() {
+    let dir = scratch("efo-nostream");
+    let stream = support::unique_name("efo-nostream");
+    let cluster = Cluster::new(&stream, &dir);
+    let (mut cmd, log) = cluster.worker_command(&audit_bin(), "w", 1, &["--consumer", "efo:app"]);
+    let mut child = cmd.spawn().expect("run the worker");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "the worker did not exit");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let text = std::fs::read_to_string(log).unwrap();
+    assert!(!status.success(), "{text}");
+    let line =
+        text.lines().find(|l| l.contains("cannot register the stream consumer")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("\"app\"") && line.contains(&stream) && line.contains("--consumer polling"), "{line}");
+    let zk = support::zk_client().await;
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
 }
