@@ -433,7 +433,15 @@ impl ReaderCtx {
                     tracing::warn!(stream = %self.stream, shard = %shard, consumer = %efo.consumer, silence = ?efo.silence,
                         "no event on the subscription for the silence timeout: subscribing again");
                 }
-                Ended::Paused | Ended::Dropped => {}
+                Ended::Paused => {}
+                Ended::Dropped => {
+                    // The leases are not confirmed yet: give the session a moment before the
+                    // next subscription reads the dropped event again.
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    }
+                }
                 Ended::Error(e, true) => {
                     self.set_status(&shard, |s| s.efo_in_use += 1);
                     let delay = backoffs.transient.next().unwrap_or(self.call_max_backoff);
