@@ -47,7 +47,7 @@ demo:
 	./scripts/demo.sh
 
 # The engine benchmark (squall-topology), the coordination and Kinesis benchmarks (benches/coord.rs,
-# benches/kinesis.rs) against kinesis-local and kinesalite, the KPL benchmark (benches/kpl.rs), and the exactly-once state benchmark
+# benches/kinesis.rs) against kinesis-local and kinesalite, the KPL benchmark (benches/kpl.rs), polling vs EFO latency (benches/efo.rs), and the exactly-once state benchmark
 # (benches/state.rs: kinesalite and dynalite); kinesalite is stopped again even when a step fails.
 export SQUALL_KINESALITE_ENDPOINT ?= http://127.0.0.1:$(or $(SQUALL_KINESALITE_PORT),4568)
 bench:

@@ -103,6 +103,10 @@ pub struct WorkerArgs {
     /// Append a JSON-lines read log here (shard, sequences, times) for audits.
     #[arg(long, env = "SQUALL_READ_LOG")]
     pub read_log: Option<String>,
+    /// How shards are read: `polling` (GetRecords, the default) or `efo:NAME` (enhanced fan-out
+    /// through the stream consumer NAME, registered when missing). Overrides the spout config.
+    #[arg(long, env = "SQUALL_CONSUMER")]
+    pub consumer: Option<crate::spout::Consumer>,
 }
 
 fn parse_secret(s: &str) -> Result<crate::coord::Secret, std::convert::Infallible> {
@@ -164,6 +168,9 @@ impl WorkerArgs {
         cfg.zookeeper.auth_password = self.zk_password.as_ref().map(|p| p.expose().to_string());
         if self.read_log.is_some() {
             cfg.read_log = self.read_log.clone();
+        }
+        if let Some(c) = &self.consumer {
+            cfg.consumer = c.clone();
         }
         cfg.validate()?;
         Ok(cfg)
@@ -751,6 +758,14 @@ fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines) -> WorkerSt
                         retryable: st.retryable.unwrap_or(true),
                         error_since_ms: st.error_since_ms,
                         error_kind: st.error_kind.map(|k| k.to_string()),
+                        get_records_calls: st.get_records_calls,
+                        efo: st.efo_reader.then_some(crate::coord::EfoRuntime {
+                            events: st.efo_events,
+                            subscriptions: st.efo_subscriptions,
+                            resubscriptions: st.efo_resubscriptions,
+                            watchdog: st.efo_watchdog,
+                            in_use: st.efo_in_use,
+                        }),
                     },
                 );
             }

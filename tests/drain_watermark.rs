@@ -56,19 +56,30 @@ async fn an_idle_shard_does_not_hold_windows_back_longer_than_the_idle_timeout()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_under_load_flushes_windows_checkpoints_exactly_and_ignores_stale_notifications() {
-    let s = TestStream::create("drain", 3).await;
-    let dir = scratch("drain");
+    drain_under_load("drain", false).await;
+}
+
+/// The same with enhanced fan-out: the drain drops the subscriptions, nothing is handed on after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn efo_drain_under_load_flushes_windows_and_checkpoints_exactly() {
+    drain_under_load("drain-efo", true).await;
+}
+
+async fn drain_under_load(prefix: &str, efo: bool) {
+    let s = TestStream::create(prefix, 3).await;
+    let dir = scratch(prefix);
     let cluster = Cluster::with_spout_config(&s.name, &dir, serde_json::json!({"watermark_idle_timeout_ms": 1000}));
     let bin = example_bin("windowed_counts");
+    let consumer = format!("efo:{}-app", s.name);
     let start = |name: &str| {
         let out = dir.join(format!("{name}.windows.jsonl"));
         let wms = dir.join(format!("{name}.watermarks.jsonl"));
-        cluster.start_example(
-            &bin,
-            name,
-            1,
-            &["--window-ms", "1000", "--out", out.to_str().unwrap(), "--watermarks", wms.to_str().unwrap()],
-        )
+        let mut args =
+            vec!["--window-ms", "1000", "--out", out.to_str().unwrap(), "--watermarks", wms.to_str().unwrap()];
+        if efo {
+            args.extend(["--consumer", consumer.as_str()]);
+        }
+        cluster.start_example(&bin, name, 1, &args)
     };
     let mut a = start("a");
     let mut b = start("b");
@@ -169,6 +180,13 @@ async fn drain_under_load_flushes_windows_checkpoints_exactly_and_ignores_stale_
     let st: serde_json::Value = serde_json::from_str(&st).unwrap();
     assert_eq!(st["state"], "ACTIVE");
     assert_ne!(st["deployment_id"], deployment.as_str(), "a new deployment id after a drain");
+    if efo {
+        // Every worker read its shards by subscriptions (debug log of `spout::efo`).
+        for name in ["a", "b", "c"] {
+            let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+            assert!(log.contains("subscribing to the shard"), "{name} did not read by enhanced fan-out\n{log}");
+        }
+    }
     assert_eq!(c.stop(Duration::from_secs(30)), Some(0));
     support::zk_delete_tree(&zk, &cluster.zk_root).await;
     s.delete().await;

@@ -17,12 +17,24 @@ use zookeeper_client as zk;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_lost_its_lease_cannot_checkpoint() {
-    let s = TestStream::create("rel-fence", 2).await;
-    let dir = scratch("rel-fence");
+    lost_lease_cannot_checkpoint("rel-fence", false).await;
+}
+
+/// The same with enhanced fan-out: the subscription of the stolen shard is dropped with its reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_efo_worker_that_lost_its_lease_cannot_checkpoint_or_read() {
+    lost_lease_cannot_checkpoint("rel-fence-efo", true).await;
+}
+
+async fn lost_lease_cannot_checkpoint(prefix: &str, efo: bool) {
+    let s = TestStream::create(prefix, 2).await;
+    let dir = scratch(prefix);
     let cluster = Cluster::new(&s.name, &dir);
     let zk = support::zk_client().await;
     let watcher = CheckpointWatcher::start(&support::zk_connect(), &cluster.stream_path(), None);
-    let mut w = spawn_worker(&cluster, "w1", 1, &[], &[]);
+    let consumer = format!("efo:{}-app", s.name);
+    let extra: Vec<&str> = if efo { vec!["--consumer", &consumer] } else { vec![] };
+    let mut w = spawn_worker(&cluster, "w1", 1, &extra, &[]);
     let producer = spawn_producer(&s.client, &s.label(), &s.name, 1500, 20, 100.0);
 
     // Wait until the worker owns both shards and has checkpointed.
@@ -101,6 +113,10 @@ async fn a_worker_that_lost_its_lease_cannot_checkpoint() {
     );
     assert_eq!(report.lost, 0, "{report:?}\n{}", cluster.logs());
     assert!(owners(&zk, &cluster).await.get(&shard) == Some(&task), "the shard was not re-acquired");
+    if efo {
+        let subscribed = w.log_text().lines().filter(|l| l.contains("subscribing to the shard")).count();
+        assert!(subscribed >= 3, "the shards were not read by enhanced fan-out ({subscribed} subscriptions)");
+    }
     assert_eq!(w.stop(Duration::from_secs(30)), Some(0));
     support::zk_delete_tree(&zk, &cluster.zk_root).await;
     s.delete().await;

@@ -431,6 +431,10 @@ pub struct ShardReport {
     pub error_kind: Option<String>,
     /// Since when (ms since the epoch) the shard has been failing.
     pub error_since_ms: Option<i64>,
+    /// GetRecords calls by its current owner.
+    pub get_records_calls: u64,
+    /// Enhanced fan-out counters of its current owner (null when the shard is polled).
+    pub efo: Option<crate::coord::EfoRuntime>,
 }
 
 /// Reads one stream's shards (list, owners, assignment, checkpoints) from `store`, with the lag
@@ -497,6 +501,8 @@ async fn stream_report(
                 rt.and_then(|r| r.error_kind.clone())
             },
             error_since_ms: rt.and_then(|r| r.error_since_ms),
+            get_records_calls: rt.map_or(0, |r| r.get_records_calls),
+            efo: rt.and_then(|r| r.efo.clone()),
             shard_id: sh.shard_id,
         });
     }

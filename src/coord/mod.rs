@@ -48,8 +48,8 @@ pub use config::{Secret, ZkAuth, ZkConfig};
 pub use error::{CoordError, ErrorDomain};
 pub use logic::{assign, leader, moved, readable, readable_shards, sequence_cmp, sticky_assign, task_cmp};
 pub use model::{
-    Assignment, Checkpoint, CheckpointPosition, DrainRequest, KplRuntime, LeaseInfo, Lifecycle, ShardList, ShardRecord,
-    ShardRuntime, StageRuntime, TaskInfo, TopologyState, Versioned, WorkerStatus, now_ms,
+    Assignment, Checkpoint, CheckpointPosition, DrainRequest, EfoRuntime, KplRuntime, LeaseInfo, Lifecycle, ShardList,
+    ShardRecord, ShardRuntime, StageRuntime, TaskInfo, TopologyState, Versioned, WorkerStatus, now_ms,
 };
 pub use paths::TopologyPaths;
 pub use session::{FaultHook, Health, InjectedFault, Liveness, SessionView, SharedSession, ZkOp, ZkSession};

@@ -188,6 +188,27 @@ pub struct ShardRuntime {
     /// The kind of the last error (`access_denied`, `kms_key`, `not_found`, `throttled`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_kind: Option<String>,
+    /// GetRecords calls for this shard by this owner.
+    #[serde(default)]
+    pub get_records_calls: u64,
+    /// Enhanced fan-out counters (absent when the shard is polled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efo: Option<EfoRuntime>,
+}
+
+/// Enhanced fan-out counters of one shard, by its current owner.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EfoRuntime {
+    /// Events received (empty ones included).
+    pub events: u64,
+    /// Subscriptions opened.
+    pub subscriptions: u64,
+    /// Subscriptions renewed after one ended.
+    pub resubscriptions: u64,
+    /// Subscriptions dropped by the silence watchdog.
+    pub watchdog: u64,
+    /// SubscribeToShard refused with ResourceInUse, retried.
+    pub in_use: u64,
 }
 
 impl Default for ShardRuntime {
@@ -200,6 +221,8 @@ impl Default for ShardRuntime {
             retryable: true,
             error_since_ms: None,
             error_kind: None,
+            get_records_calls: 0,
+            efo: None,
         }
     }
 }

@@ -44,6 +44,126 @@ impl std::str::FromStr for InitialPosition {
     }
 }
 
+/// How the spout reads its shards: polling (GetRecords, the default) or enhanced fan-out.
+///
+/// Written `polling` or `efo:NAME` (in JSON, a string; on the command line, `--consumer`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Consumer {
+    /// GetShardIterator + GetRecords per owned shard (shares the shard's 2 MB/s read limit with
+    /// every other polling consumer).
+    #[default]
+    Polling,
+    /// Enhanced fan-out: registers the stream consumer `NAME` (idempotently) and subscribes to
+    /// each owned shard (SubscribeToShard, an HTTP/2 event stream with a dedicated 2 MB/s).
+    Efo {
+        /// The stream consumer's name (1-128 of a-z, A-Z, 0-9, _ . -).
+        name: String,
+    },
+}
+
+impl Consumer {
+    /// The consumer name of an EFO consumer.
+    pub fn efo_name(&self) -> Option<&str> {
+        match self {
+            Consumer::Polling => None,
+            Consumer::Efo { name } => Some(name),
+        }
+    }
+}
+
+impl fmt::Display for Consumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Consumer::Polling => f.write_str("polling"),
+            Consumer::Efo { name } => write!(f, "efo:{name}"),
+        }
+    }
+}
+
+/// Whether `name` is a valid Kinesis stream consumer name.
+pub(crate) fn consumer_name_ok(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 128 && name.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+}
+
+impl std::str::FromStr for Consumer {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("polling") {
+            return Ok(Consumer::Polling);
+        }
+        match s.split_once(':') {
+            Some((kind, name)) if kind.eq_ignore_ascii_case("efo") => {
+                if consumer_name_ok(name) {
+                    Ok(Consumer::Efo { name: name.to_string() })
+                } else {
+                    Err(format!(
+                        "{name:?} is not a Kinesis stream consumer name: use 1-128 characters of a-z, A-Z, 0-9, _ . - \
+                         (e.g. --consumer efo:my-app)"
+                    ))
+                }
+            }
+            _ => Err(format!("{s:?} is not a consumer; use `polling` (the default) or `efo:NAME` (enhanced fan-out)")),
+        }
+    }
+}
+
+impl Serialize for Consumer {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Consumer {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Enhanced fan-out settings (used with `consumer: "efo:NAME"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EfoSettings {
+    /// How long the spout waits for a newly registered consumer to become ACTIVE (ms; AWS takes
+    /// a few seconds). The spout fails with an error naming the consumer and the stream after it.
+    #[serde(default = "default_efo_register_timeout_ms")]
+    pub register_timeout_ms: u64,
+    /// A subscription silent for this long (no event, not even an empty one: Kinesis sends one
+    /// every few seconds) is dropped and renewed from its continuation sequence (ms).
+    #[serde(default = "default_efo_silence_timeout_ms")]
+    pub silence_timeout_ms: u64,
+    /// Renew every subscription after this long (ms), before Kinesis ends it (5 minutes). None by
+    /// default: a subscription is renewed when Kinesis ends it. Tests set a few seconds.
+    #[serde(default)]
+    pub renew_after_ms: Option<u64>,
+    /// At most one ListShards call per this interval per task (ms) to learn whether a shard
+    /// that an empty event showed caught up is closed (an emulator that never sends ChildShards
+    /// needs it; see ARCHITECTURE.md).
+    #[serde(default = "default_efo_end_check_ms")]
+    pub end_check_interval_ms: u64,
+}
+
+fn default_efo_register_timeout_ms() -> u64 {
+    60_000
+}
+fn default_efo_silence_timeout_ms() -> u64 {
+    35_000
+}
+fn default_efo_end_check_ms() -> u64 {
+    5_000
+}
+
+impl Default for EfoSettings {
+    fn default() -> Self {
+        Self {
+            register_timeout_ms: default_efo_register_timeout_ms(),
+            silence_timeout_ms: default_efo_silence_timeout_ms(),
+            renew_after_ms: None,
+            end_check_interval_ms: default_efo_end_check_ms(),
+        }
+    }
+}
+
 /// ZooKeeper settings of the spout.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -268,6 +388,13 @@ pub struct KinesisSpoutConfig {
     /// --stream b`), not by hand.
     #[serde(default)]
     pub stream_tasks: bool,
+    /// `polling` (the default) or `efo:NAME` (enhanced fan-out through the stream consumer NAME,
+    /// registered when missing).
+    #[serde(default)]
+    pub consumer: Consumer,
+    /// Enhanced fan-out tuning (subscription renewal, silence watchdog, registration wait).
+    #[serde(default)]
+    pub efo: EfoSettings,
 }
 
 fn default_idle_timeout_ms() -> u64 {
@@ -339,6 +466,8 @@ impl KinesisSpoutConfig {
             watermark_interval_ms: default_watermark_interval_ms(),
             stage_input: false,
             stream_tasks: false,
+            consumer: Consumer::default(),
+            efo: EfoSettings::default(),
         }
     }
 
@@ -397,6 +526,10 @@ impl KinesisSpoutConfig {
             ("resync_interval_ms", self.resync_interval_ms),
             ("watermark_idle_timeout_ms", self.watermark_idle_timeout_ms),
             ("watermark_interval_ms", self.watermark_interval_ms),
+            ("efo.register_timeout_ms", self.efo.register_timeout_ms),
+            ("efo.silence_timeout_ms", self.efo.silence_timeout_ms),
+            ("efo.end_check_interval_ms", self.efo.end_check_interval_ms),
+            ("efo.renew_after_ms", self.efo.renew_after_ms.unwrap_or(1)),
         ] {
             if v == 0 {
                 return err(key, "is 0; give a positive number of milliseconds".into());
@@ -436,6 +569,17 @@ impl KinesisSpoutConfig {
         }
         if self.zookeeper.auth_user.is_some() != self.zookeeper.auth_password.is_some() {
             return err("zookeeper.auth_user", "and zookeeper.auth_password must be set together".into());
+        }
+        if let Consumer::Efo { name } = &self.consumer {
+            if !consumer_name_ok(name) {
+                return err(
+                    "consumer",
+                    format!("efo:{name:?}: the consumer name must be 1-128 characters of a-z, A-Z, 0-9, _ . -"),
+                );
+            }
+            if self.kinesis.endpoint.starts_with(super::source::SIM_SCHEME) {
+                return err("consumer", "efo is not supported by the simulated stream; use polling".into());
+            }
         }
         if let InitialPosition::AtTimestamp { millis } = self.initial_position {
             if millis < 0 {
@@ -498,6 +642,24 @@ mod tests {
         let dbg = format!("{c:?}");
         assert!(!dbg.contains("hunter2-secret"), "{dbg}");
         assert!(!format!("{:?}", c.zookeeper.to_zk_config()).contains("hunter2-secret"));
+    }
+
+    #[test]
+    fn consumers_parse_and_bad_names_say_the_fix() {
+        assert_eq!("polling".parse::<Consumer>().unwrap(), Consumer::Polling);
+        assert_eq!("efo:app-1".parse::<Consumer>().unwrap(), Consumer::Efo { name: "app-1".into() });
+        let e = "efo:bad name!".parse::<Consumer>().unwrap_err();
+        assert!(e.contains("bad name!") && e.contains("a-z"), "{e}");
+        assert!("kafka".parse::<Consumer>().unwrap_err().contains("efo:NAME"));
+        let c: KinesisSpoutConfig =
+            serde_json::from_str(r#"{"topology":"t","stream":"s","consumer":"efo:x","efo":{"renew_after_ms":3000}}"#)
+                .unwrap();
+        assert_eq!(c.consumer.efo_name(), Some("x"));
+        assert_eq!(c.efo.renew_after_ms, Some(3000));
+        c.validate().unwrap();
+        let e = serde_json::from_str::<KinesisSpoutConfig>(r#"{"topology":"t","stream":"s","consumer":"efo:"}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("consumer name"), "{e}");
     }
 
     #[test]

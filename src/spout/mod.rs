@@ -9,7 +9,9 @@
 //!   session loss).
 //! - [`shared`](SpoutShared): the session and stream coordinator the tasks of one worker share.
 //! - `source`: where shards come from (the Kinesis API).
-//! - `reader`: one GetRecords loop per owned shard.
+//! - `reader`: one GetRecords loop per owned shard (polling, the default).
+//! - `efo`: enhanced fan-out: consumer registration and one SubscribeToShard subscription per
+//!   owned shard, renewed from its continuation sequence, with a silence watchdog.
 //! - `tracker`: in-flight records per shard, checkpoint computation, replay bookkeeping.
 //! - [`readlog`]: an optional JSON-lines read log for audits.
 //!
@@ -35,6 +37,7 @@
 pub mod config;
 mod coordinator;
 mod deagg;
+mod efo;
 mod reader;
 pub mod readlog;
 mod shared;
@@ -43,7 +46,9 @@ pub mod stage_input;
 mod stream;
 mod tracker;
 
-pub use config::{InitialPosition, KinesisSpoutConfig, RetryPolicy, SpoutConfigError, ZkSettings};
+pub use config::{
+    Consumer, EfoSettings, InitialPosition, KinesisSpoutConfig, RetryPolicy, SpoutConfigError, ZkSettings,
+};
 pub use deagg::KplStats;
 pub use readlog::ReadLogEntry;
 pub use shared::{DEFAULT_GIVE_UP_AFTER, SpoutShared};
@@ -148,6 +153,22 @@ pub struct ShardStatus {
     pub errors: u64,
     /// Records read so far.
     pub records_read: u64,
+    /// The shard is read by enhanced fan-out.
+    pub efo_reader: bool,
+    /// GetRecords calls made for this shard (polling, and the end-of-shard check of EFO).
+    pub get_records_calls: u64,
+    /// Enhanced fan-out: events received (empty ones included).
+    pub efo_events: u64,
+    /// Enhanced fan-out: subscriptions opened (SubscribeToShard calls that succeeded).
+    pub efo_subscriptions: u64,
+    /// Enhanced fan-out: subscriptions renewed after one ended (by Kinesis after 5 minutes, by
+    /// `efo.renew_after_ms`, by the watchdog or after an error).
+    pub efo_resubscriptions: u64,
+    /// Enhanced fan-out: subscriptions dropped by the silence watchdog.
+    pub efo_watchdog: u64,
+    /// Enhanced fan-out: SubscribeToShard refused with ResourceInUse (a previous subscription to
+    /// the shard still live), retried after a back-off.
+    pub efo_in_use: u64,
 }
 
 impl ShardStatus {
@@ -582,6 +603,12 @@ impl Spout for KinesisSpout {
         let source = source::ShardSource::for_endpoint(&self.cfg.kinesis, &self.cfg.stream)
             .await
             .map_err(|e| ComponentError::fatal(e.to_string()))?;
+        let efo = match self.cfg.consumer.efo_name() {
+            Some(name) => Some(Arc::new(
+                efo::register(&source, name, &self.cfg.efo).await.map_err(|e| ComponentError::fatal(e.to_string()))?,
+            )),
+            None => None,
+        };
         let (session, stream) = self
             .shared
             .attach(&self.cfg, source.clone())
@@ -617,6 +644,7 @@ impl Spout for KinesisSpout {
             read_log,
             stats: self.stats.clone(),
             hash_ranges: tokio::sync::Mutex::default(),
+            efo,
         });
         let coordinator = coordinator::Coordinator {
             cfg: self.cfg.clone(),

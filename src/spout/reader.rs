@@ -100,6 +100,8 @@ pub(crate) struct ReaderCtx {
     /// Hash ranges of the stream's shards (from ListShards, fetched when a reader first meets a
     /// KPL aggregate on a shard not known yet).
     pub hash_ranges: tokio::sync::Mutex<std::collections::HashMap<Arc<str>, HashRange>>,
+    /// Set when the spout is an enhanced fan-out consumer: shards are read by subscriptions.
+    pub efo: Option<Arc<super::efo::EfoCtx>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -109,8 +111,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// What a shard's queue holds right now.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Room {
-    queued: usize,
-    queued_bytes: usize,
+    pub(super) queued: usize,
+    pub(super) queued_bytes: usize,
 }
 
 /// A running estimate of a shard's record size (memory the user records of one Kinesis record
@@ -182,19 +184,19 @@ pub(crate) fn has_room(records_per_get: i32, max_bytes: usize, room: Room) -> bo
 }
 
 /// Back-off state of one reader.
-struct Backoffs {
+pub(super) struct Backoffs {
     /// After throttles and transport or server errors (backon, with jitter).
-    transient: backon::ExponentialBackoff,
+    pub(super) transient: backon::ExponentialBackoff,
     /// The next back-off after an error retrying cannot fix (doubles up to the cap).
     fatal_next: Duration,
     /// Transport or server errors in a row.
     transient_run: u32,
     /// The kind of the errors of the current failing streak, and when the streak began.
-    failing: Option<(ErrorKind, i64)>,
+    pub(super) failing: Option<(ErrorKind, i64)>,
 }
 
 impl ReaderCtx {
-    fn transient_backoff(&self) -> backon::ExponentialBackoff {
+    pub(super) fn transient_backoff(&self) -> backon::ExponentialBackoff {
         backon::ExponentialBuilder::default()
             .with_min_delay(self.call_min_backoff)
             .with_max_delay(self.call_max_backoff)
@@ -203,7 +205,7 @@ impl ReaderCtx {
             .build()
     }
 
-    fn backoffs(&self) -> Backoffs {
+    pub(super) fn backoffs(&self) -> Backoffs {
         Backoffs {
             transient: self.transient_backoff(),
             fatal_next: self.call_min_backoff,
@@ -218,7 +220,7 @@ impl ReaderCtx {
 
     /// The shard's hash range, from the task's cache or ListShards; `None` when ListShards does
     /// not name the shard (then nothing is filtered).
-    async fn hash_range(&self, shard: &Arc<str>) -> Result<Option<HashRange>, KinesisError> {
+    pub(super) async fn hash_range(&self, shard: &Arc<str>) -> Result<Option<HashRange>, KinesisError> {
         let mut ranges = self.hash_ranges.lock().await;
         if let Some(r) = ranges.get(shard) {
             return Ok(Some(*r));
@@ -236,7 +238,7 @@ impl ReaderCtx {
         Ok(found)
     }
 
-    fn set_status(&self, shard: &Arc<str>, f: impl FnOnce(&mut ShardStatus)) {
+    pub(super) fn set_status(&self, shard: &Arc<str>, f: impl FnOnce(&mut ShardStatus)) {
         let mut s = lock(&self.status);
         f(s.entry(shard.clone()).or_default());
     }
@@ -265,7 +267,8 @@ impl ReaderCtx {
         }
     }
 
-    /// Reads one shard until its end or cancellation.
+    /// Reads one shard until its end or cancellation: by enhanced fan-out when the spout is an
+    /// EFO consumer (see `efo`), else by polling.
     pub async fn run(
         self: Arc<Self>,
         shard: Arc<str>,
@@ -273,17 +276,27 @@ impl ReaderCtx {
         start: CheckpointPosition,
         cancel: CancellationToken,
     ) {
+        let skip = resume_skip(&start);
+        match self.efo.clone() {
+            Some(efo) => self.run_efo(efo, shard, epoch, start, skip, cancel).await,
+            None => self.poll(shard, epoch, &start, skip, None, cancel).await,
+        }
+    }
+
+    /// The polling loop (GetShardIterator + GetRecords) from `start`, or after `last_fetched`
+    /// when given (a Kinesis record already read whole), skipping user records at or below
+    /// `skip`; until the shard's end or cancellation.
+    pub(super) async fn poll(
+        &self,
+        shard: Arc<str>,
+        epoch: u64,
+        start: &CheckpointPosition,
+        mut skip: Option<SeqKey>,
+        mut last_fetched: Option<Arc<str>>,
+        cancel: CancellationToken,
+    ) {
         let mut backoffs = self.backoffs();
         let mut sizes = SizeEstimate::default();
-        let mut last_fetched: Option<Arc<str>> = None;
-        // Resuming from a checkpoint: its record is read again (AT_SEQUENCE_NUMBER), and the user
-        // records at or below it are skipped.
-        let mut skip = match &start {
-            CheckpointPosition::AfterSequence { sequence, sub_sequence } => {
-                Some(SeqKey(Arc::from(sequence.as_str()), *sub_sequence))
-            }
-            _ => None,
-        };
         let mut iterator: Option<String> = None;
         // Start times of the recent GetRecords calls: a sliding one-second window.
         let mut calls: VecDeque<Instant> = VecDeque::with_capacity(self.max_gets_per_second as usize + 1);
@@ -303,7 +316,7 @@ impl ReaderCtx {
                 None => {
                     let pos = match &last_fetched {
                         Some(seq) => StartAt::AfterFetched(seq),
-                        None => StartAt::Checkpoint(&start),
+                        None => StartAt::Checkpoint(start),
                     };
                     let res = tokio::select! {
                         _ = cancel.cancelled() => return,
@@ -342,6 +355,7 @@ impl ReaderCtx {
                 _ = cancel.cancelled() => return,
                 r = self.source.get_records(&shard, &it, limit) => r,
             };
+            self.set_status(&shard, |s| s.get_records_calls += 1);
             let out = match res {
                 Ok(out) => out,
                 Err(e) => {
@@ -444,7 +458,13 @@ impl ReaderCtx {
     }
 
     /// Backs off after an error, as its kind says; false when cancelled.
-    async fn on_error(&self, shard: &Arc<str>, e: &KinesisError, b: &mut Backoffs, cancel: &CancellationToken) -> bool {
+    pub(super) async fn on_error(
+        &self,
+        shard: &Arc<str>,
+        e: &KinesisError,
+        b: &mut Backoffs,
+        cancel: &CancellationToken,
+    ) -> bool {
         let kind = e.kind();
         let now = crate::coord::now_ms();
         let repeated = b.failing.is_some_and(|(k, _)| k == kind);
@@ -497,6 +517,17 @@ impl ReaderCtx {
             _ = cancel.cancelled() => false,
             _ = tokio::time::sleep(delay) => true,
         }
+    }
+}
+
+/// Resuming from a checkpoint: its record is read again (AT_SEQUENCE_NUMBER), and the user
+/// records at or below it are skipped.
+pub(super) fn resume_skip(start: &CheckpointPosition) -> Option<SeqKey> {
+    match start {
+        CheckpointPosition::AfterSequence { sequence, sub_sequence } => {
+            Some(SeqKey(Arc::from(sequence.as_str()), *sub_sequence))
+        }
+        _ => None,
     }
 }
 

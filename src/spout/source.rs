@@ -123,26 +123,27 @@ impl ShardSource {
             .await
             .map_err(|e| KinesisError::from_sdk("GetRecords", stream, endpoint, e))?;
         let children = out.child_shards.unwrap_or_default().into_iter().map(|c| c.shard_id).collect();
-        let records = out
-            .records
-            .into_iter()
-            .map(|r| Record {
-                shard_id: shard.clone(),
-                arrival_ms: r.approximate_arrival_timestamp.and_then(|t| t.to_millis().ok()).unwrap_or(0),
-                sequence: r.sequence_number.into(),
-                // De-aggregated (and given sub-sequences) by the reader.
-                sub_sequence: 0,
-                partition_key: r.partition_key.into(),
-                // Takes the decoded buffer as it is: no second copy of every payload.
-                data: Bytes::from(r.data.into_inner()),
-            })
-            .collect();
+        let records = out.records.into_iter().map(|r| record_from_sdk(shard, r)).collect();
         Ok(Batch {
             records,
             next_iterator: out.next_shard_iterator,
             millis_behind_latest: out.millis_behind_latest,
             children,
         })
+    }
+}
+
+/// A record of shard `shard` as the SDK returned it (GetRecords or a SubscribeToShard event).
+pub(crate) fn record_from_sdk(shard: &Arc<str>, r: aws_sdk_kinesis::types::Record) -> Record {
+    Record {
+        shard_id: shard.clone(),
+        arrival_ms: r.approximate_arrival_timestamp.and_then(|t| t.to_millis().ok()).unwrap_or(0),
+        sequence: r.sequence_number.into(),
+        // De-aggregated (and given sub-sequences) by the reader.
+        sub_sequence: 0,
+        partition_key: r.partition_key.into(),
+        // Takes the decoded buffer as it is: no second copy of every payload.
+        data: Bytes::from(r.data.into_inner()),
     }
 }
 

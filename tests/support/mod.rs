@@ -10,6 +10,7 @@ pub mod faultproxy;
 pub mod ops;
 pub mod reliability;
 pub mod stages;
+pub mod stallproxy;
 pub mod state;
 pub mod tcpproxy;
 pub mod workers;

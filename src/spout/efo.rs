@@ -1,0 +1,612 @@
+//! Enhanced fan-out (EFO): the spout as a registered stream consumer, reading each owned shard
+//! through a SubscribeToShard event stream instead of GetRecords calls.
+//!
+//! - Registration ([`register`]): DescribeStreamSummary (the stream's ARN), RegisterStreamConsumer
+//!   (ResourceInUse means the consumer exists: registration is idempotent, every task of every
+//!   worker does it), then DescribeStreamConsumer until the consumer is ACTIVE, within
+//!   `efo.register_timeout_ms`; the error names the consumer, the stream and the fix.
+//! - One subscription per owned shard (`ReaderCtx::run_efo`), starting where polling would:
+//!   the checkpoint (AT_SEQUENCE_NUMBER, skipping the user records of a KPL aggregate at or
+//!   below it), TRIM_HORIZON or AT_TIMESTAMP. Each event's records go through the same
+//!   de-aggregation, fencing check, tracker queue and read log as polled records.
+//! - Renewal: when a subscription ends (Kinesis ends each after 5 minutes; `efo.renew_after_ms`
+//!   ends it earlier), after an error, or when the silence watchdog fires (no event for
+//!   `efo.silence_timeout_ms`, 35 s by default: Kinesis sends an event, empty or not, every few
+//!   seconds), the next subscription starts AFTER_SEQUENCE_NUMBER of the continuation sequence
+//!   of the last event handed on. ResourceInUse on SubscribeToShard (the previous subscription,
+//!   here or in another worker, is still live) is retried after a capped back-off with jitter.
+//! - Backpressure: events are pulled from the stream only while the shard's queue has room
+//!   (the polling reader's rule: at most half full, in records and bytes). The HTTP/2 flow
+//!   control then holds Kinesis back; the watchdog counts only time spent waiting for an event.
+//!   While fetching is not allowed (deactivated, draining, ZooKeeper session unconfirmed) the
+//!   subscription is dropped, and an event that arrives while the leases cannot be trusted is
+//!   dropped and read again by the next subscription (from the last continuation handed on).
+//! - Shard end: an event with ChildShards or without a continuation sequence (AWS). An emulator
+//!   that sends neither (kinesis-local: ChildShards always empty, continuation always set) is
+//!   covered by a fallback: when an empty event shows the reader caught up and ListShards (at
+//!   most once per `efo.end_check_interval_ms` per task) says the shard is closed, the reader
+//!   finishes the shard with the polling loop from the last continuation, whose null
+//!   NextShardIterator is the shard-end path polling already has.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_kinesis::operation::subscribe_to_shard::SubscribeToShardOutput;
+use aws_sdk_kinesis::primitives::DateTime;
+use aws_sdk_kinesis::types::{ConsumerStatus, ShardIteratorType, StartingPosition, SubscribeToShardEventStream};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::config::EfoSettings;
+use super::deagg;
+use super::reader::{ReaderCtx, ReaderEvent, Room, has_room};
+use super::source::{ShardSource, record_from_sdk};
+use super::tracker::{Record, SeqKey};
+use crate::coord::CheckpointPosition;
+use crate::kinesis::{ErrorKind, KinesisError};
+
+/// Registering the stream consumer failed; the message names the consumer, the stream and the fix.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EfoError {
+    /// A call of the registration failed.
+    #[error(
+        "enhanced fan-out: cannot register the stream consumer {consumer:?} of stream {stream:?} at {endpoint}: \
+         {source}. Check that the stream exists and that the credentials allow kinesis:DescribeStreamSummary, \
+         kinesis:RegisterStreamConsumer and kinesis:DescribeStreamConsumer (a stream has at most 20 consumers), \
+         or read by polling (--consumer polling)"
+    )]
+    Register {
+        /// The consumer name.
+        consumer: String,
+        /// The stream.
+        stream: String,
+        /// The Kinesis endpoint.
+        endpoint: String,
+        /// The failed call.
+        source: KinesisError,
+    },
+    /// The consumer did not become ACTIVE in time (or is being deleted).
+    #[error(
+        "enhanced fan-out: the stream consumer {consumer:?} of stream {stream:?} at {endpoint} is {status} \
+         after waiting {waited_ms} ms, not ACTIVE. {fix}"
+    )]
+    NotActive {
+        /// The consumer name.
+        consumer: String,
+        /// The stream.
+        stream: String,
+        /// The Kinesis endpoint.
+        endpoint: String,
+        /// Its last status.
+        status: String,
+        /// How long the spout waited.
+        waited_ms: u64,
+        /// What to do.
+        fix: &'static str,
+    },
+}
+
+const FIX_SLOW: &str = "Start the worker again (registration continues where it was), raise \
+    efo.register_timeout_ms in the spout config, or read by polling (--consumer polling)";
+const FIX_DELETING: &str = "It is being deleted: wait until DescribeStreamConsumer no longer finds it and \
+    start again (it is then registered anew), or choose another name with --consumer efo:NAME";
+
+/// A registered, ACTIVE stream consumer and the readers' shared EFO state.
+#[derive(Debug)]
+pub(crate) struct EfoCtx {
+    pub consumer: String,
+    pub consumer_arn: String,
+    silence: Duration,
+    renew_after: Option<Duration>,
+    end_check: Duration,
+    /// Closed shards, from the last ListShards (closed is for ever), and when it was called.
+    closed: tokio::sync::Mutex<(Option<Instant>, HashSet<Arc<str>>)>,
+}
+
+/// Registers the stream consumer `name` of the source's stream when missing and waits until it
+/// is ACTIVE (see the module docs).
+pub(crate) async fn register(source: &ShardSource, name: &str, settings: &EfoSettings) -> Result<EfoCtx, EfoError> {
+    let (client, endpoint, stream) = match source {
+        ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
+        ShardSource::Simulated(_) => {
+            return Err(EfoError::Register {
+                consumer: name.into(),
+                stream: "(simulated)".into(),
+                endpoint: super::source::SIM_SCHEME.into(),
+                source: KinesisError::Config {
+                    field: "consumer".into(),
+                    reason: "the simulated stream has no enhanced fan-out".into(),
+                },
+            });
+        }
+    };
+    let fail = |source: KinesisError| EfoError::Register {
+        consumer: name.into(),
+        stream: stream.clone(),
+        endpoint: endpoint.clone(),
+        source,
+    };
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(settings.register_timeout_ms);
+    let mut delay = Duration::from_millis(100);
+    // Throttles and transport errors are retried until the deadline; the rest fail at once.
+    let retry = |e: &KinesisError| matches!(e.kind(), ErrorKind::Throttled | ErrorKind::Transient);
+    let stream_arn = loop {
+        match client.describe_stream_summary().stream_name(stream).send().await {
+            Ok(out) => match out.stream_description_summary {
+                Some(s) => break s.stream_arn,
+                None => {
+                    return Err(fail(KinesisError::StreamNotFound {
+                        stream: stream.clone(),
+                        endpoint: endpoint.clone(),
+                    }));
+                }
+            },
+            Err(e) => {
+                let e = KinesisError::from_sdk("DescribeStreamSummary", stream, endpoint, e);
+                if !retry(&e) || Instant::now() >= deadline {
+                    return Err(fail(e));
+                }
+            }
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+    };
+    match client.register_stream_consumer().stream_arn(&stream_arn).consumer_name(name).send().await {
+        Ok(_) => tracing::info!(stream = %stream, consumer = %name, "registered the stream consumer"),
+        Err(e) if e.code() == Some("ResourceInUseException") => {
+            tracing::debug!(stream = %stream, consumer = %name, "the stream consumer exists")
+        }
+        Err(e) => return Err(fail(KinesisError::from_sdk("RegisterStreamConsumer", stream, endpoint, e))),
+    }
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let status = match client.describe_stream_consumer().stream_arn(&stream_arn).consumer_name(name).send().await {
+            Ok(out) => match out.consumer_description {
+                Some(c) if c.consumer_status == ConsumerStatus::Active => {
+                    tracing::info!(stream = %stream, consumer = %name, arn = %c.consumer_arn, "stream consumer ACTIVE");
+                    return Ok(EfoCtx {
+                        consumer: name.into(),
+                        consumer_arn: c.consumer_arn,
+                        silence: Duration::from_millis(settings.silence_timeout_ms),
+                        renew_after: settings.renew_after_ms.map(Duration::from_millis),
+                        end_check: Duration::from_millis(settings.end_check_interval_ms),
+                        closed: tokio::sync::Mutex::default(),
+                    });
+                }
+                Some(c) => c.consumer_status.as_str().to_string(),
+                None => "not described".to_string(),
+            },
+            Err(e) => {
+                let e = KinesisError::from_sdk("DescribeStreamConsumer", stream, endpoint, e);
+                if !retry(&e) {
+                    return Err(fail(e));
+                }
+                format!("unknown ({e})")
+            }
+        };
+        let waited_ms = started.elapsed().as_millis() as u64;
+        if status == ConsumerStatus::Deleting.as_str() || Instant::now() >= deadline {
+            let fix = if status == ConsumerStatus::Deleting.as_str() { FIX_DELETING } else { FIX_SLOW };
+            return Err(EfoError::NotActive {
+                consumer: name.into(),
+                stream: stream.clone(),
+                endpoint: endpoint.clone(),
+                status,
+                waited_ms,
+                fix,
+            });
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Where a subscription starts.
+#[derive(Debug, Clone, Copy)]
+enum Start<'a> {
+    /// The ownership's starting checkpoint.
+    Checkpoint(&'a CheckpointPosition),
+    /// After the continuation sequence of the last event handed on.
+    After(&'a str),
+}
+
+/// Where a shard's reading stands, carried from one subscription to the next.
+struct Position<'a> {
+    /// User records at or below this are skipped (a resume inside a KPL aggregate).
+    skip: &'a mut Option<SeqKey>,
+    /// The continuation sequence of the last event handed on.
+    resume: &'a mut Option<String>,
+    /// The last Kinesis record handed on.
+    last_fetched: &'a mut Option<Arc<str>>,
+    /// Set when the subscription delivered an event.
+    delivered: &'a mut bool,
+    /// Whether an earlier subscription of this ownership delivered an event (the next one
+    /// that does is a renewal).
+    opened_before: &'a mut bool,
+}
+
+/// Why a subscription ended.
+#[derive(Debug)]
+enum Ended {
+    /// Kinesis ended it (every 5 minutes on AWS).
+    ByKinesis,
+    /// `efo.renew_after_ms` passed.
+    Renew,
+    /// No event for `efo.silence_timeout_ms`.
+    Silent,
+    /// Fetching is not allowed now (deactivated, draining, session unconfirmed).
+    Paused,
+    /// An event arrived while the leases could not be trusted: dropped, read again.
+    Dropped,
+    /// An error (`true`: ResourceInUse).
+    Error(KinesisError, bool),
+    /// The shard's end (children named by Kinesis, if any).
+    ShardEnd(Vec<String>),
+    /// An empty event while caught up, and ListShards says the shard is closed.
+    Closed,
+    /// Cancelled, or the ownership ended.
+    Gone,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An SDK error as a `KinesisError`, and whether it is ResourceInUse (`typed`: the modeled
+/// error says so; an error inside the event stream carries no code of its own).
+fn classify<E, R>(
+    op: &'static str,
+    stream: &str,
+    endpoint: &str,
+    e: SdkError<E, R>,
+    typed: impl Fn(&E) -> bool,
+) -> (KinesisError, bool)
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    let in_use = e.code() == Some("ResourceInUseException") || e.as_service_error().is_some_and(typed);
+    (KinesisError::from_sdk(op, stream, endpoint, e), in_use)
+}
+
+impl EfoCtx {
+    /// Whether ListShards says `shard` is closed (cached; listed at most once per
+    /// `end_check_interval_ms`).
+    async fn is_closed(&self, source: &ShardSource, shard: &Arc<str>) -> Result<bool, KinesisError> {
+        let mut c = self.closed.lock().await;
+        if c.1.contains(shard) {
+            return Ok(true);
+        }
+        if c.0.is_some_and(|t| t.elapsed() < self.end_check) {
+            return Ok(false);
+        }
+        let shards = source.list_shards().await?;
+        c.0 = Some(Instant::now());
+        c.1.extend(shards.into_iter().filter(|d| d.closed).map(|d| Arc::from(d.shard_id.as_str())));
+        Ok(c.1.contains(shard))
+    }
+}
+
+impl ReaderCtx {
+    /// What the shard's queue holds, `None` when the ownership ended.
+    fn room(&self, shard: &str, epoch: u64) -> Option<Room> {
+        let t = lock(&self.tracker);
+        match t.get(shard) {
+            Some(tr) if tr.epoch == epoch => Some(Room { queued: tr.queued.len(), queued_bytes: tr.queued.bytes() }),
+            _ => None,
+        }
+    }
+
+    /// Waits until the queue has room; `Err(Ended::Paused)` as soon as fetching is not allowed.
+    async fn wait_efo_room(&self, shard: &str, epoch: u64, cancel: &CancellationToken) -> Result<(), Ended> {
+        let mut allowed = self.fetch_allowed.clone();
+        loop {
+            let Some(room) = self.room(shard, epoch) else { return Err(Ended::Gone) };
+            if !*allowed.borrow() {
+                return Err(Ended::Paused);
+            }
+            if has_room(self.records_per_get, self.max_queued_bytes, room) {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return Err(Ended::Gone),
+                _ = self.space.notified() => {}
+                _ = allowed.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+    }
+
+    /// Opens a subscription to `shard`.
+    async fn subscribe(
+        &self,
+        efo: &EfoCtx,
+        shard: &str,
+        from: Start<'_>,
+    ) -> Result<SubscribeToShardOutput, (KinesisError, bool)> {
+        let ShardSource::Kinesis { client, endpoint, stream } = &self.source else {
+            let e = KinesisError::Config { field: "consumer".into(), reason: "no enhanced fan-out here".into() };
+            return Err((e, false));
+        };
+        let pos = StartingPosition::builder();
+        let pos = match from {
+            Start::Checkpoint(CheckpointPosition::TrimHorizon) => pos.r#type(ShardIteratorType::TrimHorizon),
+            Start::Checkpoint(CheckpointPosition::AtTimestamp { millis }) => {
+                pos.r#type(ShardIteratorType::AtTimestamp).timestamp(DateTime::from_millis(*millis))
+            }
+            Start::Checkpoint(CheckpointPosition::AfterSequence { sequence, .. }) => {
+                pos.r#type(ShardIteratorType::AtSequenceNumber).sequence_number(sequence)
+            }
+            Start::After(sequence) => pos.r#type(ShardIteratorType::AfterSequenceNumber).sequence_number(sequence),
+        };
+        let pos = pos.build().map_err(|e| {
+            let e = KinesisError::Config { field: "starting position".into(), reason: e.to_string() };
+            (e, false)
+        })?;
+        let out = client
+            .subscribe_to_shard()
+            .consumer_arn(&efo.consumer_arn)
+            .shard_id(shard)
+            .starting_position(pos)
+            .send()
+            .await
+            .map_err(|e| classify("SubscribeToShard", stream, endpoint, e, |e| e.is_resource_in_use_exception()))?;
+        Ok(out)
+    }
+
+    /// Reads one shard by enhanced fan-out until its end or cancellation (see the module docs).
+    pub(super) async fn run_efo(
+        self: Arc<Self>,
+        efo: Arc<EfoCtx>,
+        shard: Arc<str>,
+        epoch: u64,
+        start: CheckpointPosition,
+        mut skip: Option<SeqKey>,
+        cancel: CancellationToken,
+    ) {
+        self.set_status(&shard, |s| s.efo_reader = true);
+        let mut backoffs = self.backoffs();
+        // The continuation sequence of the last event handed on: where the next subscription
+        // starts (after it). `None` until an event was handed on: then the checkpoint.
+        let mut resume: Option<String> = None;
+        // The last Kinesis record handed on (for the read log's end entry).
+        let mut last_fetched: Option<Arc<str>> = None;
+        let mut opened_before = false;
+        loop {
+            // Subscribe only while fetching is allowed and the queue has room.
+            match self.wait_efo_room(&shard, epoch, &cancel).await {
+                Ok(()) => {}
+                Err(Ended::Paused) => {
+                    let mut allowed = self.fetch_allowed.clone();
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = allowed.changed() => {}
+                        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    }
+                    continue;
+                }
+                Err(_) => return,
+            }
+            let from = match &resume {
+                Some(c) => Start::After(c),
+                None => Start::Checkpoint(&start),
+            };
+            let sub = tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = self.subscribe(&efo, &shard, from) => r,
+            };
+            let ended = match sub {
+                Err((e, in_use)) => Ended::Error(e, in_use),
+                Ok(mut rx) => {
+                    tracing::debug!(stream = %self.stream, shard = %shard, consumer = %efo.consumer, ?from,
+                        renewal = opened_before, "subscribing to the shard");
+                    let mut delivered = false;
+                    let pos = Position {
+                        skip: &mut skip,
+                        resume: &mut resume,
+                        last_fetched: &mut last_fetched,
+                        delivered: &mut delivered,
+                        opened_before: &mut opened_before,
+                    };
+                    let ended = self.read_subscription(&efo, &mut rx, &shard, epoch, pos, &cancel).await;
+                    if delivered {
+                        // The back-off starts again after a subscription that worked.
+                        backoffs = self.backoffs();
+                    }
+                    // Dropping the receiver closes the subscription.
+                    drop(rx);
+                    ended
+                }
+            };
+            match ended {
+                Ended::Gone => return,
+                Ended::ByKinesis => {
+                    tracing::debug!(stream = %self.stream, shard = %shard, "Kinesis ended the subscription: renewing it")
+                }
+                Ended::Renew => tracing::debug!(stream = %self.stream, shard = %shard, "renewing the subscription"),
+                Ended::Silent => {
+                    self.set_status(&shard, |s| s.efo_watchdog += 1);
+                    tracing::warn!(stream = %self.stream, shard = %shard, consumer = %efo.consumer, silence = ?efo.silence,
+                        "no event on the subscription for the silence timeout: subscribing again");
+                }
+                Ended::Paused => {}
+                Ended::Dropped => {
+                    // The leases are not confirmed yet: give the session a moment before the
+                    // next subscription reads the dropped event again.
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    }
+                }
+                Ended::Error(e, true) => {
+                    self.set_status(&shard, |s| s.efo_in_use += 1);
+                    let delay = backoffs.transient.next().unwrap_or(self.call_max_backoff);
+                    tracing::info!(stream = %self.stream, shard = %shard, consumer = %efo.consumer, ?delay, error = %e,
+                        "another subscription to the shard is still live (ResourceInUse): retrying after a back-off");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+                Ended::Error(e, false) => {
+                    if !self.on_error(&shard, &e, &mut backoffs, &cancel).await {
+                        return;
+                    }
+                }
+                Ended::ShardEnd(children) => {
+                    tracing::info!(stream = %self.stream, shard = %shard, ?children, "read to the end of the shard (enhanced fan-out)");
+                    self.read_log.end(&lock(&self.task), &shard, last_fetched.as_deref());
+                    lock(&self.tracker).mark_ended(&shard, epoch);
+                    self.wakeup.notify();
+                    let _ = self.events.send(ReaderEvent::Ended { shard: shard.clone(), epoch, children });
+                    return;
+                }
+                Ended::Closed => {
+                    tracing::info!(stream = %self.stream, shard = %shard, after = ?resume,
+                        "the shard is closed and no event names its end: finishing it by polling to its end");
+                    let after = resume.as_deref().map(Arc::from);
+                    self.poll(shard, epoch, &start, skip, after, cancel).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Hands on the events of one subscription until it ends.
+    async fn read_subscription(
+        &self,
+        efo: &EfoCtx,
+        rx: &mut SubscribeToShardOutput,
+        shard: &Arc<str>,
+        epoch: u64,
+        pos: Position<'_>,
+        cancel: &CancellationToken,
+    ) -> Ended {
+        let Position { skip, resume, last_fetched, delivered, opened_before } = pos;
+        let mut first = true;
+        let (endpoint, stream) = match &self.source {
+            ShardSource::Kinesis { endpoint, stream, .. } => (endpoint.as_str(), stream.as_str()),
+            ShardSource::Simulated(_) => ("", ""),
+        };
+        let renew_at = efo.renew_after.map(|d| Instant::now() + d);
+        loop {
+            // Backpressure: the next event is pulled only when the queue has room.
+            if let Err(ended) = self.wait_efo_room(shard, epoch, cancel).await {
+                return ended;
+            }
+            let next = tokio::select! {
+                _ = cancel.cancelled() => return Ended::Gone,
+                _ = tokio::time::sleep_until(renew_at.unwrap_or_else(Instant::now)), if renew_at.is_some() => {
+                    return Ended::Renew;
+                }
+                _ = tokio::time::sleep(efo.silence) => return Ended::Silent,
+                r = rx.event_stream.recv() => r,
+            };
+            let ev = match next {
+                Ok(Some(SubscribeToShardEventStream::SubscribeToShardEvent(ev))) => ev,
+                Ok(Some(_)) => continue,
+                Ok(None) => return Ended::ByKinesis,
+                Err(e) => {
+                    let (e, in_use) =
+                        classify("SubscribeToShard", stream, endpoint, e, |e| e.is_resource_in_use_exception());
+                    return Ended::Error(e, in_use);
+                }
+            };
+            // A subscription counts once Kinesis sent its first event (kinesis-local refuses a
+            // second subscription inside the event stream, not in the response).
+            let renewal = std::mem::replace(opened_before, true);
+            *delivered = true;
+            self.set_status(shard, |s| {
+                s.efo_events += 1;
+                if std::mem::take(&mut first) {
+                    s.efo_subscriptions += 1;
+                    s.efo_resubscriptions += u64::from(renewal);
+                }
+            });
+            // Fencing: hand nothing on unless the leases can be trusted right now. The event is
+            // read again by the next subscription (after the last continuation handed on).
+            if !self.liveness.trusted() || !*self.fetch_allowed.borrow() {
+                return Ended::Dropped;
+            }
+            let behind = ev.millis_behind_latest;
+            let children: Vec<String> = ev.child_shards.unwrap_or_default().into_iter().map(|c| c.shard_id).collect();
+            let continuation = ev.continuation_sequence_number;
+            let records: Vec<Record> = ev.records.into_iter().map(|r| record_from_sdk(shard, r)).collect();
+            let n = records.len();
+            let range = if deagg::any_aggregate(&records) {
+                match self.hash_range(shard).await {
+                    Ok(r) => r,
+                    Err(e) => return Ended::Error(e, false),
+                }
+            } else {
+                None
+            };
+            if let Some(last) = records.last() {
+                *last_fetched = Some(last.sequence.clone());
+            }
+            let (records, counts) = deagg::split(&self.stream, records, range, skip);
+            self.stats.kpl.add(&counts);
+            self.set_status(shard, |s| {
+                s.millis_behind_latest = Some(behind);
+                s.clear_error();
+                s.records_read += n as u64;
+            });
+            if let (Some(first), Some(last)) = (records.first(), records.last()) {
+                let (first, last, users) = (first.sequence.clone(), last.sequence.clone(), records.len());
+                let live = lock(&self.tracker).enqueue(shard, epoch, records);
+                if !live || cancel.is_cancelled() {
+                    return Ended::Gone;
+                }
+                self.read_log.records(&lock(&self.task), shard, &first, &last, users);
+                self.wakeup.notify();
+            }
+            // AWS ends a shard with ChildShards and no continuation sequence.
+            if continuation.is_empty() || !children.is_empty() {
+                return Ended::ShardEnd(children);
+            }
+            *resume = Some(continuation);
+            if n == 0 && behind == 0 {
+                lock(&self.tracker).mark_caught_up(shard, epoch, crate::coord::now_ms());
+                match efo.is_closed(&self.source, shard).await {
+                    Ok(true) => return Ended::Closed,
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::debug!(stream = %self.stream, shard = %shard, error = %e,
+                            "ListShards failed (checking whether the shard is closed); checking again later")
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registration_errors_name_the_consumer_the_stream_and_the_fix() {
+        let e = EfoError::NotActive {
+            consumer: "app".into(),
+            stream: "clicks".into(),
+            endpoint: "http://127.0.0.1:4566".into(),
+            status: "CREATING".into(),
+            waited_ms: 60_000,
+            fix: FIX_SLOW,
+        };
+        let m = e.to_string();
+        assert!(m.contains("\"app\"") && m.contains("\"clicks\"") && m.contains("efo.register_timeout_ms"), "{m}");
+        let e = EfoError::Register {
+            consumer: "app".into(),
+            stream: "clicks".into(),
+            endpoint: "http://x".into(),
+            source: KinesisError::StreamNotFound { stream: "clicks".into(), endpoint: "http://x".into() },
+        };
+        let m = e.to_string();
+        assert!(m.contains("kinesis:RegisterStreamConsumer") && m.contains("--consumer polling"), "{m}");
+    }
+}
