@@ -306,12 +306,7 @@ pub async fn put_records(
         return put_aggregated(client, endpoint, stream, opts, run).await;
     }
     let start = Instant::now();
-    let keys: Vec<String> = (0..opts.keys).map(|i| format!("{}{i}", opts.key_prefix)).collect();
-    // next sequence per key; per-key target counts
-    let mut target: Vec<u64> = vec![opts.count / opts.keys; keys.len()];
-    for t in target.iter_mut().take((opts.count % opts.keys) as usize) {
-        *t += 1;
-    }
+    let (keys, target) = key_targets(opts);
     let mut next: Vec<u64> = vec![0; keys.len()];
     let mut written: u64 = 0;
     let mut calls = 0u64;
@@ -331,42 +326,21 @@ pub async fn put_records(
                 batch.push(k);
             }
         }
-        if let Some(rate) = opts.rate {
-            let due = Duration::from_secs_f64((written + batch.len() as u64) as f64 / rate);
-            let el = start.elapsed();
-            if due > el {
-                tokio::time::sleep(due - el).await;
-            }
-        }
+        pace(start, opts.rate, written + batch.len() as u64).await;
         let entries: Vec<PutRecordsRequestEntry> = batch
             .iter()
             .map(|&k| {
                 let p = AuditPayload::new(&run, &keys[k], next[k], opts.size);
-                PutRecordsRequestEntry::builder()
-                    .partition_key(keys[k].clone())
-                    .set_explicit_hash_key(opts.explicit_hash_key.clone())
-                    .data(Blob::new(p.to_bytes()))
-                    .build()
-                    .map_err(|e| KinesisError::Config { field: "record".into(), reason: e.to_string() })
+                entry(&keys[k], opts.explicit_hash_key.as_deref(), p.to_bytes())
             })
             .collect::<Result<_, _>>()?;
         calls += 1;
-        let out = match client.put_records().stream_name(stream).set_records(Some(entries)).send().await {
-            Ok(out) => out,
-            Err(e) => {
-                let err = KinesisError::from_sdk("PutRecords", stream, endpoint, e);
-                if err.is_retryable() && failures_in_row < 8 {
-                    failures_in_row += 1;
-                    retried += batch.len() as u64;
-                    tokio::time::sleep(Duration::from_millis(50 << failures_in_row.min(6))).await;
-                    // Retry the same records: nothing advanced.
-                    cursor -= scanned;
-                    continue;
-                }
-                return Err(err);
-            }
+        let Some(out) = send_batch(client, endpoint, stream, entries, &mut failures_in_row).await? else {
+            // Retry the same records: nothing advanced.
+            retried += batch.len() as u64;
+            cursor -= scanned;
+            continue;
         };
-        failures_in_row = 0;
         let results = out.records();
         for (i, &k) in batch.iter().enumerate() {
             let ok = results.get(i).map(|r| r.error_code().is_none()).unwrap_or(false);
@@ -379,14 +353,85 @@ pub async fn put_records(
             }
         }
     }
+    Ok(report(run, stream, &keys, &next, start, calls, retried))
+}
+
+/// The producer's key names and how many records each gets (`count` spread over `keys`).
+fn key_targets(opts: &PutOptions) -> (Vec<String>, Vec<u64>) {
+    let keys: Vec<String> = (0..opts.keys).map(|i| format!("{}{i}", opts.key_prefix)).collect();
+    let mut target: Vec<u64> = vec![opts.count / opts.keys; keys.len()];
+    for t in target.iter_mut().take((opts.count % opts.keys) as usize) {
+        *t += 1;
+    }
+    (keys, target)
+}
+
+/// Sleeps until `done` records are due at `rate` records/s since `start` (no limit: no wait).
+async fn pace(start: Instant, rate: Option<f64>, done: u64) {
+    if let Some(rate) = rate {
+        let due = Duration::from_secs_f64(done as f64 / rate);
+        let el = start.elapsed();
+        if due > el {
+            tokio::time::sleep(due - el).await;
+        }
+    }
+}
+
+/// One PutRecords entry.
+fn entry(key: &str, explicit_hash_key: Option<&str>, data: Vec<u8>) -> Result<PutRecordsRequestEntry, KinesisError> {
+    PutRecordsRequestEntry::builder()
+        .partition_key(key)
+        .set_explicit_hash_key(explicit_hash_key.map(str::to_string))
+        .data(Blob::new(data))
+        .build()
+        .map_err(|e| KinesisError::Config { field: "record".into(), reason: e.to_string() })
+}
+
+/// Sends one PutRecords call. `Ok(None)`: a retryable failure, backed off (the caller sends the
+/// same records again); after 8 in a row the error is returned.
+async fn send_batch(
+    client: &Client,
+    endpoint: &str,
+    stream: &str,
+    entries: Vec<PutRecordsRequestEntry>,
+    failures_in_row: &mut u32,
+) -> Result<Option<aws_sdk_kinesis::operation::put_records::PutRecordsOutput>, KinesisError> {
+    match client.put_records().stream_name(stream).set_records(Some(entries)).send().await {
+        Ok(out) => {
+            *failures_in_row = 0;
+            Ok(Some(out))
+        }
+        Err(e) => {
+            let err = KinesisError::from_sdk("PutRecords", stream, endpoint, e);
+            if err.is_retryable() && *failures_in_row < 8 {
+                *failures_in_row += 1;
+                tokio::time::sleep(Duration::from_millis(50 << (*failures_in_row).min(6))).await;
+                return Ok(None);
+            }
+            Err(err)
+        }
+    }
+}
+
+/// The report of a put: the manifest of what each key got.
+fn report(
+    run: String,
+    stream: &str,
+    keys: &[String],
+    next: &[u64],
+    start: Instant,
+    calls: u64,
+    retried: u64,
+) -> PutReport {
     let counts: BTreeMap<String, u64> =
         keys.iter().cloned().zip(next.iter().copied()).filter(|(_, c)| *c > 0).collect();
-    Ok(PutReport {
-        manifest: Manifest { run, stream: stream.to_string(), counts, total: written },
+    let total = next.iter().sum();
+    PutReport {
+        manifest: Manifest { run, stream: stream.to_string(), counts, total },
         elapsed: start.elapsed(),
         calls,
         retried,
-    })
+    }
 }
 
 /// A shard's hash range, both ends included.
@@ -425,12 +470,8 @@ async fn put_aggregated(
 ) -> Result<PutReport, KinesisError> {
     use super::kpl;
     let start = Instant::now();
-    let keys: Vec<String> = (0..opts.keys).map(|i| format!("{}{i}", opts.key_prefix)).collect();
+    let (keys, target) = key_targets(opts);
     let hashes: Vec<u128> = keys.iter().map(|k| kpl::hash_key(k, opts.explicit_hash_key.as_deref())).collect();
-    let mut target: Vec<u64> = vec![opts.count / opts.keys; keys.len()];
-    for t in target.iter_mut().take((opts.count % opts.keys) as usize) {
-        *t += 1;
-    }
     let mut next: Vec<u64> = vec![0; keys.len()];
     let (mut written, mut calls, mut retried) = (0u64, 0u64, 0u64);
     let mut shards = open_ranges(client, endpoint, stream).await?;
@@ -493,39 +534,16 @@ async fn put_aggregated(
             continue;
         }
         let users_in_batch: u64 = batch.iter().flat_map(|(_, t, _)| t.iter().map(|(_, c)| *c)).sum();
-        if let Some(rate) = opts.rate {
-            let due = Duration::from_secs_f64((written + users_in_batch) as f64 / rate);
-            let el = start.elapsed();
-            if due > el {
-                tokio::time::sleep(due - el).await;
-            }
-        }
+        pace(start, opts.rate, written + users_in_batch).await;
         let entries: Vec<PutRecordsRequestEntry> = batch
             .iter()
-            .map(|(_, _, agg)| {
-                PutRecordsRequestEntry::builder()
-                    .partition_key(agg.partition_key.clone())
-                    .set_explicit_hash_key(agg.explicit_hash_key.clone())
-                    .data(Blob::new(agg.data.to_vec()))
-                    .build()
-                    .map_err(|e| KinesisError::Config { field: "record".into(), reason: e.to_string() })
-            })
+            .map(|(_, _, agg)| entry(&agg.partition_key, agg.explicit_hash_key.as_deref(), agg.data.to_vec()))
             .collect::<Result<_, _>>()?;
         calls += 1;
-        let out = match client.put_records().stream_name(stream).set_records(Some(entries)).send().await {
-            Ok(out) => out,
-            Err(e) => {
-                let err = KinesisError::from_sdk("PutRecords", stream, endpoint, e);
-                if err.is_retryable() && failures_in_row < 8 {
-                    failures_in_row += 1;
-                    retried += users_in_batch;
-                    tokio::time::sleep(Duration::from_millis(50 << failures_in_row.min(6))).await;
-                    continue; // nothing advanced: the same records are packed again
-                }
-                return Err(err);
-            }
+        let Some(out) = send_batch(client, endpoint, stream, entries, &mut failures_in_row).await? else {
+            retried += users_in_batch;
+            continue; // nothing advanced: the same records are packed again
         };
-        failures_in_row = 0;
         let mut stale = false;
         for (i, (predicted, take, _)) in batch.iter().enumerate() {
             let Some(r) = out.records().get(i).filter(|r| r.error_code().is_none()) else {
@@ -552,12 +570,5 @@ async fn put_aggregated(
             shards = open_ranges(client, endpoint, stream).await?;
         }
     }
-    let counts: BTreeMap<String, u64> =
-        keys.iter().cloned().zip(next.iter().copied()).filter(|(_, c)| *c > 0).collect();
-    Ok(PutReport {
-        manifest: Manifest { run, stream: stream.to_string(), counts, total: written },
-        elapsed: start.elapsed(),
-        calls,
-        retried,
-    })
+    Ok(report(run, stream, &keys, &next, start, calls, retried))
 }
