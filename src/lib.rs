@@ -9,8 +9,10 @@
 //!   watermarks, drain, windows.
 //! - [`spout`]: the Kinesis spout: the worker's stream coordinator (the leader's discovery, sticky
 //!   assignment and garbage collection), the task coordinator (leases, fenced checkpoints,
-//!   handoff, resharding), shard readers, KPL de-aggregation (one tuple per user record,
-//!   sub-sequence checkpoints, hash-range filter), in-flight tracking, low watermarks.
+//!   handoff, resharding), shard readers (GetRecords polling, or enhanced fan-out subscriptions
+//!   with `--consumer efo:NAME`), KPL de-aggregation (one tuple per user record, sub-sequence
+//!   checkpoints, hash-range filter), in-flight tracking, low watermarks. A worker reads one
+//!   stream or several (`--stream a --stream b`), each coordinated on its own.
 //! - [`coord`]: ZooKeeper access: the worker's shared session, layout, task registry, shard list,
 //!   assignment, checkpoints, leases, watches.
 //! - [`worker`]: [`run`] and [`WorkerArgs`], the entry point of user worker binaries.
@@ -19,7 +21,9 @@
 //! - [`sink`]: the Kinesis sink bolt: batched PutRecords, inputs acked once put, per-key order
 //!   kept through retries, bounded bytes in flight.
 //! - [`state`]: exactly-once keyed state in DynamoDB (MillWheel): [`state::KeyedState`] and the
-//!   [`state::ExactlyOnce`] bolt, exact deduplication of replays, zombie writers fenced by lease tokens.
+//!   [`state::ExactlyOnce`] bolt, exact deduplication of replays, zombie writers fenced by lease
+//!   tokens, and across stages ([`stage::Boundary::exactly_once`]) by production id.
+//! - [`stage`]: a topology cut into stages connected by intermediate Kinesis streams.
 //! - [`audit`]: delivery logs and the produced/delivered/lost/duplicates/order comparison.
 //! - [`cli`]: the `squall` command line.
 //! - [`logging`]: tracing set-up for binaries and workers.
