@@ -212,19 +212,22 @@ async fn run_bare(sentences: u64) -> f64 {
         }));
     }
     drop(count_txs);
-    let mut buf = Vec::with_capacity(BATCH);
-    let mut rr = 0;
-    for i in 0..sentences {
-        buf.push(corpus[(i % 1024) as usize].clone());
-        if buf.len() == BATCH {
-            let _ = split_txs[rr].send(std::mem::replace(&mut buf, Vec::with_capacity(BATCH))).await;
-            rr = (rr + 1) % split_txs.len();
+    // the producer is a task on the runtime's workers, as the engine's spout is (run inline in
+    // `block_on`, it would get the calling thread as a third worker the engine does not have)
+    handles.push(tokio::spawn(async move {
+        let mut buf = Vec::with_capacity(BATCH);
+        let mut rr = 0;
+        for i in 0..sentences {
+            buf.push(corpus[(i % 1024) as usize].clone());
+            if buf.len() == BATCH {
+                let _ = split_txs[rr].send(std::mem::replace(&mut buf, Vec::with_capacity(BATCH))).await;
+                rr = (rr + 1) % split_txs.len();
+            }
         }
-    }
-    if !buf.is_empty() {
-        let _ = split_txs[rr].send(buf).await;
-    }
-    drop(split_txs);
+        if !buf.is_empty() {
+            let _ = split_txs[rr].send(buf).await;
+        }
+    }));
     for h in handles {
         let _ = h.await;
     }
