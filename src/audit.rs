@@ -74,6 +74,7 @@ impl DeliverySink {
             sub_sequence: t.get_u64("sub_sequence")?,
             stream: t.get_str("stream").map(str::to_string).unwrap_or_default(),
             worker: self.worker.clone(),
+            arrival_ms: t.get_i64("arrival_ms").unwrap_or(0),
             t_us: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_micros() as i64)
@@ -116,6 +117,10 @@ pub struct Delivery {
     pub stream: String,
     /// Worker that delivered it.
     pub worker: String,
+    /// The record's approximate arrival time in Kinesis (ms since the epoch; 0 in older logs):
+    /// `t_us / 1000 - arrival_ms` is the record's end-to-end lag.
+    #[serde(default)]
+    pub arrival_ms: i64,
     /// Microseconds since the epoch at delivery.
     pub t_us: i64,
 }
@@ -238,6 +243,7 @@ mod tests {
             sub_sequence: 0,
             stream: String::new(),
             worker: "w".into(),
+            arrival_ms: 0,
             t_us: t,
         }
     }
