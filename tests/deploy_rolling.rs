@@ -55,7 +55,12 @@ async fn balanced(zk: &zookeeper_client::Client, cluster: &Cluster, n: usize) ->
     max - min <= 1
 }
 
-async fn wait_balanced(zk: &zookeeper_client::Client, cluster: &Cluster, n: usize, limit: Duration) -> Option<Duration> {
+async fn wait_balanced(
+    zk: &zookeeper_client::Client,
+    cluster: &Cluster,
+    n: usize,
+    limit: Duration,
+) -> Option<Duration> {
     let start = Instant::now();
     while start.elapsed() < limit {
         if balanced(zk, cluster, n).await {
@@ -117,9 +122,9 @@ async fn rolling_deploy_under_load_loses_nothing_and_delivers_no_duplicate() {
         let stopped = t0.elapsed();
         assert_eq!(code, Some(0), "worker w{i} did not stop cleanly on SIGTERM\n{}", cluster.logs());
         *w = cluster.start(&format!("w{i}-new"), 1);
-        let rebalanced = wait_balanced(&zk, &cluster, WORKERS, Duration::from_secs(60))
-            .await
-            .unwrap_or_else(|| panic!("shards not spread over {WORKERS} workers after replacing w{i}\n{}", cluster.logs()));
+        let rebalanced = wait_balanced(&zk, &cluster, WORKERS, Duration::from_secs(60)).await.unwrap_or_else(|| {
+            panic!("shards not spread over {WORKERS} workers after replacing w{i}\n{}", cluster.logs())
+        });
         eprintln!("replaced w{i}: stop {stopped:?}, then spread again {rebalanced:?} after the new worker started");
         replacements.push((stopped, rebalanced, t0.elapsed()));
     }
@@ -151,7 +156,9 @@ async fn rolling_deploy_under_load_loses_nothing_and_delivers_no_duplicate() {
         "lag ms (records, p50, p99, max): before {level:?}, during {during:?}, 10 s after the last replacement {after:?}"
     );
     eprintln!("replacements (stop, spread again, total): {replacements:?}");
-    eprintln!("lag back to its level (p99 per second <= 1.5x the level's + 100 ms) {back_after_ms:?} ms after the last replacement");
+    eprintln!(
+        "lag back to its level (p99 per second <= 1.5x the level's + 100 ms) {back_after_ms:?} ms after the last replacement"
+    );
     assert_eq!(report.lost, 0, "records lost in the rolling deploy: {report:?}\n{}", cluster.logs());
     assert_eq!(report.duplicates, 0, "duplicates delivered in the rolling deploy: {report:?}\n{}", cluster.logs());
     assert_eq!(report.order_violations, 0, "per-key order broken: {report:?}");

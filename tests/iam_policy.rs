@@ -317,11 +317,14 @@ fn policy_actions(role: &str) -> BTreeSet<String> {
     out
 }
 
+/// Per role, each action it needs with the call sites (`file:line`) that need it.
+type Needs = BTreeMap<&'static str, BTreeMap<String, Vec<String>>>;
+
 /// What each role needs, from the code.
-fn needed() -> (BTreeMap<&'static str, BTreeMap<String, Vec<String>>>, Vec<Call>) {
+fn needed() -> (Needs, Vec<Call>) {
     let sources = sources();
     let calls = calls(&sources);
-    let mut by_role: BTreeMap<&'static str, BTreeMap<String, Vec<String>>> = BTreeMap::new();
+    let mut by_role = Needs::new();
     for c in &calls {
         let func = c.func.clone().unwrap_or_default();
         let roles = roles_of(&sources, &c.file, &func, &mut BTreeSet::new());
