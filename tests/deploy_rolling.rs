@@ -1,8 +1,9 @@
 //! A rolling deploy under steady load: 4 workers read a 12-shard stream while a producer puts
 //! records at a steady rate; each worker in turn is stopped with SIGTERM (a graceful stop: in-flight
-//! tuples acked, final checkpoints, shards released), and once it has exited its replacement is
-//! started. The audit of every record put must show nothing lost, no duplicate delivered and
-//! per-key order kept.
+//! tuples acked, final checkpoints, shards released), once it has exited its replacement is
+//! started, and `squall wait-settled --workers 4` must return (exit 0) once the handoff is over,
+//! which the test checks against ZooKeeper itself. The audit of every record put must show nothing
+//! lost, no duplicate delivered and per-key order kept.
 //!
 //! Measured and reported (not asserted against a time): how long each stop took, how long until
 //! the shards were spread over 4 live tasks again, and the end-to-end lag (delivery time minus the
@@ -71,6 +72,19 @@ async fn wait_balanced(
     None
 }
 
+/// `squall wait-settled TOPOLOGY --workers N`: (exit 0, its output).
+async fn wait_settled(cluster: &Cluster, workers: usize) -> (bool, String) {
+    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_squall"));
+    c.env("SQUALL_ZK", support::zk_connect())
+        .env("SQUALL_ZK_ROOT", &cluster.zk_root)
+        .env("SQUALL_KINESIS_ENDPOINT", support::kinesis_endpoint().endpoint)
+        .env_remove("RUST_LOG")
+        .args(["wait-settled", &cluster.topology, "--workers", &workers.to_string(), "--timeout", "60"]);
+    let out = c.output().await.expect("run squall wait-settled");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
@@ -106,6 +120,19 @@ async fn rolling_deploy_under_load_loses_nothing_and_delivers_no_duplicate() {
     let mut workers: Vec<_> = (0..WORKERS).map(|i| cluster.start(&format!("w{i}"), 1)).collect();
     let spread = wait_balanced(&zk, &cluster, WORKERS, Duration::from_secs(30)).await;
     assert!(spread.is_some(), "{SHARDS} shards never spread over {WORKERS} workers\n{}", cluster.logs());
+    // a topology short of a worker is not settled: the command says why and exits non-zero
+    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_squall"));
+    c.env("SQUALL_ZK", support::zk_connect()).env("SQUALL_ZK_ROOT", &cluster.zk_root).env_remove("RUST_LOG").args([
+        "wait-settled",
+        &cluster.topology,
+        "--workers",
+        "5",
+        "--timeout",
+        "1",
+    ]);
+    let out = c.output().await.expect("run squall wait-settled");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("4 of 5 workers are live"), "wait-settled --workers 5: {err}");
 
     let stop = Arc::new(AtomicBool::new(false));
     let producer = steady_producer(&s, stop.clone());
@@ -122,10 +149,20 @@ async fn rolling_deploy_under_load_loses_nothing_and_delivers_no_duplicate() {
         let stopped = t0.elapsed();
         assert_eq!(code, Some(0), "worker w{i} did not stop cleanly on SIGTERM\n{}", cluster.logs());
         *w = cluster.start(&format!("w{i}-new"), 1);
-        let rebalanced = wait_balanced(&zk, &cluster, WORKERS, Duration::from_secs(60)).await.unwrap_or_else(|| {
-            panic!("shards not spread over {WORKERS} workers after replacing w{i}\n{}", cluster.logs())
-        });
-        eprintln!("replaced w{i}: stop {stopped:?}, then spread again {rebalanced:?} after the new worker started");
+        let started = Instant::now();
+        let settled = wait_settled(&cluster, WORKERS).await;
+        assert!(settled.0, "squall wait-settled failed after replacing w{i}: {}\n{}", settled.1, cluster.logs());
+        let rebalanced = started.elapsed();
+        // what the command said is true: every shard owned by one of 4 live tasks, spread
+        assert!(
+            balanced(&zk, &cluster, WORKERS).await,
+            "wait-settled returned but ZooKeeper shows the shards not spread over {WORKERS} live tasks: {:?}",
+            owners(&zk, &cluster).await
+        );
+        eprintln!(
+            "replaced w{i}: stop {stopped:?}, settled {rebalanced:?} after the new worker started: {}",
+            settled.1.trim()
+        );
         replacements.push((stopped, rebalanced, t0.elapsed()));
     }
     let deploy_to = now_ms();

@@ -95,6 +95,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Waits until the topology is settled: ACTIVE, --workers live workers, and every unfinished
+    /// shard assigned to a live task (spread evenly) and leased by it. Run it after replacing each
+    /// worker of a rolling deploy: it returns once the handoff is over. Exits non-zero on timeout,
+    /// naming what is not settled.
+    WaitSettled {
+        /// Topology name.
+        topology: String,
+        /// The number of live workers to wait for.
+        #[arg(long)]
+        workers: Option<usize>,
+        /// Seconds to wait.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+    },
     /// Checkpoint operations.
     #[command(subcommand)]
     Checkpoints(CheckpointsCommand),
@@ -168,6 +182,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Kill { topology, wait } => topology::kill(&cli, topology, *wait).await,
         Command::Drain { topology, wait } => topology::drain(&cli, topology, *wait).await,
         Command::Status { topology, json } => topology::status(&cli, topology, *json).await,
+        Command::WaitSettled { topology, workers, timeout } => {
+            topology::wait_settled(&cli, topology, *workers, *timeout).await
+        }
         Command::Checkpoints(CheckpointsCommand::Reset { topology, stream, to }) => {
             topology::reset(&cli, topology, stream, to).await
         }

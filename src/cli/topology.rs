@@ -1,7 +1,7 @@
 //! `squall topology list | activate | deactivate | rebalance | kill | status | checkpoints reset`:
 //! operating topologies through their state in ZooKeeper, which every worker watches and obeys.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -399,6 +399,8 @@ pub struct StreamReport {
     pub stream: String,
     /// Why nothing of the stream is read, when the leader refuses it (e.g. it was re-created).
     pub error: Option<String>,
+    /// The live spout tasks that read the stream (the leader assigns its shards over them).
+    pub tasks: Vec<String>,
     /// Every shard in the stored shard list.
     pub shards: Vec<ShardReport>,
 }
@@ -507,7 +509,8 @@ async fn stream_report(
         });
     }
     let error = assignment.and_then(|a| a.error).or(list_error);
-    Ok(StreamReport { stream: stream.to_string(), error, shards })
+    let tasks = store.task_names().await?;
+    Ok(StreamReport { stream: stream.to_string(), error, tasks, shards })
 }
 
 /// The stages the live workers report, in stage order, their counters summed over workers
@@ -632,6 +635,91 @@ pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<S
         ));
     }
     Ok(report)
+}
+
+/// What keeps a topology from being settled (empty when it is): ACTIVE, `workers` live workers
+/// (when given), and in every stream every unfinished shard assigned to a live task of the
+/// stream, with the assignment spread (max - min <= 1 shards per task) and each shard whose
+/// parents are finished leased by the task it is assigned to. After a worker is replaced in a
+/// rolling deploy, settled means the handoff is over: every shard is read again, by its owner.
+pub(super) fn unsettled(r: &StatusReport, workers: Option<usize>) -> Vec<String> {
+    let mut why = Vec::new();
+    if r.state != "ACTIVE" {
+        why.push(format!("the topology is {}, not ACTIVE", r.state));
+    }
+    if let Some(n) = workers {
+        if r.workers.len() != n {
+            why.push(format!("{} of {n} workers are live", r.workers.len()));
+        }
+    }
+    for s in r.streams.iter().chain(r.stages.iter().filter_map(|st| st.stream.as_ref())) {
+        if let Some(e) = &s.error {
+            why.push(format!("stream {}: {e}", s.stream));
+            continue;
+        }
+        let finished: BTreeSet<&str> =
+            s.shards.iter().filter(|sh| sh.finished).map(|sh| sh.shard_id.as_str()).collect();
+        let mut per_task: BTreeMap<&str, usize> = s.tasks.iter().map(|t| (t.as_str(), 0)).collect();
+        for sh in s.shards.iter().filter(|sh| !sh.finished) {
+            let Some(a) = sh.assigned_to.as_deref().filter(|a| per_task.contains_key(a)) else {
+                why.push(format!("stream {} shard {}: not assigned to a live task", s.stream, sh.shard_id));
+                continue;
+            };
+            *per_task.entry(a).or_default() += 1;
+            let readable = sh.parent_shard_ids.iter().all(|p| finished.contains(p.as_str()));
+            if readable && sh.owner.as_deref() != Some(a) {
+                why.push(format!(
+                    "stream {} shard {}: assigned to {a}, leased by {}",
+                    s.stream,
+                    sh.shard_id,
+                    sh.owner.as_deref().unwrap_or("nobody")
+                ));
+            }
+        }
+        let (min, max) = (per_task.values().min().copied(), per_task.values().max().copied());
+        if let (Some(min), Some(max)) = (min, max) {
+            if max - min > 1 {
+                why.push(format!(
+                    "stream {}: shards per task {min}..{max} (not spread yet over {} tasks)",
+                    s.stream,
+                    per_task.len()
+                ));
+            }
+        }
+    }
+    why
+}
+
+/// `squall wait-settled`: polls the status until the topology is settled (see [`unsettled`]) or
+/// `timeout` passes (an error naming what is not settled).
+pub(super) async fn wait_settled(
+    cli: &Cli,
+    topology: &str,
+    workers: Option<usize>,
+    timeout: u64,
+) -> anyhow::Result<()> {
+    let start = std::time::Instant::now();
+    loop {
+        let r = status_report(cli, topology).await?;
+        let why = unsettled(&r, workers);
+        if why.is_empty() {
+            let shards: usize = r.streams.iter().map(|s| s.shards.iter().filter(|sh| !sh.finished).count()).sum();
+            outln!(
+                "topology {topology} settled after {:.1} s: {} workers, {shards} unfinished source shards each read by the task it is assigned to",
+                start.elapsed().as_secs_f64(),
+                r.workers.len()
+            );
+            return Ok(());
+        }
+        if start.elapsed() >= Duration::from_secs(timeout) {
+            anyhow::bail!(
+                "topology {topology} did not settle within {timeout} s: {}{}. Check `squall status {topology}` and the workers' logs",
+                why.iter().take(10).cloned().collect::<Vec<_>>().join("; "),
+                if why.len() > 10 { format!("; and {} more", why.len() - 10) } else { String::new() }
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 pub(super) async fn status(cli: &Cli, topology: &str, json: bool) -> anyhow::Result<()> {
