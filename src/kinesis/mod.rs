@@ -76,7 +76,7 @@ impl KinesisEndpoint {
         if self.region.trim().is_empty() {
             return Err(KinesisError::Config {
                 field: "region".into(),
-                reason: "is empty; set a region such as us-east-1 (--region or AWS_REGION)".into(),
+                reason: "is empty; set a region such as us-east-1 (--region or SQUALL_REGION)".into(),
             });
         }
         if !(self.is_aws()
