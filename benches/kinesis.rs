@@ -153,12 +153,9 @@ async fn fill(client: &Client, endpoint: &str, stream: &str, count: u64, produce
         let opts = PutOptions {
             count: count / producers + u64::from(p < count % producers),
             keys: 100,
-            rate: None,
             size: 100,
-            run: String::new(),
             key_prefix: format!("p{p}-key-"),
-            explicit_hash_key: None,
-            aggregate: 0,
+            ..PutOptions::default()
         };
         set.spawn(async move { squall::kinesis::put_records(&client, &endpoint, &stream, &opts).await });
     }

@@ -8,6 +8,8 @@ macro_rules! outln {
     }};
 }
 
+mod progress;
+mod status_text;
 mod stream;
 mod topology;
 
@@ -94,6 +96,10 @@ pub enum Command {
         /// Print JSON (stable schema: see README).
         #[arg(long)]
         json: bool,
+        /// Print the status again every SECS seconds (default 2) until interrupted; on a
+        /// terminal the screen is redrawn, when piped each status follows the last.
+        #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2")]
+        watch: Option<u64>,
     },
     /// Waits until the topology is settled: ACTIVE, --workers live workers, and every unfinished
     /// shard assigned to a live task (spread evenly) and leased by it. Run it after replacing each
@@ -181,7 +187,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Rebalance { topology, wait } => topology::rebalance(&cli, topology, *wait).await,
         Command::Kill { topology, wait } => topology::kill(&cli, topology, *wait).await,
         Command::Drain { topology, wait } => topology::drain(&cli, topology, *wait).await,
-        Command::Status { topology, json } => topology::status(&cli, topology, *json).await,
+        Command::Status { topology, json, watch } => topology::status(&cli, topology, *json, *watch).await,
         Command::WaitSettled { topology, workers, timeout } => {
             topology::wait_settled(&cli, topology, *workers, *timeout).await
         }

@@ -108,9 +108,25 @@ pub(super) async fn run(cli: &Cli, cmd: &StreamCommand) -> anyhow::Result<()> {
                 size: *size,
                 run: run.clone(),
                 aggregate: *aggregate,
+                progress: Some(Default::default()),
                 ..PutOptions::default()
             };
-            let report = kinesis::put_records(&client, &label, name, &opts).await?;
+            // a bar on a terminal (hidden when stderr is not one), fed from the put's counter
+            let bar = super::progress::bar(*count, &format!("put {name}"));
+            let written = opts.progress.clone().unwrap_or_default();
+            let ticker = {
+                let bar = bar.clone();
+                tokio::spawn(async move {
+                    loop {
+                        bar.set_position(written.load(std::sync::atomic::Ordering::Relaxed));
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    }
+                })
+            };
+            let put = kinesis::put_records(&client, &label, name, &opts).await;
+            ticker.abort();
+            bar.finish_and_clear();
+            let report = put?;
             if let Some(path) = manifest {
                 let text = serde_json::to_string_pretty(&report.manifest)?;
                 std::fs::write(path, text).with_context(|| format!("writing the manifest to {}", path.display()))?;

@@ -135,17 +135,21 @@ async fn wait_no_leases(admin: &Admin, topology: &str, wait: Duration) -> anyhow
         stores.push(admin.store(topology, &stream).await?);
     }
     let start = Instant::now();
+    let progress = super::progress::spinner("waiting for the shards to be handed back");
     loop {
         let mut held = 0;
         for store in &stores {
             held += store.shard_owners().await?.len();
         }
         if held == 0 {
+            progress.finish_and_clear();
             return Ok(true);
         }
         if start.elapsed() > wait {
+            progress.finish_and_clear();
             return Ok(false);
         }
+        progress.set_message(format!("waiting for the shards to be handed back: {held} still leased"));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -188,14 +192,18 @@ pub(super) async fn kill(cli: &Cli, topology: &str, wait: Option<u64>) -> anyhow
     // checkpoint and exit 0. Wait for them to go.
     let limit = Duration::from_secs(wait.unwrap_or(30) + 15);
     let start = Instant::now();
+    let progress = super::progress::spinner("waiting for the workers to stop");
     loop {
         let workers = store.workers().await?;
         let tasks = store.live_tasks().await?;
+        progress.set_message(format!("waiting for the workers to stop: {} still running", workers.len()));
         if workers.is_empty() && tasks.is_empty() {
+            progress.finish_and_clear();
             outln!("{topology}: killed; every worker stopped after {:.2} s", start.elapsed().as_secs_f64());
             return Ok(());
         }
         if start.elapsed() > limit {
+            progress.finish_and_clear();
             bail!(
                 "{topology}: marked KILLED, but {} worker(s) still run after {} s: {}",
                 workers.len(),
@@ -234,19 +242,28 @@ pub(super) async fn drain(cli: &Cli, topology: &str, wait: Option<u64>) -> anyho
     outln!("{topology}: draining deployment {deployment}");
     let Some(wait) = wait else { return Ok(()) };
     let start = Instant::now();
+    let progress = super::progress::spinner("waiting for DRAINED");
     loop {
         let (st, _) = state_of(&store, topology).await?;
+        let workers = store.workers().await?.len();
+        progress.set_message(format!(
+            "waiting for DRAINED: {}, {workers} worker(s) still running",
+            lifecycle_name(st.state)
+        ));
         if st.state == Lifecycle::Drained || (st.deployment_id != deployment) {
+            progress.finish_and_clear();
             outln!("{topology}: drained after {:.2} s", start.elapsed().as_secs_f64());
             return Ok(());
         }
-        if store.workers().await?.is_empty() && start.elapsed() > Duration::from_secs(2) {
+        if workers == 0 && start.elapsed() > Duration::from_secs(2) {
+            progress.finish_and_clear();
             // No worker left to mark it: every one has gone, so the drain is complete.
             set_state(&store, topology, |cur| Ok(TopologyState { state: Lifecycle::Drained, ..cur.clone() })).await?;
             outln!("{topology}: drained (no worker left) after {:.2} s", start.elapsed().as_secs_f64());
             return Ok(());
         }
         if start.elapsed() > Duration::from_secs(wait) {
+            progress.finish_and_clear();
             bail!("{topology}: still draining after {wait} s");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -722,111 +739,46 @@ pub(super) async fn wait_settled(
     }
 }
 
-pub(super) async fn status(cli: &Cli, topology: &str, json: bool) -> anyhow::Result<()> {
-    let r = status_report(cli, topology).await?;
-    if json {
-        outln!("{}", serde_json::to_string_pretty(&r).context("serializing the status")?);
-        return Ok(());
-    }
-    outln!("topology {}  state {}  deployment {}", r.topology, r.state, r.deployment_id);
-    outln!("workers: {}", r.workers.len());
-    for w in &r.workers {
-        outln!("  {}  host {}  pid {}  tasks {}  since {}", w.worker_id, w.host, w.pid, w.tasks.join(","), w.since_ms);
-        if let Some(k) = &w.kpl {
-            outln!(
-                "    KPL: {} aggregates, {} user records, {} dropped outside the shard's hash range, {} corrupt (delivered whole)",
-                k.aggregates,
-                k.user_records,
-                k.out_of_range,
-                k.corrupt
-            );
+pub(super) async fn status(cli: &Cli, topology: &str, json: bool, watch: Option<u64>) -> anyhow::Result<()> {
+    let print = |r: &StatusReport| -> anyhow::Result<()> {
+        if json {
+            outln!("{}", serde_json::to_string_pretty(r).context("serializing the status")?);
+        } else {
+            outln!("{}", super::status_text::render(r, crate::coord::now_ms()));
         }
-        if let Some(obj) = w.components.as_object() {
-            for (c, m) in obj {
-                outln!(
-                    "    {c:<14} emitted {:>9}  executed {:>9}  acked {:>9}  failed {:>6}  timed out {:>6}  pending {:>6}",
-                    m["emitted"],
-                    m["executed"],
-                    m["acked"],
-                    m["failed"],
-                    m["timed_out"],
-                    m["pending"]
-                );
+        Ok(())
+    };
+    let Some(every) = watch else { return print(&status_report(cli, topology).await?) };
+    if every == 0 {
+        bail!("--watch 0: give the seconds between two statuses (1 or more), e.g. --watch 2");
+    }
+    use std::io::IsTerminal as _;
+    let tty = std::io::stdout().is_terminal();
+    let mut first = true;
+    loop {
+        match status_report(cli, topology).await {
+            Ok(r) => {
+                if tty {
+                    // redraw: clear the screen, cursor home
+                    outln!(
+                        "\x1b[2J\x1b[H{}  (every {every} s; Ctrl-C stops)",
+                        DateTime::from_millis(crate::coord::now_ms()).fmt(DateTimeFormat::DateTime).unwrap_or_default()
+                    );
+                } else if !first {
+                    outln!();
+                }
+                print(&r)?;
             }
+            // the first answer decides (a wrong topology, no ZooKeeper); later ones may be a
+            // passing hiccup: say so and keep watching
+            Err(e) if first => return Err(e),
+            Err(e) => outln!("status failed ({e:#}); trying again in {every} s"),
         }
-    }
-    for s in &r.streams {
-        outln!("stream {}: {} shards", s.stream, s.shards.len());
-        print_shards(s);
-    }
-    if r.stages.is_empty() {
-        return Ok(());
-    }
-    outln!("stages: {}", r.stages.len());
-    if r.workers.is_empty() {
-        outln!(
-            "  no live worker: stage names and counters are unknown; the intermediate streams are those ZooKeeper shows"
-        );
-    }
-    let ms = |v: Option<i64>| v.map(|m| format!("{m} ms")).unwrap_or_else(|| "-".into());
-    for (i, st) in r.stages.iter().enumerate() {
-        outln!(
-            "stage {} {}  reads {} stream {}  workers {}",
-            i + 1,
-            st.name.as_deref().unwrap_or("(no live worker runs it)"),
-            if st.intermediate { "intermediate" } else { "source" },
-            st.input_stream,
-            st.workers
-        );
-        outln!(
-            "  lag: max {}  sum {}  ({} shard(s) reporting)",
-            ms(st.max_millis_behind_latest),
-            ms(st.sum_millis_behind_latest),
-            st.shards_with_lag
-        );
-        if st.intermediate {
-            outln!(
-                "  control records: watermarks {}  drain markers {}  stale drain markers {}  malformed {}",
-                st.watermark_records,
-                st.drain_markers,
-                st.stale_drain_markers,
-                st.malformed
-            );
+        first = false;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_secs(every)) => {}
         }
-        if let Some(p) = st.producers {
-            outln!("  producers writing {}: {p}", st.input_stream);
-        }
-        match &st.stream {
-            Some(s) => {
-                outln!("  intermediate stream {}: {} shards", s.stream, s.shards.len());
-                print_shards(s);
-            }
-            None => outln!("  (its shards are listed under stream {} above)", st.input_stream),
-        }
-    }
-    Ok(())
-}
-
-/// The shard table of one stream.
-fn print_shards(s: &StreamReport) {
-    if let Some(e) = &s.error {
-        outln!("  ERROR {e}");
-    }
-    outln!("  {:<22} {:<9} {:<44} {:<16} {:>10}  CHECKPOINT", "SHARD", "STATE", "PARENTS", "OWNER", "LAG MS");
-    for sh in &s.shards {
-        outln!(
-            "  {:<22} {:<9} {:<44} {:<16} {:>10}  {}{}",
-            sh.shard_id,
-            sh.state,
-            if sh.parent_shard_ids.is_empty() { "-".into() } else { sh.parent_shard_ids.join(",") },
-            sh.owner.as_deref().unwrap_or("-"),
-            sh.millis_behind_latest.map(|m| m.to_string()).unwrap_or_else(|| "-".into()),
-            sh.checkpoint.as_deref().unwrap_or("-"),
-            sh.error
-                .as_ref()
-                .map(|e| format!("  {} {e}", if sh.retryable { "ERROR" } else { "ERROR (not retryable)" }))
-                .unwrap_or_default()
-        );
     }
 }
 

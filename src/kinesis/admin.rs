@@ -239,6 +239,9 @@ pub struct PutOptions {
     /// Pack up to this many user records into one KPL aggregated Kinesis record (0 or 1: plain
     /// records). The manifest counts user records.
     pub aggregate: usize,
+    /// Set to the number of (user) records written so far, as the put goes (for progress
+    /// displays).
+    pub progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Default for PutOptions {
@@ -252,7 +255,15 @@ impl Default for PutOptions {
             key_prefix: "key-".into(),
             explicit_hash_key: None,
             aggregate: 0,
+            progress: None,
         }
+    }
+}
+
+/// Publishes the records written so far to `opts.progress`.
+fn progress(opts: &PutOptions, written: u64) {
+    if let Some(p) = &opts.progress {
+        p.store(written, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -352,6 +363,7 @@ pub async fn put_records(
                 retried += 1;
             }
         }
+        progress(opts, written);
     }
     Ok(report(run, stream, &keys, &next, start, calls, retried))
 }
@@ -566,6 +578,7 @@ async fn put_aggregated(
                 }
             }
         }
+        progress(opts, written);
         if stale {
             shards = open_ranges(client, endpoint, stream).await?;
         }
