@@ -348,10 +348,8 @@ async fn throughput(env: &Env) -> anyhow::Result<()> {
     for (engine, endpoint, per_shard) in engines {
         let client = client(&endpoint).await?;
         if !reachable(&client).await {
-            println!(
-                "{engine} at {endpoint} does not answer: skipped (start it: localstack/up, localstack/kinesalite-up)\n"
-            );
-            continue;
+            // a figure missing from a run that succeeds would read as measured: fail instead
+            bail!("{engine} does not answer at {endpoint}: start it (localstack/up, localstack/kinesalite-up)");
         }
         let stream = create_stream(&client, &endpoint, SHARDS, "bench-tput").await?;
         let total = per_shard * SHARDS as u64;
@@ -1622,10 +1620,8 @@ async fn stages(env: &Env) -> anyhow::Result<()> {
         }
         let client = client(&endpoint).await?;
         if !reachable(&client).await {
-            println!(
-                "{engine} at {endpoint} does not answer: skipped (start it: localstack/up, localstack/kinesalite-up)\n"
-            );
-            continue;
+            // a figure missing from a run that succeeds would read as measured: fail instead
+            bail!("{engine} does not answer at {endpoint}: start it (localstack/up, localstack/kinesalite-up)");
         }
         let source = create_stream(&client, &endpoint, SHARDS, "bench-stage-src").await?;
         let total = per_shard * SHARDS as u64;

@@ -40,7 +40,18 @@ step "split shardId-000000000000 mid-run"
 "$SQUALL" stream split "$STREAM" shardId-000000000000
 sleep 3
 step "merge its two children mid-run"
-"$SQUALL" stream merge "$STREAM" shardId-000000000004 shardId-000000000005
+# the children are whatever Kinesis named them: read them from the stream (hash-range order)
+mapfile -t CHILDREN < <("$SQUALL" stream describe "$STREAM" --json | python3 -c '
+import json, sys
+shards = json.load(sys.stdin)["shards"]
+kids = [s for s in shards if s.get("parent_shard_id") == "shardId-000000000000" and not s.get("adjacent_parent_shard_id")]
+kids.sort(key=lambda s: int(s["starting_hash_key"]))
+print("\n".join(s["shard_id"] for s in kids))')
+if [ "${#CHILDREN[@]}" -ne 2 ]; then
+  echo "demo: expected 2 children of shardId-000000000000, found ${#CHILDREN[@]}: ${CHILDREN[*]:-none}" >&2
+  exit 1
+fi
+"$SQUALL" stream merge "$STREAM" "${CHILDREN[0]}" "${CHILDREN[1]}"
 sleep 2
 
 step "deactivate: the spouts stop fetching (the producer keeps writing)"
@@ -70,7 +81,9 @@ done
 PIDS=()
 
 step "audit"
-REPORT="$("$SQUALL" audit --manifest "$OUT/manifest.json" --deliveries "$OUT"/deliveries-*.jsonl || true)"
+# the audit exits non-zero on loss: keep its status (the report is printed either way)
+AUDIT=0
+REPORT="$("$SQUALL" audit --manifest "$OUT/manifest.json" --deliveries "$OUT"/deliveries-*.jsonl)" || AUDIT=$?
 echo "$REPORT"
 python3 - "$REPORT" <<'PY'
 import json, sys
@@ -78,5 +91,9 @@ r = json.loads(sys.argv[1])
 print(f"\ndemo: records produced {r['produced']}, records processed {r['distinct']} "
       f"({r['delivered']} deliveries, {r['duplicates']} duplicates), records lost {r['lost']}, "
       f"per-key order violations {r['order_violations']}")
-sys.exit(1 if r["lost"] else 0)
+sys.exit(1 if r["lost"] or r["order_violations"] else 0)
 PY
+if [ "$AUDIT" -ne 0 ]; then
+  echo "demo: squall audit exited with status $AUDIT" >&2
+  exit "$AUDIT"
+fi

@@ -134,8 +134,9 @@ fn config_debug_output_hides_the_password() {
     }
 }
 
-/// The worker flags themselves: `squall::WorkerArgs` derives `Debug`, so `{args:?}` prints
-/// `zk_password: Some("...")` in clear (the audit example's own `Args` derives Debug around it too).
+/// The worker flags themselves: `squall::WorkerArgs` derives `Debug` (and so does the audit
+/// example's `Args` around it); the password is a `coord::Secret`, whose `Debug` is redacted, so
+/// `{args:?}` must not show it.
 #[test]
 fn worker_args_debug_output_hides_the_password() {
     let args = parse_worker_args();
