@@ -17,7 +17,8 @@ fn every_break_applies_is_mapped_to_its_test_and_documented() {
         let Some(name) = p.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".patch")) else {
             continue;
         };
-        let out = Command::new("git").arg("apply").arg("--check").arg(&p).current_dir(root).output().expect("git apply");
+        let out =
+            Command::new("git").arg("apply").arg("--check").arg(&p).current_dir(root).output().expect("git apply");
         assert!(
             out.status.success(),
             "scripts/breaks/{name}.patch no longer applies to the code: {}\nredo the break on today's code and \
@@ -25,7 +26,10 @@ fn every_break_applies_is_mapped_to_its_test_and_documented() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(script.contains(&format!("[{name}]=\"--test ")), "scripts/break-test names no test for {name}");
-        assert!(reliability.contains(&format!("`scripts/break-test {name}`")), "RELIABILITY.md does not document {name}");
+        assert!(
+            reliability.contains(&format!("`scripts/break-test {name}`")),
+            "RELIABILITY.md does not document {name}"
+        );
         names.push(name.to_string());
     }
     assert!(names.len() >= 8, "breaks found: {names:?}");
