@@ -11,14 +11,7 @@ use squall::kinesis::{self, PutOptions};
 use support::TestStream;
 use support::workers::{Cluster, read_deliveries, scratch};
 
-fn squall(cluster: &Cluster) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_squall"));
-    c.env("SQUALL_ZK", support::zk_connect())
-        .env("SQUALL_ZK_ROOT", &cluster.zk_root)
-        .env("SQUALL_KINESIS_ENDPOINT", support::kinesis_endpoint().endpoint)
-        .env_remove("RUST_LOG");
-    c
-}
+use support::ops::squall;
 
 fn run(cmd: &mut Command) -> (i32, String, String) {
     let out = cmd.output().expect("run squall");

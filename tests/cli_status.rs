@@ -11,14 +11,7 @@ use squall::kinesis::{self, PutOptions};
 use support::TestStream;
 use support::workers::{Cluster, scratch};
 
-fn squall(cluster: &Cluster) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_squall"));
-    c.env("SQUALL_ZK", support::zk_connect())
-        .env("SQUALL_ZK_ROOT", &cluster.zk_root)
-        .env("SQUALL_KINESIS_ENDPOINT", support::kinesis_endpoint().endpoint)
-        .env_remove("RUST_LOG");
-    c
-}
+use support::ops::squall;
 
 /// Runs `squall ARGS` on a pseudo-terminal (`script`), as an operator at a terminal would, for
 /// at most `secs` (`--watch` never ends by itself): everything it wrote to the terminal.
