@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 
 use squall::kinesis::{self, PutOptions};
 use support::TestStream;
-use support::workers::{Cluster, read_deliveries, scratch};
-
 use support::ops::squall;
+use support::workers::{Cluster, read_deliveries, scratch};
 
 fn run(cmd: &mut Command) -> (i32, String, String) {
     let out = cmd.output().expect("run squall");

@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use squall::kinesis::{self, PutOptions};
 use support::TestStream;
-use support::workers::{Cluster, scratch};
-
 use support::ops::squall;
+use support::workers::{Cluster, scratch};
 
 /// Runs `squall ARGS` on a pseudo-terminal (`script`), as an operator at a terminal would, for
 /// at most `secs` (`--watch` never ends by itself): everything it wrote to the terminal.
