@@ -387,10 +387,8 @@ async fn without_credentials_the_ui_cannot_act_on_a_digest_protected_topology_an
     assert_eq!(code, 403, "{text}");
     assert!(text.contains("Deactivate failed") && text.contains("not authorized"), "{text}");
     assert!(text.contains("--zk-user"), "the fix is named: {text}");
-    eprintln!(
-        "without credentials: {}",
-        text.split("<span class=\"mono\">").nth(1).unwrap_or("").split('<').next().unwrap_or("")
-    );
+    let msg = text.split("failed</b><br><span class=\"mono\">").nth(1).unwrap_or("").split('<').next().unwrap_or("");
+    eprintln!("deactivate without credentials: 403 {msg}");
     assert_eq!(zk_state(&authed, &cluster).await, "ACTIVE");
     screenshot(&dir, "not-authorized", &anon.url(&format!("/topology/{topo}"))).await;
 

@@ -70,6 +70,7 @@ code,.mono{font-family:'Liberation Mono',monospace;font-size:12px}
 .err{color:#b71c1c}.muted{color:#6b7280}
 .box{background:#fff;border:1px solid #d5d9e0;padding:10px 14px;margin:10px 0;max-width:900px}
 .box.bad{border-color:#b71c1c;background:#fdecea}.box.good{border-color:#2e7d32;background:#edf7ed}
+.actions{margin-bottom:8px}
 .actions a,.actions button{display:inline-block;margin-right:8px;padding:5px 12px;border:1px solid #1f3a5f;
  border-radius:4px;background:#fff;color:#1f3a5f;text-decoration:none;font-size:13px;cursor:pointer}
 .actions a.danger,.actions button.danger{border-color:#b71c1c;color:#b71c1c}
@@ -255,7 +256,8 @@ fn workers(h: &mut String, workers: &[WorkerReport]) {
     h.push_str("</table>");
 }
 
-/// Per-component counters: one row per component, one column per counter any component has.
+/// Per-component counters: one row per component, one column per numeric counter any
+/// component has, and the rest (user counters, latency histograms) summed up in a last column.
 fn components(h: &mut String, v: &serde_json::Value) {
     let Some(obj) = v.as_object().filter(|o| !o.is_empty()) else {
         h.push_str("<span class=\"muted\">-</span>");
@@ -264,31 +266,61 @@ fn components(h: &mut String, v: &serde_json::Value) {
     let preferred = ["emitted", "executed", "acked", "failed", "timed_out", "pending"];
     let mut cols: Vec<String> = preferred.iter().map(|s| s.to_string()).collect();
     let mut extra = BTreeSet::new();
-    for m in obj.values() {
-        if let Some(m) = m.as_object() {
-            extra.extend(m.keys().filter(|k| !preferred.contains(&k.as_str())).cloned());
-        }
+    for m in obj.values().filter_map(|m| m.as_object()) {
+        extra.extend(
+            m.iter().filter(|(k, v)| v.is_number() && !preferred.contains(&k.as_str())).map(|(k, _)| k.clone()),
+        );
     }
     cols.extend(extra);
-    cols.retain(|c| obj.values().any(|m| m.get(c).is_some()));
+    cols.retain(|c| obj.values().any(|m| m.get(c).is_some_and(serde_json::Value::is_number)));
     h.push_str("<table class=\"counters\"><tr><th>component</th>");
     for c in &cols {
         let _ = write!(h, "<th>{}</th>", esc(c));
     }
-    h.push_str("</tr>");
+    h.push_str("<th>more</th></tr>");
     for (name, m) in obj {
         let _ = write!(h, "<tr><td class=\"mono\">{}</td>", esc(name));
         for c in &cols {
-            let cell = match m.get(c) {
-                None | Some(serde_json::Value::Null) => "-".to_string(),
-                Some(serde_json::Value::String(s)) => s.clone(),
-                Some(v) => v.to_string(),
-            };
+            let cell = m.get(c).filter(|v| v.is_number()).map_or_else(|| "-".to_string(), |v| v.to_string());
             let _ = write!(h, "<td class=\"num\">{}</td>", esc(&cell));
         }
-        h.push_str("</tr>");
+        let more: Vec<String> = m
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, v)| !(v.is_number() && cols.contains(k)))
+            .filter_map(|(k, v)| summary(k, v))
+            .collect();
+        let _ = write!(h, "<td class=\"mono\">{}</td></tr>", esc(&or_dash(&more.join("; "))));
     }
     h.push_str("</table>");
+}
+
+/// A short text for a non-scalar counter: a latency histogram by its count, mean and p99; a
+/// map of user counters as `name=value`; nothing for an empty one.
+fn summary(name: &str, v: &serde_json::Value) -> Option<String> {
+    let ms = |ns: &serde_json::Value| ns.as_f64().map(|n| format!("{:.2} ms", n / 1e6));
+    match v {
+        serde_json::Value::Object(o) if o.is_empty() => None,
+        serde_json::Value::Object(o) if o.contains_key("p99_ns") => Some(format!(
+            "{name}: n={} mean {} p99 {}",
+            o.get("count").map_or_else(|| "?".into(), |c| c.to_string()),
+            o.get("mean_ns").and_then(ms).unwrap_or_else(|| "?".into()),
+            o.get("p99_ns").and_then(ms).unwrap_or_else(|| "?".into()),
+        )),
+        serde_json::Value::Object(o) => {
+            let kv: Vec<String> = o
+                .iter()
+                .map(|(k, v)| match v {
+                    serde_json::Value::Object(_) | serde_json::Value::Array(_) => summary(k, v).unwrap_or_default(),
+                    v => format!("{k}={v}"),
+                })
+                .collect();
+            Some(format!("{name}: {}", kv.join(", ")))
+        }
+        serde_json::Value::Null => None,
+        v => Some(format!("{name}={v}")),
+    }
 }
 
 fn stream(h: &mut String, s: &StreamReport) {
@@ -639,6 +671,23 @@ mod tests {
         assert!(!html.contains("<script"), "{html}");
         assert!(!html.contains("\"'"), "an unescaped quote: {html}");
         assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    }
+
+    #[test]
+    fn component_counters_show_numbers_as_columns_and_sum_up_the_rest() {
+        let v = serde_json::json!({
+            "sink": {"emitted": 0, "acked": 70, "counters": {}, "errors": 2,
+                     "execute_latency": {"count": 70, "mean_ns": 210024, "p99_ns": 466625, "max_ns": 500000}},
+            "count": {"acked": 5, "counters": {"words": 12}}
+        });
+        let mut h = String::new();
+        components(&mut h, &v);
+        assert!(
+            h.contains("<th>acked</th>") && h.contains("<th>errors</th>") && !h.contains("<th>counters</th>"),
+            "{h}"
+        );
+        assert!(h.contains("execute_latency: n=70 mean 0.21 ms p99 0.47 ms"), "{h}");
+        assert!(h.contains("counters: words=12"), "{h}");
     }
 
     #[test]
