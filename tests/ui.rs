@@ -284,7 +284,8 @@ async fn page_shows_owners_and_lineage_and_actions_need_confirmation_token_and_o
     let post = format!("/topology/{topo}/deactivate");
 
     // Forged requests: refused with 403, nothing changes.
-    let forged: [(&str, Vec<(&str, &str)>, String); 5] = [
+    type Forged<'a> = (&'a str, Vec<(&'a str, &'a str)>, String);
+    let forged: [Forged<'_>; 5] = [
         ("no token", vec![("Origin", origin.as_str())], String::new()),
         ("wrong token", vec![("Origin", origin.as_str())], format!("token={}", "0".repeat(64))),
         ("foreign Origin", vec![("Origin", "http://evil.example")], format!("token={token}")),

@@ -233,10 +233,10 @@ async fn guard(State(st): State<Shared>, mut req: Request, next: Next) -> Respon
             st.port, st.port
         ));
     }
-    if req.method() == axum::http::Method::POST {
-        if let Err(why) = same_origin(headers, &host) {
-            return refuse(why);
-        }
+    if req.method() == axum::http::Method::POST
+        && let Err(why) = same_origin(headers, &host)
+    {
+        return refuse(why);
     }
     let nonce = random_hex(16);
     req.extensions_mut().insert(Nonce(nonce.clone()));

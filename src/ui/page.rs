@@ -432,15 +432,15 @@ fn lineage(h: &mut String, s: &StreamReport) {
     // Rows: roots by id; later generations ordered by their parents' rows, then by id.
     let mut row: BTreeMap<&str, usize> = BTreeMap::new();
     let mut rows_per_col = vec![0usize; columns];
-    for col in 0..columns {
+    for (col, count) in rows_per_col.iter_mut().enumerate() {
         let mut in_col: Vec<&ShardReport> = s.shards.iter().filter(|sh| depth[sh.shard_id.as_str()] == col).collect();
         in_col.sort_by_key(|sh| {
             let parent_row = sh.parent_shard_ids.iter().filter_map(|p| row.get(p.as_str()).copied()).min();
             (parent_row, sh.shard_id.clone())
         });
         for sh in in_col {
-            row.insert(sh.shard_id.as_str(), rows_per_col[col]);
-            rows_per_col[col] += 1;
+            row.insert(sh.shard_id.as_str(), *count);
+            *count += 1;
         }
     }
     let rows = rows_per_col.iter().copied().max().unwrap_or(1);
