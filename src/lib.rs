@@ -26,6 +26,8 @@
 //! - [`stage`]: a topology cut into stages connected by intermediate Kinesis streams.
 //! - [`audit`]: delivery logs and the produced/delivered/lost/duplicates/order comparison.
 //! - [`cli`]: the `squall` command line.
+//! - [`ui`]: `squall ui`, the web status page (read from ZooKeeper) and its lifecycle actions,
+//!   which run the CLI's own operations.
 //! - [`logging`]: tracing set-up for binaries and workers.
 
 pub use squall_topology as topology;
@@ -39,6 +41,7 @@ pub mod sink;
 pub mod spout;
 pub mod stage;
 pub mod state;
+pub mod ui;
 pub mod worker;
 
 pub use worker::{SPOUT_ID, WorkerArgs, run};

@@ -13,7 +13,16 @@ mod status_text;
 mod stream;
 mod topology;
 
-pub use topology::{ResetTarget, ShardReport, StageReport, StatusReport, StreamReport, WorkerReport};
+pub use topology::{ResetTarget, ShardReport, StageReport, StatusReport, StreamReport, TopologySummary, WorkerReport};
+
+/// The topology operations of the CLI that the web UI ([`crate::ui`]) runs too: the same
+/// functions, reporting their messages to a [`Collected`](topology_ops::Collected) instead of
+/// stdout.
+pub(crate) mod topology_ops {
+    pub(crate) use super::topology::{
+        Collected, drain_topology, kill_topology, rebalance_topology, set_active, status_report, topologies,
+    };
+}
 
 use clap::{Parser, Subcommand};
 
@@ -118,6 +127,19 @@ pub enum Command {
     /// Checkpoint operations.
     #[command(subcommand)]
     Checkpoints(CheckpointsCommand),
+    /// A web status page (the Storm UI's role): topologies, workers, each stream's shards with
+    /// their lineage, owners, checkpoints, lag and errors, stages; refreshed every 2 s. Its
+    /// actions (activate, deactivate, rebalance, drain, kill) ask for confirmation and accept
+    /// only same-origin POSTs carrying the page's token. Uses --zk, --zk-root and --zk-user.
+    Ui {
+        /// The address to listen on (port 0: any free port, printed at start).
+        #[arg(long, env = "SQUALL_UI_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Allow a non-loopback --listen address. The UI has no login: whoever reaches it can
+        /// deactivate, drain or kill topologies.
+        #[arg(long)]
+        allow_remote: bool,
+    },
     /// Compare producer manifests with delivery logs: produced, delivered, lost, duplicates, order
     /// violations, as one JSON object. Exits non-zero when anything was lost.
     Audit {
@@ -190,6 +212,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status { topology, json, watch } => topology::status(&cli, topology, *json, *watch).await,
         Command::WaitSettled { topology, workers, timeout } => {
             topology::wait_settled(&cli, topology, *workers, *timeout).await
+        }
+        Command::Ui { listen, allow_remote } => {
+            let cfg =
+                crate::ui::UiConfig { listen: *listen, allow_remote: *allow_remote, zk: topology::zk_config(&cli) };
+            crate::ui::serve(cfg).await
         }
         Command::Checkpoints(CheckpointsCommand::Reset { topology, stream, to }) => {
             topology::reset(&cli, topology, stream, to).await

@@ -45,7 +45,65 @@ impl std::str::FromStr for ResetTarget {
     }
 }
 
-pub(super) fn zk_config(cli: &Cli) -> ZkConfig {
+/// Where an operation's messages go: the CLI prints them (warnings on stderr), the web UI
+/// ([`crate::ui`]) shows them on its result page.
+pub(crate) trait Progress: Send {
+    /// A line of the operation's outcome (stdout for the CLI).
+    fn out(&mut self, line: String);
+    /// A warning (stderr for the CLI).
+    fn warn(&mut self, line: String);
+    /// What the operation is waiting for, as it changes (the CLI shows a spinner on a terminal).
+    fn waiting(&mut self, _what: String) {}
+    /// The wait is over (with or without success).
+    fn done_waiting(&mut self) {}
+}
+
+/// The CLI's [`Progress`]: prints each line as it comes; a wait shows a spinner on stderr when
+/// it is a terminal.
+#[derive(Default)]
+struct Print {
+    spinner: Option<indicatif::ProgressBar>,
+}
+
+impl Progress for Print {
+    fn out(&mut self, line: String) {
+        self.done_waiting();
+        outln!("{line}");
+    }
+    fn warn(&mut self, line: String) {
+        self.done_waiting();
+        eprintln!("{line}");
+    }
+    fn waiting(&mut self, what: String) {
+        match &self.spinner {
+            Some(s) => s.set_message(what),
+            None => self.spinner = Some(super::progress::spinner(&what)),
+        }
+    }
+    fn done_waiting(&mut self) {
+        if let Some(s) = self.spinner.take() {
+            s.finish_and_clear();
+        }
+    }
+}
+
+/// A collected [`Progress`]: every line, warnings marked.
+#[derive(Debug, Default)]
+pub(crate) struct Collected {
+    /// `(is_warning, line)` in order.
+    pub lines: Vec<(bool, String)>,
+}
+
+impl Progress for Collected {
+    fn out(&mut self, line: String) {
+        self.lines.push((false, line));
+    }
+    fn warn(&mut self, line: String) {
+        self.lines.push((true, line));
+    }
+}
+
+pub(crate) fn zk_config(cli: &Cli) -> ZkConfig {
     let mut cfg = ZkConfig::new(cli.zk.clone()).with_root(cli.zk_root.clone());
     if let Some(user) = &cli.zk_user {
         cfg = cfg.with_auth(ZkAuth::digest(user.clone(), std::env::var("SQUALL_ZK_PASSWORD").unwrap_or_default()));
@@ -53,8 +111,8 @@ pub(super) fn zk_config(cli: &Cli) -> ZkConfig {
     cfg
 }
 
-async fn admin(cli: &Cli) -> anyhow::Result<Admin> {
-    Ok(Admin::connect(&zk_config(cli)).await?)
+async fn admin(cfg: &ZkConfig) -> anyhow::Result<Admin> {
+    Ok(Admin::connect(cfg).await?)
 }
 
 async fn state_of(store: &ZkStore, topology: &str) -> anyhow::Result<(TopologyState, i32)> {
@@ -102,64 +160,107 @@ fn to(state: Lifecycle, topology: &str) -> impl Fn(&TopologyState) -> anyhow::Re
     }
 }
 
+/// A topology under the root, as `squall topology list` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TopologySummary {
+    /// Topology name.
+    pub topology: String,
+    /// ACTIVE, INACTIVE, DRAINING, DRAINED or KILLED; null when it has no readable state yet.
+    pub state: Option<String>,
+    /// The current deployment id (null with the state).
+    pub deployment_id: Option<String>,
+}
+
+/// Every topology under the root with its state, sorted by name.
+pub(crate) async fn topologies(cfg: &ZkConfig) -> anyhow::Result<Vec<TopologySummary>> {
+    let admin = admin(cfg).await?;
+    let mut out = Vec::new();
+    for t in admin.topologies().await? {
+        let state = match admin.any_store(&t).await {
+            Ok(s) => s.read_state().await.ok().flatten().map(|v| v.value),
+            Err(_) => None,
+        };
+        out.push(TopologySummary {
+            topology: t,
+            state: state.as_ref().map(|s| lifecycle_name(s.state).to_string()),
+            deployment_id: state.map(|s| s.deployment_id),
+        });
+    }
+    Ok(out)
+}
+
 pub(super) async fn list(cli: &Cli) -> anyhow::Result<()> {
-    let admin = admin(cli).await?;
-    let names = admin.topologies().await?;
-    if names.is_empty() {
+    let list = topologies(&zk_config(cli)).await?;
+    if list.is_empty() {
         outln!("no topologies under {}", cli.zk_root);
     }
-    for t in names {
-        let store = admin.any_store(&t).await;
-        let state = match store {
-            Ok(s) => s.read_state().await.ok().flatten().map(|v| lifecycle_name(v.value.state)).unwrap_or("-"),
-            Err(_) => "-",
-        };
-        outln!("{t}\t{state}");
+    for t in list {
+        outln!("{}\t{}", t.topology, t.state.as_deref().unwrap_or("-"));
     }
     Ok(())
 }
 
 pub(super) async fn activate(cli: &Cli, topology: &str, active: bool) -> anyhow::Result<()> {
-    let admin = admin(cli).await?;
+    set_active(&zk_config(cli), topology, active, &mut Print::default()).await
+}
+
+/// `squall activate` / `squall deactivate`.
+pub(crate) async fn set_active(
+    cfg: &ZkConfig,
+    topology: &str,
+    active: bool,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<()> {
+    let admin = admin(cfg).await?;
     let store = admin.any_store(topology).await?;
     let want = if active { Lifecycle::Active } else { Lifecycle::Inactive };
     let prev = set_state(&store, topology, to(want, topology)).await?;
-    outln!("{topology}: {} -> {}", lifecycle_name(prev.state), lifecycle_name(want));
+    progress.out(format!("{topology}: {} -> {}", lifecycle_name(prev.state), lifecycle_name(want)));
     Ok(())
 }
 
-async fn wait_no_leases(admin: &Admin, topology: &str, wait: Duration) -> anyhow::Result<bool> {
+async fn wait_no_leases(
+    admin: &Admin,
+    topology: &str,
+    wait: Duration,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<bool> {
     // One session per stream for the whole wait, not one per poll.
     let mut stores = Vec::new();
     for stream in admin.streams(topology).await? {
         stores.push(admin.store(topology, &stream).await?);
     }
     let start = Instant::now();
-    let progress = super::progress::spinner("waiting for the shards to be handed back");
     loop {
         let mut held = 0;
         for store in &stores {
             held += store.shard_owners().await?.len();
         }
-        if held == 0 {
-            progress.finish_and_clear();
-            return Ok(true);
+        if held == 0 || start.elapsed() > wait {
+            progress.done_waiting();
+            return Ok(held == 0);
         }
-        if start.elapsed() > wait {
-            progress.finish_and_clear();
-            return Ok(false);
-        }
-        progress.set_message(format!("waiting for the shards to be handed back: {held} still leased"));
+        progress.waiting(format!("waiting for the shards to be handed back: {held} still leased"));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
 pub(super) async fn rebalance(cli: &Cli, topology: &str, wait: u64) -> anyhow::Result<()> {
-    let admin = admin(cli).await?;
+    rebalance_topology(&zk_config(cli), topology, wait, &mut Print::default()).await
+}
+
+/// `squall rebalance`.
+pub(crate) async fn rebalance_topology(
+    cfg: &ZkConfig,
+    topology: &str,
+    wait: u64,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<()> {
+    let admin = admin(cfg).await?;
     let store = admin.any_store(topology).await?;
     let start = Instant::now();
     let prev = set_state(&store, topology, to(Lifecycle::Inactive, topology)).await?;
-    let released = wait_no_leases(&admin, topology, Duration::from_secs(wait)).await?;
+    let released = wait_no_leases(&admin, topology, Duration::from_secs(wait), progress).await?;
     if released {
         // The leader computes the next assignment from scratch (round-robin), not sticky.
         for stream in admin.streams(topology).await? {
@@ -169,20 +270,30 @@ pub(super) async fn rebalance(cli: &Cli, topology: &str, wait: u64) -> anyhow::R
     let restore = prev.state;
     set_state(&store, topology, |cur| Ok(TopologyState { state: restore, ..cur.clone() })).await?;
     if !released {
-        eprintln!(
+        progress.warn(format!(
             "warning: some shards were still leased after {wait} s; they move when their in-flight tuples finish"
-        );
+        ));
     }
-    outln!(
+    progress.out(format!(
         "{topology}: rebalanced in {:.2} s (deactivated, shards handed back, state restored to {})",
         start.elapsed().as_secs_f64(),
         lifecycle_name(restore)
-    );
+    ));
     Ok(())
 }
 
 pub(super) async fn kill(cli: &Cli, topology: &str, wait: Option<u64>) -> anyhow::Result<()> {
-    let admin = admin(cli).await?;
+    kill_topology(&zk_config(cli), topology, wait, &mut Print::default()).await
+}
+
+/// `squall kill`: marks the topology KILLED and waits until every worker is gone.
+pub(crate) async fn kill_topology(
+    cfg: &ZkConfig,
+    topology: &str,
+    wait: Option<u64>,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<()> {
+    let admin = admin(cfg).await?;
     let store = admin.any_store(topology).await?;
     set_state(&store, topology, |cur| {
         Ok(TopologyState { state: Lifecycle::Killed, kill_wait_ms: wait.map(|w| w * 1000), ..cur.clone() })
@@ -192,18 +303,17 @@ pub(super) async fn kill(cli: &Cli, topology: &str, wait: Option<u64>) -> anyhow
     // checkpoint and exit 0. Wait for them to go.
     let limit = Duration::from_secs(wait.unwrap_or(30) + 15);
     let start = Instant::now();
-    let progress = super::progress::spinner("waiting for the workers to stop");
     loop {
         let workers = store.workers().await?;
         let tasks = store.live_tasks().await?;
-        progress.set_message(format!("waiting for the workers to stop: {} still running", workers.len()));
+        progress.waiting(format!("waiting for the workers to stop: {} still running", workers.len()));
         if workers.is_empty() && tasks.is_empty() {
-            progress.finish_and_clear();
-            outln!("{topology}: killed; every worker stopped after {:.2} s", start.elapsed().as_secs_f64());
+            progress
+                .out(format!("{topology}: killed; every worker stopped after {:.2} s", start.elapsed().as_secs_f64()));
             return Ok(());
         }
         if start.elapsed() > limit {
-            progress.finish_and_clear();
+            progress.done_waiting();
             bail!(
                 "{topology}: marked KILLED, but {} worker(s) still run after {} s: {}",
                 workers.len(),
@@ -220,7 +330,17 @@ pub(super) async fn kill(cli: &Cli, topology: &str, wait: Option<u64>) -> anyhow
 }
 
 pub(super) async fn drain(cli: &Cli, topology: &str, wait: Option<u64>) -> anyhow::Result<()> {
-    let admin = admin(cli).await?;
+    drain_topology(&zk_config(cli), topology, wait, &mut Print::default()).await
+}
+
+/// `squall drain`: requests the drain, and with `wait` waits for DRAINED.
+pub(crate) async fn drain_topology(
+    cfg: &ZkConfig,
+    topology: &str,
+    wait: Option<u64>,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<()> {
+    let admin = admin(cfg).await?;
     let store = admin.any_store(topology).await?;
     let (state, _) = state_of(&store, topology).await?;
     if !matches!(state.state, Lifecycle::Active | Lifecycle::Inactive | Lifecycle::Draining) {
@@ -239,31 +359,27 @@ pub(super) async fn drain(cli: &Cli, topology: &str, wait: Option<u64>) -> anyho
         Ok(TopologyState { state: Lifecycle::Draining, ..cur.clone() })
     })
     .await?;
-    outln!("{topology}: draining deployment {deployment}");
+    progress.out(format!("{topology}: draining deployment {deployment}"));
     let Some(wait) = wait else { return Ok(()) };
     let start = Instant::now();
-    let progress = super::progress::spinner("waiting for DRAINED");
     loop {
         let (st, _) = state_of(&store, topology).await?;
         let workers = store.workers().await?.len();
-        progress.set_message(format!(
-            "waiting for DRAINED: {}, {workers} worker(s) still running",
-            lifecycle_name(st.state)
-        ));
+        progress
+            .waiting(format!("waiting for DRAINED: {}, {workers} worker(s) still running", lifecycle_name(st.state)));
         if st.state == Lifecycle::Drained || (st.deployment_id != deployment) {
-            progress.finish_and_clear();
-            outln!("{topology}: drained after {:.2} s", start.elapsed().as_secs_f64());
+            progress.out(format!("{topology}: drained after {:.2} s", start.elapsed().as_secs_f64()));
             return Ok(());
         }
         if workers == 0 && start.elapsed() > Duration::from_secs(2) {
-            progress.finish_and_clear();
+            progress.done_waiting();
             // No worker left to mark it: every one has gone, so the drain is complete.
             set_state(&store, topology, |cur| Ok(TopologyState { state: Lifecycle::Drained, ..cur.clone() })).await?;
-            outln!("{topology}: drained (no worker left) after {:.2} s", start.elapsed().as_secs_f64());
+            progress.out(format!("{topology}: drained (no worker left) after {:.2} s", start.elapsed().as_secs_f64()));
             return Ok(());
         }
         if start.elapsed() > Duration::from_secs(wait) {
-            progress.finish_and_clear();
+            progress.done_waiting();
             bail!("{topology}: still draining after {wait} s");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -271,7 +387,7 @@ pub(super) async fn drain(cli: &Cli, topology: &str, wait: Option<u64>) -> anyho
 }
 
 pub(super) async fn reset(cli: &Cli, topology: &str, stream: &str, target: &ResetTarget) -> anyhow::Result<()> {
-    let admin = admin(cli).await?;
+    let admin = admin(&zk_config(cli)).await?;
     let streams = admin.streams(topology).await?;
     if !streams.iter().any(|s| s == stream) {
         bail!("topology {topology:?} does not read stream {stream:?}; it reads: {}", streams.join(", "));
@@ -561,8 +677,9 @@ fn stage_lag(stream: &StreamReport) -> (Option<i64>, Option<i64>, usize) {
     (lags.iter().copied().max(), (!lags.is_empty()).then(|| lags.iter().sum()), lags.len())
 }
 
-pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<StatusReport> {
-    let admin = admin(cli).await?;
+/// The whole status of `topology`, read from ZooKeeper (`squall status`, the web UI).
+pub(crate) async fn status_report(cfg: &ZkConfig, topology: &str) -> anyhow::Result<StatusReport> {
+    let admin = admin(cfg).await?;
     let all_streams = admin.streams(topology).await?;
     let mut report = StatusReport {
         topology: topology.to_string(),
@@ -574,8 +691,8 @@ pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<S
     };
     let Some(first) = all_streams.first() else { return Ok(report) };
     // One session for every read.
-    let session = ZkSession::connect(&zk_config(cli)).await?;
-    let base = ZkStore::open(session.clone(), &cli.zk_root, topology, first).await?;
+    let session = ZkSession::connect(cfg).await?;
+    let base = ZkStore::open(session.clone(), &cfg.root, topology, first).await?;
     if let Some(st) = base.read_state().await? {
         report.state = lifecycle_name(st.value.state).into();
         report.deployment_id = st.value.deployment_id;
@@ -610,7 +727,7 @@ pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<S
     // the workers key their primary stream's shards by id, any other stream's by `{stream}/{id}`
     let primary = workers_primary.unwrap_or_else(|| sources.first().map(|s| s.to_string()).unwrap_or_default());
     for stream in &sources {
-        let store = ZkStore::open(session.clone(), &cli.zk_root, topology, stream).await?;
+        let store = ZkStore::open(session.clone(), &cfg.root, topology, stream).await?;
         let report_stream = if **stream == primary {
             stream_report(&store, stream, &runtime, str::to_string).await?
         } else {
@@ -632,7 +749,7 @@ pub(super) async fn status_report(cli: &Cli, topology: &str) -> anyhow::Result<S
     }
     for stream in &intermediate {
         let live = live_stages.iter().find(|(s, _)| &s.input == stream);
-        let store = ZkStore::open_stage_input(session.clone(), &cli.zk_root, topology, stream)
+        let store = ZkStore::open_stage_input(session.clone(), &cfg.root, topology, stream)
             .await
             .with_context(|| format!("opening the intermediate stream {stream:?} of topology {topology:?}"))?;
         let view = stream_report(&store, stream, &runtime, |shard| format!("{stream}/{shard}"))
@@ -716,8 +833,9 @@ pub(super) async fn wait_settled(
     timeout: u64,
 ) -> anyhow::Result<()> {
     let start = std::time::Instant::now();
+    let cfg = zk_config(cli);
     loop {
-        let r = status_report(cli, topology).await?;
+        let r = status_report(&cfg, topology).await?;
         let why = unsettled(&r, workers);
         if why.is_empty() {
             let shards: usize = r.streams.iter().map(|s| s.shards.iter().filter(|sh| !sh.finished).count()).sum();
@@ -748,7 +866,7 @@ pub(super) async fn status(cli: &Cli, topology: &str, json: bool, watch: Option<
         }
         Ok(())
     };
-    let Some(every) = watch else { return print(&status_report(cli, topology).await?) };
+    let Some(every) = watch else { return print(&status_report(&zk_config(cli), topology).await?) };
     if every == 0 {
         bail!("--watch 0: give the seconds between two statuses (1 or more), e.g. --watch 2");
     }
@@ -756,7 +874,7 @@ pub(super) async fn status(cli: &Cli, topology: &str, json: bool, watch: Option<
     let tty = std::io::stdout().is_terminal();
     let mut first = true;
     loop {
-        match status_report(cli, topology).await {
+        match status_report(&zk_config(cli), topology).await {
             Ok(r) => {
                 if tty {
                     // redraw: clear the screen, cursor home
