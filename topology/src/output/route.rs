@@ -267,7 +267,16 @@ impl Outbox {
             if let Some(i) = route.router.route_one(&values) {
                 let Some(&target) = route.tasks.get(i) else { return Ok(0) };
                 let anchors = anchor(&mut self.rng);
-                self.push(target, Tuple { meta, values, anchors });
+                let tgt = &mut self.targets[target];
+                // a buffer has room for a batch (it is sent when full): with no reallocation
+                // between building the tuple and storing it, it is built in place
+                if tgt.buf.len() == tgt.buf.capacity() {
+                    tgt.buf.reserve(1);
+                }
+                tgt.buf.push(Some(Tuple { meta, values, anchors }));
+                if tgt.buf.len() >= self.batch_size {
+                    self.queue_full(target);
+                }
                 return Ok(1);
             }
         }
@@ -306,9 +315,16 @@ impl Outbox {
         let tgt = &mut self.targets[target];
         tgt.buf.push(Some(tuple));
         if tgt.buf.len() >= self.batch_size {
-            let batch = std::mem::replace(&mut tgt.buf, tgt.pool.take());
-            self.ready.push_back((target, batch));
+            self.queue_full(target);
         }
+    }
+
+    /// Queues a target's full buffer as a ready batch and gives the target a fresh buffer.
+    #[inline(never)]
+    fn queue_full(&mut self, target: usize) {
+        let tgt = &mut self.targets[target];
+        let batch = std::mem::replace(&mut tgt.buf, tgt.pool.take());
+        self.ready.push_back((target, batch));
     }
 
     /// Sends the full batches queued so far, in order, waiting for room (backpressure).
