@@ -52,8 +52,8 @@ fn queries(v: &serde_json::Value, out: &mut Vec<String>) {
 /// The series name a PromQL name refers to, if the registry exposes it (histograms expose
 /// `_bucket`, `_sum` and `_count`).
 fn resolves(name: &str, families: &BTreeMap<String, String>) -> bool {
-    if families.contains_key(name) {
-        return !families.get(name).is_some_and(|t| t == "histogram");
+    if let Some(ty) = families.get(name) {
+        return ty != "histogram";
     }
     ["_bucket", "_sum", "_count"].iter().any(|suffix| {
         name.strip_suffix(suffix).is_some_and(|base| families.get(base).is_some_and(|t| t == "histogram"))
@@ -114,7 +114,7 @@ fn docs_document_every_registered_family_with_its_type() {
         .filter_map(|l| l.strip_prefix("| `squall_"))
         .filter_map(|l| {
             let (name, rest) = l.split_once('`')?;
-            let ty = rest.trim_start_matches(|c| c == ' ' || c == '|').split('|').next()?.trim();
+            let ty = rest.trim_start_matches([' ', '|']).split('|').next()?.trim();
             Some((format!("squall_{name}"), ty.to_string()))
         })
         .collect();
