@@ -73,10 +73,16 @@ struct Sink {
     panic_key: Option<String>,
     delay: std::time::Duration,
     non_audit: Option<DeliveryLog>,
+    /// User metrics (`ctx.counter`, `ctx.histogram`): deliveries recorded and their payload
+    /// sizes, exposed on `--metrics-addr` and in `squall status`.
+    delivered: squall::topology::Counter,
+    payload_bytes: squall::topology::Histogram,
 }
 
 impl Bolt for Sink {
     async fn prepare(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
+        self.delivered = ctx.counter("deliveries");
+        self.payload_bytes = ctx.histogram("payload_bytes");
         self.inner.prepare(ctx).await
     }
 
@@ -108,7 +114,11 @@ impl Bolt for Sink {
         {
             return Err(ComponentError::retryable("injected failure (--fail-every)"));
         }
-        self.inner.record(&t, p)
+        let size = t.get_bytes("data")?.len() as u64;
+        self.inner.record(&t, p)?;
+        self.delivered.incr();
+        self.payload_bytes.record(size);
+        Ok(())
     }
 }
 
@@ -158,6 +168,8 @@ async fn main() -> anyhow::Result<()> {
             panic_key: panic_key.clone(),
             delay,
             non_audit: non_audit.clone(),
+            delivered: Default::default(),
+            payload_bytes: Default::default(),
         })
         .fields_grouping(spout, &["partition_key"]);
         if let Some(dead) = dead {

@@ -16,6 +16,8 @@
 //! - [`coord`]: ZooKeeper access: the worker's shared session, layout, task registry, shard list,
 //!   assignment, checkpoints, leases, watches.
 //! - [`worker`]: [`run`] and [`WorkerArgs`], the entry point of user worker binaries.
+//! - [`metrics`]: the worker's Prometheus endpoint (`--metrics-addr`): the catalog of metric
+//!   families, read from in-memory state on each scrape.
 //! - [`kinesis`]: Kinesis client construction, shard listing, stream helpers, the test producer,
 //!   and the KPL aggregated-record format ([`kinesis::kpl`]).
 //! - [`sink`]: the Kinesis sink bolt: batched PutRecords, inputs acked once put, per-key order
@@ -37,6 +39,7 @@ pub mod cli;
 pub mod coord;
 pub mod kinesis;
 pub mod logging;
+pub mod metrics;
 pub mod sink;
 pub mod spout;
 pub mod stage;

@@ -107,6 +107,11 @@ pub struct WorkerArgs {
     /// through the stream consumer NAME, registered when missing). Overrides the spout config.
     #[arg(long, env = "SQUALL_CONSUMER")]
     pub consumer: Option<crate::spout::Consumer>,
+    /// Serve Prometheus metrics on `GET /metrics` at this address: a port (`9464`, served on
+    /// 127.0.0.1) or `IP:PORT` (`0.0.0.0:9464` for every interface). Off unless set. See
+    /// docs/metrics.md.
+    #[arg(long, env = "SQUALL_METRICS_ADDR", value_parser = crate::metrics::parse_metrics_addr)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 fn parse_secret(s: &str) -> Result<crate::coord::Secret, std::convert::Infallible> {
@@ -229,11 +234,18 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
     let zk = spout_cfg.zookeeper.to_zk_config();
     let identity = WorkerIdentity::current();
     let since = now_ms();
+    // The metrics endpoint listens before anything connects: a busy address fails at once.
+    let metrics = Arc::new(crate::metrics::WorkerSource::new(args.topology.clone()));
+    let _metrics_server = match args.metrics_addr {
+        Some(addr) => Some(crate::metrics::MetricsServer::start(addr, metrics.clone()).await?),
+        None => None,
+    };
 
     // One ZooKeeper session for the whole worker: its lifecycle loop and every spout task.
     let session = SharedSession::connect(&zk, Duration::from_millis(args.zk_give_up_after_ms))
         .await
         .map_err(|e| anyhow::anyhow!("worker of topology {}: {e}", args.topology))?;
+    metrics.set_session(session.clone());
     let mut store = open_store(&session, &args).await?;
     let state = ensure_deployment(&store).await?;
     tracing::info!(topology = %args.topology, state = ?state.state, deployment = %state.deployment_id, "deployment");
@@ -241,6 +253,7 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
     let deployment = state.deployment_id.clone();
 
     let engines = Engines::start(&args, stages, spout_cfg, &topo_cfg, &identity, &session, &deployment).await?;
+    metrics.set_stages(engines.metrics_sources());
     tracing::info!(topology = %args.topology, streams = %args.stream.join(","), spout_tasks = args.spout_tasks,
         stages = engines.stages.len(), "worker started");
 
@@ -354,6 +367,8 @@ type InputStats = Arc<Mutex<Vec<Arc<StageInputStats>>>>;
 /// One running stage of this worker.
 struct StageRun {
     name: String,
+    /// The component id of the stage's Kinesis spout.
+    spout: String,
     /// The stream the stage reads (the source stream, or an intermediate stream).
     input: String,
     running: squall_topology::RunningTopology,
@@ -393,8 +408,16 @@ impl Engines {
         }
         // builders first: a stage's output writer is added once the next boundary is known
         // (name, input stream, builder, registry, input stats, the registrar of its output boundary)
-        let mut built: Vec<(String, String, TopologyBuilder, SpoutRegistry, InputStats, Option<ProducerRegistrar>)> =
-            Vec::new();
+        #[allow(clippy::type_complexity)]
+        let mut built: Vec<(
+            String,
+            String,
+            String,
+            TopologyBuilder,
+            SpoutRegistry,
+            InputStats,
+            Option<ProducerRegistrar>,
+        )> = Vec::new();
         let (first_name, first_build) = stages.first;
         let registry = SpoutRegistry::default();
         let mut builder = TopologyBuilder::new(args.topology.clone());
@@ -414,7 +437,15 @@ impl Engines {
             session.clone(),
         );
         first_build(&mut builder, SPOUT_ID);
-        built.push((first_name, args.primary_stream().to_string(), builder, registry, Arc::default(), None));
+        built.push((
+            first_name,
+            SPOUT_ID.to_string(),
+            args.primary_stream().to_string(),
+            builder,
+            registry,
+            Arc::default(),
+            None,
+        ));
         for (boundary, name, build) in stages.rest {
             let stream = boundary.stream_name(&args.topology);
             // the writer, in the previous stage
@@ -424,8 +455,8 @@ impl Engines {
             sink_cfg.validate().map_err(|e| anyhow::anyhow!("boundary {}: {e}", boundary.name))?;
             let (key, dep, reg) = (boundary.key.clone(), deployment.to_string(), registrar.clone());
             let interval = Duration::from_millis(boundary.watermark_interval_ms);
-            prev.5 = Some(registrar);
-            prev.2
+            prev.6 = Some(registrar);
+            prev.3
                 .set_bolt(&boundary.writer_id(), boundary.writers, move |_| {
                     let producer = rand::random::<u64>();
                     let encoder = StageEncoder::new(producer, dep.clone(), key.clone(), interval);
@@ -477,15 +508,28 @@ impl Engines {
                 stats.clone(),
             );
             build(&mut builder, &input_id);
-            built.push((name, stream, builder, registry, stats, None));
+            built.push((name, input_id, stream, builder, registry, stats, None));
         }
         let mut out = Vec::new();
-        for (name, input, builder, registry, input_stats, registrar) in built {
+        for (name, spout, input, builder, registry, input_stats, registrar) in built {
             let topology = builder.build().map_err(|e| anyhow::anyhow!("stage {name}: {e}"))?;
             let running = run_local(topology, topo_cfg.clone()).map_err(|e| anyhow::anyhow!("stage {name}: {e}"))?;
-            out.push(StageRun { name, input, running, registry, input_stats, registrar });
+            out.push(StageRun { name, spout, input, running, registry, input_stats, registrar });
         }
         Ok(Engines { stages: out, drain, followers, follower_tasks: std::sync::Mutex::new(follower_tasks) })
+    }
+
+    /// What the metrics endpoint reads of each stage.
+    fn metrics_sources(&self) -> Vec<crate::metrics::StageSource> {
+        self.stages
+            .iter()
+            .map(|s| crate::metrics::StageSource {
+                topology: s.running.name().to_string(),
+                spout: s.spout.clone(),
+                spouts: s.registry.clone(),
+                engine: s.running.metrics_handle(),
+            })
+            .collect()
     }
 
     /// Returns when every stage finished, or at once when one failed (its error).

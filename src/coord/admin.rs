@@ -25,13 +25,19 @@ impl Admin {
         Ok(Self { client, cfg: cfg.clone() })
     }
 
+    /// The client, for one request (counted in [`super::session::zk_counters`]).
+    fn zk(&self) -> &zk::Client {
+        super::session::zk_counters().request();
+        &self.client
+    }
+
     fn topologies_dir(&self) -> String {
         format!("{}/topologies", self.cfg.root)
     }
 
     /// The children of `dir`, sorted; none when it does not exist.
     async fn list_sorted(&self, dir: &str) -> Result<Vec<String>, CoordError> {
-        match self.client.list_children(dir).await {
+        match self.zk().list_children(dir).await {
             Ok(mut v) => {
                 v.sort();
                 Ok(v)
@@ -50,7 +56,7 @@ impl Admin {
     pub async fn streams(&self, topology: &str) -> Result<Vec<String>, CoordError> {
         validate_name("topology name", topology)?;
         let topo = format!("{}/{topology}", self.topologies_dir());
-        match self.client.check_stat(&topo).await {
+        match self.zk().check_stat(&topo).await {
             Ok(Some(_)) => {}
             Ok(None) => return Err(CoordError::UnknownTopology { topology: topology.to_string(), path: topo }),
             Err(e) => return Err(CoordError::zk(&topo, "stat", e)),
@@ -69,7 +75,7 @@ impl Admin {
         let mut out = Vec::new();
         for stream in self.streams(topology).await? {
             for marker in [format!("{topo}/stages/{stream}"), format!("{topo}/streams/{stream}/tasks")] {
-                match self.client.check_stat(&marker).await {
+                match self.zk().check_stat(&marker).await {
                     Ok(Some(_)) => {
                         out.push(stream.clone());
                         break;

@@ -52,6 +52,8 @@ pub use model::{
     ShardRecord, ShardRuntime, StageRuntime, TaskInfo, TopologyState, Versioned, WorkerStatus, now_ms,
 };
 pub use paths::TopologyPaths;
-pub use session::{FaultHook, Health, InjectedFault, Liveness, SessionView, SharedSession, ZkOp, ZkSession};
+pub use session::{
+    FaultHook, Health, InjectedFault, Liveness, SessionView, SharedSession, ZkCounters, ZkOp, ZkSession, zk_counters,
+};
 pub use store::{Acquire, Lease, LeaseOwner, MAX_SHARD_LIST_BYTES, WatchOn, ZkStore};
 pub use watch::{ChangeEvent, SessionAlarm, SessionStatus, SessionWatch};

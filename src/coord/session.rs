@@ -22,6 +22,36 @@ use super::config::ZkConfig;
 use super::error::CoordError;
 use super::watch::{SessionAlarm, SessionStatus, SessionWatch};
 
+/// Process-wide ZooKeeper counters, read by the metrics endpoint ([`zk_counters`]).
+#[derive(Debug, Default)]
+pub struct ZkCounters {
+    requests: AtomicU64,
+    expirations: AtomicU64,
+}
+
+impl ZkCounters {
+    /// Requests sent to ZooKeeper by this process (reads, writes, transactions, watches set).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Sessions of this process that ended (expired) and were replaced by a new one.
+    pub fn expirations(&self) -> u64 {
+        self.expirations.load(Ordering::Relaxed)
+    }
+
+    /// Counts one request (called where the coordination code calls the client).
+    pub(crate) fn request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// This process's ZooKeeper counters.
+pub fn zk_counters() -> &'static ZkCounters {
+    static COUNTERS: OnceLock<ZkCounters> = OnceLock::new();
+    COUNTERS.get_or_init(ZkCounters::default)
+}
+
 /// A ZooKeeper operation, as seen by an injected-fault hook.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ZkOp {
@@ -255,6 +285,7 @@ async fn confirm(view: &watch::Sender<SessionView>) -> bool {
     if s.client.state() != zk::SessionState::SyncConnected {
         return false;
     }
+    zk_counters().request();
     matches!(tokio::time::timeout(Duration::from_secs(5), s.client.check_stat("/")).await, Ok(Ok(_)))
 }
 
@@ -291,6 +322,13 @@ impl SharedSession {
     /// The configuration the sessions are built from.
     pub fn config(&self) -> &ZkConfig {
         &self.cfg
+    }
+
+    /// True when the current session is healthy and its client connected to a server.
+    pub fn connected(&self) -> bool {
+        let v = self.view.borrow();
+        v.health == Health::Ok
+            && v.session.as_ref().is_some_and(|s| s.client.state() == zk::SessionState::SyncConnected)
     }
 
     /// The current view.
@@ -401,6 +439,7 @@ async fn rebuild(
         });
         return false;
     }
+    zk_counters().expirations.fetch_add(1, Ordering::Relaxed);
     warn!(state = ?ended, "ZooKeeper session ended: every lease and registration of this worker is gone; building a new session");
     publish(view, |v| {
         v.session = None;

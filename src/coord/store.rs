@@ -162,7 +162,10 @@ impl ZkStore {
         Ok(())
     }
 
+    /// The client, for one request: every call counts one ZooKeeper request in
+    /// [`super::session::zk_counters`] (a `mkdir` counts once whatever its depth).
     pub(crate) fn client(&self) -> &zk::Client {
+        super::session::zk_counters().request();
         &self.session.client
     }
 
@@ -1060,7 +1063,8 @@ impl ZkStore {
                 WatchOn::State => (self.paths.state().to_string(), ChangeEvent::State, false),
                 WatchOn::Drain => (self.paths.drain(), ChangeEvent::Drain, false),
             };
-            let first = arm(self.client(), &path, children).await.map_err(|e| CoordError::zk(&path, "watch", e))?;
+            let first =
+                arm(&self.session.client, &path, children).await.map_err(|e| CoordError::zk(&path, "watch", e))?;
             // The task holds the session only while it re-arms (so dropping the store still
             // closes it); it ends with the receiver or the session.
             let weak = Arc::downgrade(&self.session);
@@ -1106,7 +1110,7 @@ impl ZkStore {
             });
         }
         // Session events, once for the whole channel.
-        let mut state = self.client().state_watcher();
+        let mut state = self.session.client.state_watcher();
         tokio::spawn(async move {
             loop {
                 let st = tokio::select! {
@@ -1183,7 +1187,9 @@ impl From<InjectedError> for zk::MultiWriteError {
 /// Sets a one-shot watch on `path`: on its list of children (`children`), or on the node itself
 /// (created, changed or deleted; the node may not exist yet). One request.
 async fn arm(client: &zk::Client, path: &str, children: bool) -> Result<zk::OneshotWatcher, zk::Error> {
+    let counters = super::session::zk_counters();
     if children {
+        counters.request();
         match client.list_and_watch_children(path).await {
             Ok((_, watcher)) => return Ok(watcher),
             // Not there yet: watch for its creation instead.
@@ -1191,6 +1197,7 @@ async fn arm(client: &zk::Client, path: &str, children: bool) -> Result<zk::Ones
             Err(e) => return Err(e),
         }
     }
+    counters.request();
     let (_, watcher) = client.check_and_watch_stat(path).await?;
     Ok(watcher)
 }

@@ -185,6 +185,11 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Publishes how many leases the task holds (the metrics endpoint reads it).
+    fn publish_leases(&self, s: &Session) {
+        self.reader.stats.leases_held.store(s.owned.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn set_fetch(&self, allowed: bool) {
         self.fetch_allowed.send_if_modified(|v| {
             let changed = *v != allowed;
@@ -231,6 +236,7 @@ impl Coordinator {
                     first_err.get_or_insert(e);
                 }
                 self.clean_up(s).await;
+                self.publish_leases(s);
                 if let Some(e) = first_err {
                     if e.is_session_lost() {
                         return if cancel.is_cancelled() { End::Shutdown } else { End::Lost };
@@ -546,6 +552,7 @@ impl Coordinator {
             }
         }
         lock(&self.reader.status).clear();
+        self.publish_leases(s);
     }
 
     /// Graceful stop: final checkpoints of what was acked, release every lease, unregister.
@@ -644,6 +651,8 @@ impl Coordinator {
             Ok(v) => {
                 o.cp = Versioned { value: cp, version: v };
                 o.last_write = Instant::now();
+                let at = now_ms();
+                self.reader.set_status(shard, |st| st.last_checkpoint_ms = Some(at));
                 Ok(true)
             }
             Err(

@@ -537,6 +537,7 @@ impl ReaderCtx {
             let continuation = ev.continuation_sequence_number;
             let records: Vec<Record> = ev.records.into_iter().map(|r| record_from_sdk(shard, r)).collect();
             let n = records.len();
+            let bytes: usize = records.iter().map(|r| r.data.len()).sum();
             let range = if deagg::any_aggregate(&records) {
                 match self.hash_range(shard).await {
                     Ok(r) => r,
@@ -554,6 +555,7 @@ impl ReaderCtx {
                 s.millis_behind_latest = Some(behind);
                 s.clear_error();
                 s.records_read += n as u64;
+                s.bytes_read += bytes as u64;
             });
             if let (Some(first), Some(last)) = (records.first(), records.last()) {
                 let (first, last, users) = (first.sequence.clone(), last.sequence.clone(), records.len());

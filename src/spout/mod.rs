@@ -151,8 +151,16 @@ pub struct ShardStatus {
     pub error_since_ms: Option<i64>,
     /// Errors so far.
     pub errors: u64,
-    /// Records read so far.
+    /// Records read so far (Kinesis records: a KPL aggregate counts once).
     pub records_read: u64,
+    /// Bytes of record data read so far.
+    pub bytes_read: u64,
+    /// Reads refused by throttling so far (after the SDK's own retries).
+    pub throttles: u64,
+    /// Errors so far, by kind (throttles included).
+    pub errors_by_kind: Vec<(ErrorKind, u64)>,
+    /// When (ms since the epoch) this task last wrote the shard's checkpoint.
+    pub last_checkpoint_ms: Option<i64>,
     /// The shard is read by enhanced fan-out.
     pub efo_reader: bool,
     /// GetRecords calls made for this shard (polling, and the end-of-shard check of EFO).
@@ -172,6 +180,18 @@ pub struct ShardStatus {
 }
 
 impl ShardStatus {
+    /// Counts an error of `kind`.
+    pub(crate) fn count_error(&mut self, kind: ErrorKind) {
+        self.errors += 1;
+        if kind == ErrorKind::Throttled {
+            self.throttles += 1;
+        }
+        match self.errors_by_kind.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => self.errors_by_kind.push((kind, 1)),
+        }
+    }
+
     /// A successful read: no current error.
     pub(crate) fn clear_error(&mut self) {
         self.last_error = None;
@@ -198,6 +218,8 @@ pub struct SpoutStats {
     pub dead_letters_acked: AtomicU64,
     /// Dead-letter tuples that failed (each is emitted again after a back-off).
     pub dead_letters_failed: AtomicU64,
+    /// Shard leases the task holds now (a gauge, updated by its coordinator).
+    pub leases_held: AtomicU64,
     /// KPL de-aggregation: aggregates, user records, hash-range drops, corrupt aggregates.
     pub kpl: KplStats,
 }

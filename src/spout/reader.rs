@@ -413,6 +413,7 @@ impl ReaderCtx {
             let next_iterator = out.next_iterator;
             let children = out.children;
             let n = out.records.len();
+            let bytes: usize = out.records.iter().map(|r| r.data.len()).sum();
             if let Some(last) = out.records.last() {
                 last_fetched = Some(last.sequence.clone());
             }
@@ -423,6 +424,7 @@ impl ReaderCtx {
                 s.millis_behind_latest = behind;
                 s.clear_error();
                 s.records_read += n as u64;
+                s.bytes_read += bytes as u64;
             });
             if let (Some(first), Some(last)) = (records.first(), records.last()) {
                 let (first, last, users) = (first.sequence.clone(), last.sequence.clone(), records.len());
@@ -511,7 +513,7 @@ impl ReaderCtx {
             s.error_kind = Some(kind);
             s.retryable = Some(!kind.needs_operator());
             s.error_since_ms = Some(since);
-            s.errors += 1;
+            s.count_error(kind);
         });
         tokio::select! {
             _ = cancel.cancelled() => false,

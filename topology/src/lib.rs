@@ -110,7 +110,8 @@ pub use executor::TopologyError;
 pub use grouping::{All, Direct, FieldsGrouping, Global, Grouping, LocalOrShuffle, RouteContext, Router, Shuffle};
 pub use local::{LocalCluster, RunningTopology, run_local};
 pub use metrics::{
-    ComponentKind, ComponentMetrics, Counter, Histogram, HistogramSummary, LatencySummary, TopologyMetrics,
+    ComponentKind, ComponentMetrics, Counter, Histogram, HistogramSummary, LatencySummary, MetricsHandle,
+    TopologyMetrics,
 };
 pub use output::{AckHandle, BoltOutput, EmitError, Inputs, SpoutOutput, Timer};
 pub use tuple::{DEFAULT_STREAM, Fields, Tuple, TupleError};

@@ -156,6 +156,12 @@ impl RunningTopology {
         self.metrics.snapshot()
     }
 
+    /// A handle that reads the same counters as [`RunningTopology::metrics`], for a metrics
+    /// endpoint that must not hold the topology.
+    pub fn metrics_handle(&self) -> crate::metrics::MetricsHandle {
+        crate::metrics::MetricsHandle(self.metrics.clone())
+    }
+
     /// Tracked tuples in flight over all spout tasks.
     pub fn pending(&self) -> u64 {
         self.metrics.snapshot().components.values().map(|c| c.pending).sum()

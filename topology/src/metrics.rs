@@ -118,6 +118,11 @@ pub struct HistogramSummary {
     pub p50: u64,
     /// 99th percentile (upper bound of a bucket, within 25%).
     pub p99: u64,
+    /// The merged log-linear cells (4 per power of two) that are not empty, ascending:
+    /// `(upper, count)`, each counting values below `upper` (and at or above the previous
+    /// cell's). For exporters (e.g. Prometheus histograms); not serialized.
+    #[serde(skip)]
+    pub cells: Vec<(u64, u64)>,
 }
 
 /// The user metrics of one task, by name.
@@ -146,6 +151,23 @@ impl UserMetrics {
         let h = Histogram::default();
         v.push((name.to_owned(), h.clone()));
         h
+    }
+}
+
+/// The non-empty cells of merged buckets, as `(exclusive upper bound, count)`.
+fn cells(buckets: &[u64]) -> Vec<(u64, u64)> {
+    buckets.iter().enumerate().filter(|(_, n)| **n > 0).map(|(i, n)| (bucket_upper(i), *n)).collect()
+}
+
+/// A cheap, cloneable handle on a running topology's counters: [`MetricsHandle::snapshot`]
+/// reads them without the topology handle (e.g. from a metrics endpoint).
+#[derive(Debug, Clone)]
+pub struct MetricsHandle(pub(crate) Arc<MetricsRegistry>);
+
+impl MetricsHandle {
+    /// A snapshot of every component's counters (the same as `RunningTopology::metrics`).
+    pub fn snapshot(&self) -> TopologyMetrics {
+        self.0.snapshot()
     }
 }
 
@@ -259,6 +281,14 @@ pub struct LatencySummary {
     pub max_ns: u64,
     /// 99th percentile, in nanoseconds (upper bound of a histogram bucket, within 25%).
     pub p99_ns: u64,
+    /// Sum of the measured latencies, in nanoseconds.
+    #[serde(skip)]
+    pub sum_ns: u64,
+    /// The merged log-linear cells (4 per power of two) that are not empty, ascending:
+    /// `(upper_ns, count)`, each counting latencies below `upper_ns` (and at or above the
+    /// previous cell's). For exporters (e.g. Prometheus histograms); not serialized.
+    #[serde(skip)]
+    pub cells: Vec<(u64, u64)>,
 }
 
 /// Counters of one component, summed over its tasks.
@@ -365,6 +395,7 @@ impl MetricsRegistry {
                         max,
                         p50: quantile(&buckets, 0.5, max),
                         p99: quantile(&buckets, 0.99, max),
+                        cells: cells(&buckets),
                     };
                     (name, summary)
                 })
@@ -386,6 +417,8 @@ impl MetricsRegistry {
                         mean_ns: total.checked_div(count).unwrap_or(0),
                         max_ns: max,
                         p99_ns: p99,
+                        sum_ns: total,
+                        cells: cells(&buckets),
                     },
                     counters,
                     histograms,
@@ -441,5 +474,12 @@ mod tests {
         assert_eq!((h.count, h.sum, h.max), (101, 5050 + 1000, 1000));
         assert!((50..=63).contains(&h.p50), "{h:?}");
         assert!((100..=1000).contains(&h.p99), "{h:?}");
+        // the cells: every value counted once, below its cell's bound, bounds ascending
+        assert_eq!(h.cells.iter().map(|(_, n)| n).sum::<u64>(), 101);
+        assert!(h.cells.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(h.cells.last(), Some(&(1024, 1)), "1000 is in the cell [896, 1024)");
+        let lat = &c.execute_latency;
+        assert_eq!(lat.cells.iter().map(|(_, n)| n).sum::<u64>(), 100);
+        assert_eq!(lat.sum_ns, 5_050_000);
     }
 }

@@ -1,0 +1,177 @@
+//! What the Prometheus endpoint costs (`cargo bench --bench metrics`, part of `make bench`):
+//! records per second delivered by an audit worker process (Kinesis spout -> sink, acking on)
+//! reading a pre-filled 4-shard stream from its start, without `--metrics-addr` and with it plus
+//! a scraper fetching `/metrics` every second. Both read the same stream (filled once), with the
+//! same build, interleaved (off, on, off, on, ...); the figure is the ratio of the medians. Rate
+//! = records / (last delivery - first delivery), from the deliveries' own timestamps, so worker
+//! start-up and shard assignment are not counted. The order alternates per round (off-on,
+//! on-off, ...): the second run of a round finds the Kinesis engine warmer.
+//!
+//! `SQUALL_BENCH_REPS` (rounds, default 5), `SQUALL_BENCH_METRICS_RECORDS` (records in the
+//! stream, default 20000) and `SQUALL_BENCH_SCRAPE_MS` (scrape interval, default 1000) set the
+//! size. Needs ZooKeeper and a Kinesis engine (`localstack/up`; `SQUALL_KINESIS_ENDPOINT`, e.g.
+//! kinesalite from `localstack/kinesalite-up`, the faster engine that leaves the worker more of
+//! the CPU) and the audit example (`cargo build --release --examples`, or the debug build).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use squall::audit::Delivery;
+use squall::kinesis::{self, KinesisEndpoint, PutOptions};
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn audit_bin() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target");
+    let release = root.join("release/examples/audit");
+    if release.exists() { release } else { root.join("debug/examples/audit") }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// One blocking scrape: the body's length, or None.
+fn scrape(port: u16) -> Option<usize> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    text.starts_with("HTTP/1.1 200").then(|| text.split_once("\r\n\r\n").map_or(0, |(_, b)| b.len()))
+}
+
+struct Run {
+    rate: f64,
+    scrapes: u64,
+    scrape_bytes: u64,
+}
+
+/// One worker reading the whole stream; records per second (and the scrapes made, if any).
+async fn run(ep: &KinesisEndpoint, stream: &str, records: u64, metrics: bool, every: Duration) -> anyhow::Result<Run> {
+    let dir = std::env::temp_dir().join(common::unique("metricsbench"));
+    std::fs::create_dir_all(&dir)?;
+    let deliveries = dir.join("d.jsonl");
+    let zk = std::env::var("SQUALL_ZK").unwrap_or_else(|_| "127.0.0.1:2181".into());
+    let port = free_port()?;
+    let mut cmd = Command::new(audit_bin());
+    cmd.args(["--topology", &common::unique("t"), "--stream", stream, "--zk", &zk])
+        .args(["--zk-root", &format!("/squall-bench-{}", common::unique("metrics")), "--endpoint", &ep.endpoint])
+        .args(["--spout-tasks", "2", "--deliveries", deliveries.to_str().unwrap_or_default()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if metrics {
+        cmd.args(["--metrics-addr", &port.to_string()]);
+    }
+    let mut child = cmd.spawn()?;
+    // the scraper: every `every`, from the start to the end of the run
+    let stop = Arc::new(AtomicBool::new(false));
+    let (scrapes, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let scraper = metrics.then(|| {
+        let (stop, scrapes, bytes) = (stop.clone(), scrapes.clone(), bytes.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(n) = scrape(port) {
+                    scrapes.fetch_add(1, Ordering::Relaxed);
+                    bytes.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                std::thread::sleep(every);
+            }
+        })
+    });
+    let start = Instant::now();
+    let mut lines: Vec<Delivery> = Vec::new();
+    while start.elapsed() < Duration::from_secs(300) {
+        let text = std::fs::read_to_string(&deliveries).unwrap_or_default();
+        if text.lines().count() as u64 >= records {
+            lines = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    if let Some(s) = scraper {
+        let _ = s.join();
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    anyhow::ensure!(lines.len() as u64 >= records, "only {} of {records} records delivered in 300 s", lines.len());
+    let first = lines.iter().map(|d| d.t_us).min().unwrap_or(0);
+    let last = lines.iter().map(|d| d.t_us).max().unwrap_or(0);
+    let scrapes = scrapes.load(Ordering::Relaxed);
+    anyhow::ensure!(!metrics || scrapes > 0, "the scraper never got an answer from the metrics endpoint");
+    Ok(Run {
+        rate: records as f64 / ((last - first).max(1) as f64 / 1e6),
+        scrapes,
+        scrape_bytes: bytes.load(Ordering::Relaxed),
+    })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let ep = KinesisEndpoint::new(
+        std::env::var("SQUALL_KINESIS_ENDPOINT").unwrap_or_else(|_| kinesis::DEFAULT_ENDPOINT.into()),
+        kinesis::DEFAULT_REGION,
+    );
+    let reps = env_u64("SQUALL_BENCH_REPS", 5);
+    let records = env_u64("SQUALL_BENCH_METRICS_RECORDS", 20_000);
+    let every = Duration::from_millis(env_u64("SQUALL_BENCH_SCRAPE_MS", 1000));
+    let client = ep.client().await?;
+    let label = ep.label();
+    let stream = common::unique("metricsbench");
+    kinesis::create_stream(&client, &label, &stream, 4).await?;
+    let opts = PutOptions { count: records, keys: 200, size: 100, ..PutOptions::default() };
+    kinesis::put_records(&client, &label, &stream, &opts).await?;
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    let mut result = Ok(());
+    for rep in 0..reps {
+        // ABBA order: the run that goes second in a round finds the engine warmer, so the
+        // order alternates and the medians cancel it.
+        let mut pair = Vec::new();
+        for metrics in if rep % 2 == 0 { [false, true] } else { [true, false] } {
+            match run(&ep, &stream, records, metrics, every).await {
+                Ok(r) => pair.push((metrics, r)),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if pair.len() < 2 {
+            break;
+        }
+        pair.sort_by_key(|(metrics, _)| *metrics);
+        let (a, b) = (&pair[0].1, &pair[1].1);
+        println!(
+            "metrics rep {rep}: off {:.0} records/s, on {:.0} records/s ({} scrapes, {} bytes each), ratio {:.3}",
+            a.rate,
+            b.rate,
+            b.scrapes,
+            b.scrape_bytes / b.scrapes.max(1),
+            b.rate / a.rate
+        );
+        off.push(a.rate);
+        on.push(b.rate);
+    }
+    let _ = kinesis::delete_stream(&client, &label, &stream).await;
+    result?;
+    let (a, b) = (common::median(&off), common::median(&on));
+    println!(
+        "metrics: {records} records, 4 shards, {}: without the endpoint {a:.0}/s, with it scraped every {every:?} {b:.0}/s \
+         (median of {reps} interleaved), ratio {:.3} (cost {:+.1}%)",
+        ep.endpoint,
+        b / a,
+        (1.0 - b / a) * 100.0
+    );
+    Ok(())
+}
