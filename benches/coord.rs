@@ -482,10 +482,10 @@ async fn wait_assignment(
 ) -> anyhow::Result<(Assignment, i64)> {
     let start = Instant::now();
     loop {
-        if let Some(a) = assignment(zk, c).await {
-            if a.tasks.len() == tasks {
-                return Ok((a, now_ms()));
-            }
+        if let Some(a) = assignment(zk, c).await
+            && a.tasks.len() == tasks
+        {
+            return Ok((a, now_ms()));
         }
         if start.elapsed() > Duration::from_secs(120) {
             bail!("no assignment over {tasks} tasks");

@@ -121,10 +121,10 @@ async fn zk_versions(zk: &zookeeper_client::Client, root: &str) -> (i64, BTreeMa
     while let Some(p) = stack.pop() {
         if let Ok(Some(st)) = zk.check_stat(&p).await {
             total += i64::from(st.version) + i64::from(st.cversion);
-            if let Some((dir, shard)) = p.rsplit_once('/') {
-                if dir.ends_with("/checkpoints") {
-                    checkpoints.insert(shard.to_string(), st.version);
-                }
+            if let Some((dir, shard)) = p.rsplit_once('/')
+                && dir.ends_with("/checkpoints")
+            {
+                checkpoints.insert(shard.to_string(), st.version);
             }
         }
         for c in zk.list_children(&p).await.unwrap_or_default() {
@@ -1837,30 +1837,30 @@ async fn main() -> anyhow::Result<()> {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     );
     let mut failed = Vec::new();
-    if run("throughput") {
-        if let Err(e) = throughput(&env).await {
-            failed.push(format!("throughput: {e:#}"));
-        }
+    if run("throughput")
+        && let Err(e) = throughput(&env).await
+    {
+        failed.push(format!("throughput: {e:#}"));
     }
-    if run("reshard") {
-        if let Err(e) = reshard(&env).await {
-            failed.push(format!("reshard: {e:#}"));
-        }
+    if run("reshard")
+        && let Err(e) = reshard(&env).await
+    {
+        failed.push(format!("reshard: {e:#}"));
     }
-    if run("failover") {
-        if let Err(e) = failover(&env).await {
-            failed.push(format!("failover: {e:#}"));
-        }
+    if run("failover")
+        && let Err(e) = failover(&env).await
+    {
+        failed.push(format!("failover: {e:#}"));
     }
-    if run("memory") {
-        if let Err(e) = memory(&env).await {
-            failed.push(format!("memory: {e:#}"));
-        }
+    if run("memory")
+        && let Err(e) = memory(&env).await
+    {
+        failed.push(format!("memory: {e:#}"));
     }
-    if run("stages") {
-        if let Err(e) = stages(&env).await {
-            failed.push(format!("stages: {e:#}"));
-        }
+    if run("stages")
+        && let Err(e) = stages(&env).await
+    {
+        failed.push(format!("stages: {e:#}"));
     }
     println!("\nKinesis benchmarks took {:.0} s", started.elapsed().as_secs_f64());
     if !failed.is_empty() {

@@ -1421,36 +1421,30 @@ async fn main() -> anyhow::Result<()> {
         }
         let mut summary = Vec::new();
         let mut failed = Vec::new();
-        if run("compare") {
-            if let Err(e) = compare(&env, &stream, &mut summary).await {
+        if run("compare")
+            && let Err(e) = compare(&env, &stream, &mut summary).await {
                 failed.push(format!("compare: {e:#}"));
             }
-        }
-        if run("requests") {
-            if let Err(e) = requests(&env, &stream, &mut summary).await {
+        if run("requests")
+            && let Err(e) = requests(&env, &stream, &mut summary).await {
                 failed.push(format!("requests: {e:#}"));
             }
-        }
-        if run("batching") {
-            if let Err(e) = batching(&env, &stream, &mut summary).await {
+        if run("batching")
+            && let Err(e) = batching(&env, &stream, &mut summary).await {
                 failed.push(format!("batching: {e:#}"));
             }
-        }
-        if run("ops") {
-            if let Err(e) = ops(&env, &mut summary).await {
+        if run("ops")
+            && let Err(e) = ops(&env, &mut summary).await {
                 failed.push(format!("ops: {e:#}"));
             }
-        }
-        if run("steady") {
-            if let Err(e) = steady(&env, &mut summary).await {
+        if run("steady")
+            && let Err(e) = steady(&env, &mut summary).await {
                 failed.push(format!("steady: {e:#}"));
             }
-        }
-        if run("diagnose") {
-            if let Err(e) = diagnose(&env, &stream, &mut summary).await {
+        if run("diagnose")
+            && let Err(e) = diagnose(&env, &stream, &mut summary).await {
                 failed.push(format!("diagnose: {e:#}"));
             }
-        }
         println!();
         for s in &summary {
             println!("{s}");

@@ -309,8 +309,8 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
                     failure = Some(msg.clone());
                     break "ZooKeeper unreachable";
                 }
-                if v.generation != generation {
-                    if let Some(s) = v.session.clone() {
+                if v.generation != generation
+                    && let Some(s) = v.session.clone() {
                         // A new session after expiry: watch again and re-read what we obey.
                         match reopen(s, &args).await {
                             Ok((s, ev)) => {
@@ -329,7 +329,6 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
                             Err(e) => tracing::warn!(error = %e, "watching the topology state on the new session failed; retrying"),
                         }
                     }
-                }
             }
             ev = recv_opt(&mut events) => match ev {
                 Some(ChangeEvent::Drain) => check_drain(&store, &engines, &deployment, &mut draining).await,

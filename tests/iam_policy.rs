@@ -270,10 +270,10 @@ fn roles_of(
             match entry_roles(&s.path, func) {
                 Some(r) => roles.extend(r),
                 None => {
-                    if let Some(caller) = enclosing_fn(&s.text, at) {
-                        if caller != func || s.path != file {
-                            roles.extend(roles_of(sources, &s.path, &caller, seen));
-                        }
+                    if let Some(caller) = enclosing_fn(&s.text, at)
+                        && (caller != func || s.path != file)
+                    {
+                        roles.extend(roles_of(sources, &s.path, &caller, seen));
                     }
                 }
             }

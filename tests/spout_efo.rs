@@ -37,10 +37,10 @@ async fn shard_status(zk: &zookeeper_client::Client, cluster: &Cluster) -> BTree
     let dir = format!("{}/topologies/{}/workers", cluster.zk_root, cluster.topology);
     let mut out = BTreeMap::new();
     for w in zk.list_children(&dir).await.unwrap_or_default() {
-        if let Ok((data, _)) = zk.get_data(&format!("{dir}/{w}")).await {
-            if let Ok(st) = serde_json::from_slice::<WorkerStatus>(&data) {
-                out.extend(st.shards);
-            }
+        if let Ok((data, _)) = zk.get_data(&format!("{dir}/{w}")).await
+            && let Ok(st) = serde_json::from_slice::<WorkerStatus>(&data)
+        {
+            out.extend(st.shards);
         }
     }
     out

@@ -781,10 +781,10 @@ pub(super) fn unsettled(r: &StatusReport, workers: Option<usize>) -> Vec<String>
     if r.state != "ACTIVE" {
         why.push(format!("the topology is {}, not ACTIVE", r.state));
     }
-    if let Some(n) = workers {
-        if r.workers.len() != n {
-            why.push(format!("{} of {n} workers are live", r.workers.len()));
-        }
+    if let Some(n) = workers
+        && r.workers.len() != n
+    {
+        why.push(format!("{} of {n} workers are live", r.workers.len()));
     }
     for s in r.streams.iter().chain(r.stages.iter().filter_map(|st| st.stream.as_ref())) {
         if let Some(e) = &s.error {
@@ -811,14 +811,14 @@ pub(super) fn unsettled(r: &StatusReport, workers: Option<usize>) -> Vec<String>
             }
         }
         let (min, max) = (per_task.values().min().copied(), per_task.values().max().copied());
-        if let (Some(min), Some(max)) = (min, max) {
-            if max - min > 1 {
-                why.push(format!(
-                    "stream {}: shards per task {min}..{max} (not spread yet over {} tasks)",
-                    s.stream,
-                    per_task.len()
-                ));
-            }
+        if let (Some(min), Some(max)) = (min, max)
+            && max - min > 1
+        {
+            why.push(format!(
+                "stream {}: shards per task {min}..{max} (not spread yet over {} tasks)",
+                s.stream,
+                per_task.len()
+            ));
         }
     }
     why

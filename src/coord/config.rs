@@ -76,12 +76,12 @@ impl ZkConfig {
                 ),
             });
         }
-        if let Some(auth) = &self.auth {
-            if auth.user.is_empty() || auth.user.contains(':') {
-                return Err(CoordError::InvalidConfig {
-                    reason: "digest auth user must be non-empty and must not contain ':'".to_string(),
-                });
-            }
+        if let Some(auth) = &self.auth
+            && (auth.user.is_empty() || auth.user.contains(':'))
+        {
+            return Err(CoordError::InvalidConfig {
+                reason: "digest auth user must be non-empty and must not contain ':'".to_string(),
+            });
         }
         Ok(())
     }

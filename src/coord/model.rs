@@ -108,13 +108,13 @@ impl Checkpoint {
 
     /// Checks what can be checked without the stored value.
     pub(crate) fn validate(&self, shard_id: &str) -> Result<(), CoordError> {
-        if let CheckpointPosition::AfterSequence { sequence, .. } = &self.position {
-            if sequence.is_empty() || !sequence.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(CoordError::InvalidCheckpoint {
-                    shard_id: shard_id.to_string(),
-                    reason: format!("sequence number {sequence:?} is not a decimal number"),
-                });
-            }
+        if let CheckpointPosition::AfterSequence { sequence, .. } = &self.position
+            && (sequence.is_empty() || !sequence.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(CoordError::InvalidCheckpoint {
+                shard_id: shard_id.to_string(),
+                reason: format!("sequence number {sequence:?} is not a decimal number"),
+            });
         }
         Ok(())
     }

@@ -33,10 +33,10 @@ pub async fn wait_active(client: &Client, endpoint: &str, stream: &str, timeout:
     let start = Instant::now();
     loop {
         let out = describe_summary(client, endpoint, stream).await?;
-        if let Some(d) = out.stream_description_summary() {
-            if d.stream_status() == &StreamStatus::Active {
-                return Ok(());
-            }
+        if let Some(d) = out.stream_description_summary()
+            && d.stream_status() == &StreamStatus::Active
+        {
+            return Ok(());
         }
         if start.elapsed() > timeout {
             return Err(KinesisError::Timeout { stream: stream.to_string(), want: "ACTIVE", secs: timeout.as_secs() });
@@ -294,13 +294,13 @@ pub async fn put_records(
             reason: "is 0; use at least 1 key (--keys K)".into(),
         });
     }
-    if let Some(r) = opts.rate {
-        if !(r > 0.0 && r.is_finite()) {
-            return Err(KinesisError::Config {
-                field: "rate".into(),
-                reason: format!("is {r}; give a positive records/second (--rate R)"),
-            });
-        }
+    if let Some(r) = opts.rate
+        && !(r > 0.0 && r.is_finite())
+    {
+        return Err(KinesisError::Config {
+            field: "rate".into(),
+            reason: format!("is {r}; give a positive records/second (--rate R)"),
+        });
     }
     if opts.size > 1_000_000 {
         return Err(KinesisError::Config {

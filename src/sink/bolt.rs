@@ -363,12 +363,12 @@ impl<E: SinkEncoder> KinesisSink<E> {
         } else {
             None
         };
-        if let Some(at) = want {
-            if self.armed.is_none_or(|(a, _)| at < a) {
-                self.next_token += 1;
-                out.schedule_at(at, self.next_token);
-                self.armed = Some((at, self.next_token));
-            }
+        if let Some(at) = want
+            && self.armed.is_none_or(|(a, _)| at < a)
+        {
+            self.next_token += 1;
+            out.schedule_at(at, self.next_token);
+            self.armed = Some((at, self.next_token));
         }
     }
 
@@ -546,10 +546,10 @@ impl<E: SinkEncoder> KinesisSink<E> {
             return Arc::from(Vec::new());
         }
         let now = Instant::now();
-        if let Some((at, s)) = &self.shards {
-            if now < *at + SHARDS_TTL {
-                return s.clone();
-            }
+        if let Some((at, s)) = &self.shards
+            && now < *at + SHARDS_TTL
+        {
+            return s.clone();
         }
         let Some(run) = &self.run else { return Arc::from(Vec::new()) };
         let call = run.backend.open_shards();
@@ -643,10 +643,10 @@ impl<E: SinkEncoder> Bolt for KinesisSink<E> {
     }
 
     async fn on_timer(&mut self, timer: Timer, out: &mut BoltOutput) -> Result<(), ComponentError> {
-        if let Timer::Wakeup(token) = timer {
-            if self.armed.is_some_and(|(_, t)| t == token) {
-                self.armed = None;
-            }
+        if let Timer::Wakeup(token) = timer
+            && self.armed.is_some_and(|(_, t)| t == token)
+        {
+            self.armed = None;
         }
         self.pump(out).await;
         Ok(())

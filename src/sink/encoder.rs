@@ -43,10 +43,10 @@ impl SinkRecord {
         if self.data.len() > super::config::MAX_RECORD_BYTES {
             return Err(format!("data has {} bytes; a Kinesis record holds at most 1 MiB", self.data.len()));
         }
-        if let Some(h) = &self.explicit_hash_key {
-            if h.is_empty() || !h.bytes().all(|b| b.is_ascii_digit()) || h.parse::<u128>().is_err() {
-                return Err(format!("explicit hash key {h:?} is not a decimal number in 0..2^128"));
-            }
+        if let Some(h) = &self.explicit_hash_key
+            && (h.is_empty() || !h.bytes().all(|b| b.is_ascii_digit()) || h.parse::<u128>().is_err())
+        {
+            return Err(format!("explicit hash key {h:?} is not a decimal number in 0..2^128"));
         }
         Ok(())
     }

@@ -307,7 +307,7 @@ mod tests {
                 let mut again = Vec::new();
                 for e in batch {
                     round += 1;
-                    if fail[round % fail.len()] && round % 5 != 0 {
+                    if fail[round % fail.len()] && !round.is_multiple_of(5) {
                         again.push(e);
                     } else {
                         put.entry(e.tag.0.clone()).or_default().push(e.tag.1);

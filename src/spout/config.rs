@@ -581,10 +581,10 @@ impl KinesisSpoutConfig {
                 return err("consumer", "efo is not supported by the simulated stream; use polling".into());
             }
         }
-        if let InitialPosition::AtTimestamp { millis } = self.initial_position {
-            if millis < 0 {
-                return err("initial_position", format!("timestamp {millis} is before 1970"));
-            }
+        if let InitialPosition::AtTimestamp { millis } = self.initial_position
+            && millis < 0
+        {
+            return err("initial_position", format!("timestamp {millis} is before 1970"));
         }
         Ok(())
     }

@@ -260,12 +260,11 @@ impl Coordinator {
                     reconcile = true;
                 }
                 ev = self.reader_events.recv() => {
-                    if let Some(ReaderEvent::Ended { shard, epoch, children }) = ev {
-                        if s.owned.get(&shard).is_some_and(|o| o.epoch == epoch) {
+                    if let Some(ReaderEvent::Ended { shard, epoch, children }) = ev
+                        && s.owned.get(&shard).is_some_and(|o| o.epoch == epoch) {
                             tracing::debug!(shard = %shard, ?children, "shard end reported");
                             let _ = self.stream.commands.send(StreamCommand::ShardEnded);
                         }
-                    }
                 }
                 r = self.active.changed() => {
                     if r.is_ok() { reconcile = true; }
@@ -624,12 +623,12 @@ impl Coordinator {
             };
             let moved = safe.as_ref().is_some_and(|k| written != Some((&*k.0, k.1)));
             let release_now = releasing.is_some_and(|d| unsettled == 0 || Instant::now() >= d);
-            if moved && (force || release_now || o.last_write.elapsed() >= interval) {
-                if let Some(seq) = &safe {
-                    if !self.write_checkpoint(s, &shard, seq).await? {
-                        continue; // fenced: the shard was dropped
-                    }
-                }
+            if moved
+                && (force || release_now || o.last_write.elapsed() >= interval)
+                && let Some(seq) = &safe
+                && !self.write_checkpoint(s, &shard, seq).await?
+            {
+                continue; // fenced: the shard was dropped
             }
             if release_now {
                 self.release(s, &shard).await;
@@ -729,10 +728,10 @@ impl Coordinator {
 
 fn block(s: &mut Session, shard: &Arc<str>, wait: Duration, watch: Option<CancellationToken>) {
     let b = Blocked { retry_at: Instant::now() + wait, watch, until_new_assignment: None };
-    if let Some(old) = s.blocked.insert(shard.clone(), b) {
-        if let Some(w) = old.watch {
-            w.cancel();
-        }
+    if let Some(old) = s.blocked.insert(shard.clone(), b)
+        && let Some(w) = old.watch
+    {
+        w.cancel();
     }
 }
 
@@ -744,10 +743,10 @@ fn block_until_reassigned(s: &mut Session, shard: &Arc<str>) {
         watch: None,
         until_new_assignment: s.assignment_generation,
     };
-    if let Some(old) = s.blocked.insert(shard.clone(), b) {
-        if let Some(w) = old.watch {
-            w.cancel();
-        }
+    if let Some(old) = s.blocked.insert(shard.clone(), b)
+        && let Some(w) = old.watch
+    {
+        w.cancel();
     }
 }
 

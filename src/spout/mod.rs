@@ -707,10 +707,10 @@ impl Spout for KinesisSpout {
                 return Ok(());
             }
         }
-        if self.refresh_watermark(now) {
-            if let Some(wm) = self.last_watermark {
-                out.watermark(wm);
-            }
+        if self.refresh_watermark(now)
+            && let Some(wm) = self.last_watermark
+        {
+            out.watermark(wm);
         }
         while let Some(id) = self.dead_letters.pop_front() {
             let rec = {

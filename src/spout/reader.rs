@@ -302,13 +302,13 @@ impl ReaderCtx {
         let mut calls: VecDeque<Instant> = VecDeque::with_capacity(self.max_gets_per_second as usize + 1);
         loop {
             let Some(room) = self.wait_room(&shard, epoch, &cancel).await else { return };
-            if calls.len() >= self.max_gets_per_second as usize {
-                if let Some(oldest) = calls.pop_front() {
-                    let free_at = oldest + Duration::from_millis(1_020);
-                    tokio::select! {
-                        _ = cancel.cancelled() => return,
-                        _ = tokio::time::sleep_until(free_at.into()) => {}
-                    }
+            if calls.len() >= self.max_gets_per_second as usize
+                && let Some(oldest) = calls.pop_front()
+            {
+                let free_at = oldest + Duration::from_millis(1_020);
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep_until(free_at.into()) => {}
                 }
             }
             let it = match &iterator {
@@ -364,7 +364,7 @@ impl ReaderCtx {
                         ErrorKind::IteratorInvalid => iterator = None,
                         ErrorKind::Transient => {
                             backoffs.transient_run += 1;
-                            if backoffs.transient_run % TRANSIENT_RUN_RESET == 0 {
+                            if backoffs.transient_run.is_multiple_of(TRANSIENT_RUN_RESET) {
                                 iterator = None;
                             }
                         }

@@ -46,12 +46,12 @@ impl ReadLog {
     }
 
     fn write(&self, e: ReadLogEntry) {
-        if let Some(f) = &self.0 {
-            if let Ok(mut line) = serde_json::to_vec(&e) {
-                line.push(b'\n');
-                let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
-                let _ = f.write_all(&line);
-            }
+        if let Some(f) = &self.0
+            && let Ok(mut line) = serde_json::to_vec(&e)
+        {
+            line.push(b'\n');
+            let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = f.write_all(&line);
         }
     }
 

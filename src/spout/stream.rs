@@ -285,11 +285,10 @@ impl StreamCoordinator {
                         if last_resync.elapsed() >= resync {
                             last_resync = Instant::now();
                             // Safety net against a lost event: one cheap version check.
-                            if let Ok(Some(stat)) = store.client().check_stat(store.paths().assignment()).await {
-                                if self.assignment.as_ref().map(|a| a.version) != Some(stat.version) {
+                            if let Ok(Some(stat)) = store.client().check_stat(store.paths().assignment()).await
+                                && self.assignment.as_ref().map(|a| a.version) != Some(stat.version) {
                                     dirty.assignment = true;
                                 }
-                            }
                         }
                     }
                 }
@@ -452,11 +451,11 @@ impl StreamCoordinator {
                 .map(|s| s.shard_id.as_str())
                 .collect();
             for id in candidates {
-                if let Ok(Some(cp)) = store.read_checkpoint(id).await {
-                    if cp.value.finished {
-                        store.mark_finished(id).await?;
-                        finished.insert(id.to_string());
-                    }
+                if let Ok(Some(cp)) = store.read_checkpoint(id).await
+                    && cp.value.finished
+                {
+                    store.mark_finished(id).await?;
+                    finished.insert(id.to_string());
                 }
             }
         }
@@ -542,21 +541,21 @@ impl StreamCoordinator {
             (l.list, l.list_broken) = load_list(store).await?;
         }
         let stored_created = l.list.as_ref().and_then(|v| v.value.stream_created_ms);
-        if let (Some(was), Some(now)) = (stored_created, created) {
-            if was != now {
-                let msg = format!(
-                    "stream {} was deleted and re-created (created at {now} ms, the stored shard list is of a stream created at {was} ms): \
+        if let (Some(was), Some(now)) = (stored_created, created)
+            && was != now
+        {
+            let msg = format!(
+                "stream {} was deleted and re-created (created at {now} ms, the stored shard list is of a stream created at {was} ms): \
                      its checkpoints point into the old stream, so nothing is read. Rewind them with \
                      `squall deactivate {}` then `squall checkpoints reset {} --stream {} --to trim-horizon` then `squall activate {}`",
-                    self.cfg.stream, self.cfg.topology, self.cfg.topology, self.cfg.stream, self.cfg.topology
-                );
-                if l.refused.as_deref() != Some(msg.as_str()) {
-                    tracing::error!(stream = %self.cfg.stream, "{msg}");
-                    l.refused = Some(msg);
-                    l.recompute = true;
-                }
-                return Ok(());
+                self.cfg.stream, self.cfg.topology, self.cfg.topology, self.cfg.stream, self.cfg.topology
+            );
+            if l.refused.as_deref() != Some(msg.as_str()) {
+                tracing::error!(stream = %self.cfg.stream, "{msg}");
+                l.refused = Some(msg);
+                l.recompute = true;
             }
+            return Ok(());
         }
         if l.refused.take().is_some() {
             tracing::info!(stream = %self.cfg.stream, "the stream's checkpoints were reset: reading again");
@@ -655,10 +654,10 @@ impl StreamCoordinator {
             let owner_of = previous.map(|p| p.owner_of()).unwrap_or_default();
             let mut hints = BTreeMap::new();
             for s in &ready {
-                if let Some(rec) = list.value.get(s) {
-                    if let Some(owner) = rec.parents().find_map(|p| owner_of.get(p)) {
-                        hints.insert(s.clone(), owner.to_string());
-                    }
+                if let Some(rec) = list.value.get(s)
+                    && let Some(owner) = rec.parents().find_map(|p| owner_of.get(p))
+                {
+                    hints.insert(s.clone(), owner.to_string());
                 }
             }
             next.tasks = sticky_assign(prev_tasks, &self.tasks, &ready, &hints);

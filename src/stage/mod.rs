@@ -177,15 +177,15 @@ impl Boundary {
                 self.name, self.fields
             ));
         }
-        if self.exactly_once {
-            if let Some(f) = self.fields.iter().find(|f| crate::spout::STAGE_RECORD_ID_FIELDS.contains(&f.as_str())) {
-                return Err(format!(
-                    "boundary {:?}: field {f:?} is reserved with exactly_once() (the next stage's input adds the \
+        if self.exactly_once
+            && let Some(f) = self.fields.iter().find(|f| crate::spout::STAGE_RECORD_ID_FIELDS.contains(&f.as_str()))
+        {
+            return Err(format!(
+                "boundary {:?}: field {f:?} is reserved with exactly_once() (the next stage's input adds the \
                      intermediate record's ids {:?}); rename it",
-                    self.name,
-                    crate::spout::STAGE_RECORD_ID_FIELDS
-                ));
-            }
+                self.name,
+                crate::spout::STAGE_RECORD_ID_FIELDS
+            ));
         }
         if self.key.is_empty() {
             return Err(format!("boundary {:?}: empty key; name at least one field", self.name));

@@ -233,10 +233,10 @@ impl ProducerRegistrar {
     /// Removes one producer's registration.
     pub async fn unregister(&self, producer: u64) {
         self.ids.lock().unwrap_or_else(|p| p.into_inner()).retain(|p| *p != producer);
-        if let Ok(store) = self.store().await {
-            if let Err(e) = store.unregister_producer(&self.stream, producer, &self.deployment).await {
-                tracing::debug!(error = %e, "removing a producer registration failed (it goes with the session)");
-            }
+        if let Ok(store) = self.store().await
+            && let Err(e) = store.unregister_producer(&self.stream, producer, &self.deployment).await
+        {
+            tracing::debug!(error = %e, "removing a producer registration failed (it goes with the session)");
         }
     }
 }

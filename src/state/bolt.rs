@@ -507,13 +507,13 @@ impl<K: KeyedState> ExactlyOnce<K> {
                             };
                             dedup.record(&input.id, stored);
                             dedup.advance(&input.id);
-                            if let (Some(l), Some(dedup_before)) = (&limit, dedup_before) {
-                                if !l.fits(run, key, state, dedup, &input) {
-                                    *state = before;
-                                    *dedup = dedup_before;
-                                    fates.push((input, Fate::Fail));
-                                    continue;
-                                }
+                            if let (Some(l), Some(dedup_before)) = (&limit, dedup_before)
+                                && !l.fits(run, key, state, dedup, &input)
+                            {
+                                *state = before;
+                                *dedup = dedup_before;
+                                fates.push((input, Fate::Fail));
+                                continue;
                             }
                             if weak {
                                 if !limit.as_ref().is_some_and(|l| l.weak_sent.get(n).copied().unwrap_or(false)) {

@@ -269,10 +269,10 @@ impl Dedup {
     }
 
     fn judge_production(&self, id: &RecordId, p: &ProductionId) -> Verdict {
-        if let Some(s) = self.shards.get(&*id.shard) {
-            if s.token > id.lease_token {
-                return Verdict::Fenced { stored: s.token };
-            }
+        if let Some(s) = self.shards.get(&*id.shard)
+            && s.token > id.lease_token
+        {
+            return Verdict::Fenced { stored: s.token };
         }
         let Some(d) = self.productions.get(&*p.shard) else { return Verdict::Fresh };
         if d.floor.as_deref().is_some_and(|f| at_or_below(&p.sequence, p.sub_sequence, f)) {

@@ -124,10 +124,9 @@ pub fn backwards_moves(obs: &[Observed]) -> Vec<String> {
                 CheckpointPosition::AfterSequence { sequence: sa, .. },
                 CheckpointPosition::AfterSequence { sequence: sb, .. },
             ) = (&a.position, &b.position)
+                && sequence_cmp(sb, sa).is_lt()
             {
-                if sequence_cmp(sb, sa).is_lt() {
-                    v.push(format!("{shard}: v{} at {sa} -> v{} at {sb} (backwards)", w[0].version, w[1].version));
-                }
+                v.push(format!("{shard}: v{} at {sa} -> v{} at {sb} (backwards)", w[0].version, w[1].version));
             }
             if matches!(a.position, CheckpointPosition::AfterSequence { .. })
                 && !matches!(b.position, CheckpointPosition::AfterSequence { .. })

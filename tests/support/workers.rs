@@ -346,10 +346,10 @@ pub fn read_log_violations(entries: &[ReadLogEntry], parents: &HashMap<String, V
     for e in entries {
         match e.event.as_str() {
             "acquire" => {
-                if let Some(h) = holder.get(e.shard.as_str()) {
-                    if *h != e.task {
-                        v.push(format!("{} acquired {} at {} while {h} held it", e.task, e.shard, e.t_ms));
-                    }
+                if let Some(h) = holder.get(e.shard.as_str())
+                    && *h != e.task
+                {
+                    v.push(format!("{} acquired {} at {} while {h} held it", e.task, e.shard, e.t_ms));
                 }
                 holder.insert(e.shard.as_str(), e.task.as_str());
             }
@@ -357,10 +357,10 @@ pub fn read_log_violations(entries: &[ReadLogEntry], parents: &HashMap<String, V
                 holder.remove(e.shard.as_str());
             }
             "records" => {
-                if let Some(h) = holder.get(e.shard.as_str()) {
-                    if *h != e.task {
-                        v.push(format!("{} read {} at {} while {h} held it", e.task, e.shard, e.t_ms));
-                    }
+                if let Some(h) = holder.get(e.shard.as_str())
+                    && *h != e.task
+                {
+                    v.push(format!("{} read {} at {} while {h} held it", e.task, e.shard, e.t_ms));
                 }
             }
             _ => {}
