@@ -7,6 +7,12 @@
 //! start-up and shard assignment are not counted. The order alternates per round (off-on,
 //! on-off, ...): the second run of a round finds the Kinesis engine warmer.
 //!
+//! The throughput ratio is noisy on a shared box (a few % between rounds), so the bench also
+//! measures the endpoint's cost directly: the worker process's own CPU time (utime + stime from
+//! `/proc/PID/stat`) over 500 back-to-back scrapes of a worker that owns the 4 shards, minus its
+//! CPU over the same wall time without scrapes, per scrape. At one scrape per second, that CPU
+//! time over 1 s bounds the share of one core the endpoint takes from the worker.
+//!
 //! `SQUALL_BENCH_REPS` (rounds, default 5), `SQUALL_BENCH_METRICS_RECORDS` (records in the
 //! stream, default 20000) and `SQUALL_BENCH_SCRAPE_MS` (scrape interval, default 1000) set the
 //! size. Needs ZooKeeper and a Kinesis engine (`localstack/up`; `SQUALL_KINESIS_ENDPOINT`, e.g.
@@ -117,6 +123,54 @@ async fn run(ep: &KinesisEndpoint, stream: &str, records: u64, metrics: bool, ev
     })
 }
 
+/// The process's CPU time (user + system) in seconds, from `/proc/PID/stat`.
+fn cpu_secs(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // the fields after the command name in parentheses: state is field 3, utime 14, stime 15
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i - 3).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // USER_HZ is 100 on Linux
+    Ok((ticks(14) + ticks(15)) / 100.0)
+}
+
+/// CPU seconds the worker spends per scrape: `n` scrapes back to back, minus the worker's CPU
+/// over the same wall time without scrapes (its own idle polling).
+async fn cpu_per_scrape(ep: &KinesisEndpoint, stream: &str, n: u32) -> anyhow::Result<(f64, f64, usize)> {
+    let zk = std::env::var("SQUALL_ZK").unwrap_or_else(|_| "127.0.0.1:2181".into());
+    let port = free_port()?;
+    let mut child = Command::new(audit_bin())
+        .args(["--topology", &common::unique("t"), "--stream", stream, "--zk", &zk])
+        .args(["--zk-root", &format!("/squall-bench-{}", common::unique("metrics")), "--endpoint", &ep.endpoint])
+        .args(["--spout-tasks", "2", "--initial-position", "latest", "--metrics-addr", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let pid = child.id();
+    let result = async {
+        // owning its shards and settled
+        let start = Instant::now();
+        while scrape(port).is_none() && start.elapsed() < Duration::from_secs(30) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let mut bytes = 0;
+        let (c0, t0) = (cpu_secs(pid)?, Instant::now());
+        for _ in 0..n {
+            bytes = scrape(port).ok_or_else(|| anyhow::anyhow!("a scrape failed"))?;
+        }
+        let (busy_cpu, wall) = (cpu_secs(pid)? - c0, t0.elapsed());
+        let c1 = cpu_secs(pid)?;
+        tokio::time::sleep(wall).await;
+        let idle_cpu = cpu_secs(pid)? - c1;
+        Ok::<_, anyhow::Error>(((busy_cpu - idle_cpu).max(0.0) / f64::from(n), wall.as_secs_f64() / f64::from(n), bytes))
+    }
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let ep = KinesisEndpoint::new(
@@ -163,8 +217,19 @@ async fn main() -> anyhow::Result<()> {
         off.push(a.rate);
         on.push(b.rate);
     }
+    let direct = if result.is_ok() { Some(cpu_per_scrape(&ep, &stream, 500).await) } else { None };
     let _ = kinesis::delete_stream(&client, &label, &stream).await;
     result?;
+    if let Some(d) = direct {
+        let (cpu, wall, bytes) = d?;
+        println!(
+            "metrics: the worker's CPU per scrape {:.3} ms ({bytes} bytes; {:.3} ms wall each, 500 back to back, idle CPU \
+             subtracted): at one scrape per {every:?}, {:.3}% of one core",
+            cpu * 1e3,
+            wall * 1e3,
+            cpu / every.as_secs_f64() * 100.0
+        );
+    }
     let (a, b) = (common::median(&off), common::median(&on));
     println!(
         "metrics: {records} records, 4 shards, {}: without the endpoint {a:.0}/s, with it scraped every {every:?} {b:.0}/s \
