@@ -163,7 +163,11 @@ async fn cpu_per_scrape(ep: &KinesisEndpoint, stream: &str, n: u32) -> anyhow::R
         let c1 = cpu_secs(pid)?;
         tokio::time::sleep(wall).await;
         let idle_cpu = cpu_secs(pid)? - c1;
-        Ok::<_, anyhow::Error>(((busy_cpu - idle_cpu).max(0.0) / f64::from(n), wall.as_secs_f64() / f64::from(n), bytes))
+        Ok::<_, anyhow::Error>((
+            (busy_cpu - idle_cpu).max(0.0) / f64::from(n),
+            wall.as_secs_f64() / f64::from(n),
+            bytes,
+        ))
     }
     .await;
     let _ = child.kill();

@@ -786,7 +786,33 @@ pub(super) fn unsettled(r: &StatusReport, workers: Option<usize>) -> Vec<String>
     {
         why.push(format!("{} of {n} workers are live", r.workers.len()));
     }
-    for s in r.streams.iter().chain(r.stages.iter().filter_map(|st| st.stream.as_ref())) {
+    // every live worker's spout tasks registered, and every registered task a live worker's: a
+    // worker still starting (its task not registered, or its status not published yet) or
+    // stopping is not settled, even when the shards look spread over the other tasks
+    let listed: BTreeSet<&str> = r.workers.iter().flat_map(|w| w.tasks.iter().map(String::as_str)).collect();
+    for w in r.workers.iter().filter(|w| w.tasks.is_empty()) {
+        why.push(format!("worker {} reports no registered spout task yet", w.worker_id));
+    }
+    let streams = || r.streams.iter().chain(r.stages.iter().filter_map(|st| st.stream.as_ref()));
+    let mut registered: BTreeSet<String> = BTreeSet::new();
+    for s in streams() {
+        for t in &s.tasks {
+            // a worker names its primary stream's tasks `task-N`, any other stream's `{stream}/task-N`
+            let qualified = format!("{}/{t}", s.stream);
+            if !listed.contains(t.as_str()) && !listed.contains(qualified.as_str()) {
+                why.push(format!(
+                    "stream {} task {t} is registered but no live worker reports it (a worker starting or stopping)",
+                    s.stream
+                ));
+            }
+            registered.insert(t.clone());
+            registered.insert(qualified);
+        }
+    }
+    for t in listed.iter().filter(|t| !registered.contains(**t)) {
+        why.push(format!("task {t} of a live worker is not registered (yet)"));
+    }
+    for s in streams() {
         if let Some(e) = &s.error {
             why.push(format!("stream {}: {e}", s.stream));
             continue;
@@ -903,6 +929,74 @@ pub(super) async fn status(cli: &Cli, topology: &str, json: bool, watch: Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn settled_report(worker_tasks: &[&[&str]], registered: &[&str], owners: &[&str]) -> StatusReport {
+        let shards = owners
+            .iter()
+            .enumerate()
+            .map(|(i, o)| ShardReport {
+                shard_id: format!("shardId-{i:012}"),
+                parent_shard_ids: Vec::new(),
+                state: "open".into(),
+                owner: Some(o.to_string()),
+                assigned_to: Some(o.to_string()),
+                checkpoint: None,
+                finished: false,
+                millis_behind_latest: None,
+                error: None,
+                retryable: true,
+                error_kind: None,
+                error_since_ms: None,
+                get_records_calls: 0,
+                efo: None,
+            })
+            .collect();
+        StatusReport {
+            topology: "t".into(),
+            state: "ACTIVE".into(),
+            deployment_id: "d".into(),
+            workers: worker_tasks
+                .iter()
+                .enumerate()
+                .map(|(i, tasks)| WorkerReport {
+                    worker_id: format!("w{i}"),
+                    host: "h".into(),
+                    pid: 1,
+                    tasks: tasks.iter().map(|t| t.to_string()).collect(),
+                    since_ms: 0,
+                    components: serde_json::Value::Null,
+                    kpl: None,
+                })
+                .collect(),
+            streams: vec![StreamReport {
+                stream: "s".into(),
+                error: None,
+                tasks: registered.iter().map(|t| t.to_string()).collect(),
+                shards,
+            }],
+            stages: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn settled_needs_every_worker_task_registered_and_every_shard_leased_by_its_assignee() {
+        let spread = ["task-1", "task-2", "task-3", "task-1", "task-2", "task-3"];
+        let r = settled_report(&[&["task-1"], &["task-2"], &["task-3"]], &["task-1", "task-2", "task-3"], &spread);
+        assert!(unsettled(&r, Some(3)).is_empty(), "{:?}", unsettled(&r, Some(3)));
+        // a fourth worker whose task is not registered yet: the shards look spread over the
+        // other three, but the deploy step is not over
+        let r = settled_report(&[&["task-1"], &["task-2"], &["task-3"], &[]], &["task-1", "task-2", "task-3"], &spread);
+        let why = unsettled(&r, Some(4));
+        assert!(why.iter().any(|w| w.contains("w3 reports no registered spout task")), "{why:?}");
+        // a task still registered by a worker that is stopping
+        let r = settled_report(&[&["task-1"], &["task-2"]], &["task-1", "task-2", "task-3"], &spread);
+        let why = unsettled(&r, None);
+        assert!(why.iter().any(|w| w.contains("task task-3 is registered but no live worker reports it")), "{why:?}");
+        // reported but not registered yet, and shards not spread
+        let r = settled_report(&[&["task-1"], &["task-4"]], &["task-1"], &["task-1", "task-1"]);
+        let why = unsettled(&r, Some(2));
+        assert!(why.iter().any(|w| w.contains("task task-4 of a live worker is not registered")), "{why:?}");
+    }
 
     #[test]
     fn reset_targets_parse_and_bad_ones_say_what_works() {
