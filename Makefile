@@ -30,13 +30,16 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # up + fmt + clippy + every test of the workspace + down (down runs even when a step fails).
-# Benchmarks are compiled by clippy --all-targets but run only by `make bench`.
+# Test binaries run in SQUALL_TEST_LANES parallel lanes (default 2; scripts/test-lanes): most
+# integration tests wait on sessions, failovers and kinesis-local, and their waits overlap.
+# Every binary runs even when one fails. Benchmarks are compiled by clippy --all-targets but run
+# only by `make bench`.
 test:
 	./localstack/up
 	@status=0; \
 	  $(MAKE) --no-print-directory lint && \
 	  $(CARGO) build --workspace --bins --examples && \
-	  $(CARGO) test --workspace --lib --bins --tests --examples --no-fail-fast && \
+	  ./scripts/test-lanes -- --workspace --lib --bins --tests --examples && \
 	  $(CARGO) test --workspace --doc || status=$$?; \
 	  ./localstack/down; \
 	  exit $$status
