@@ -481,7 +481,9 @@ async fn netns_latency_and_loss_on_every_worker_link_during_resharding() {
     // The fault happened, as configured: every chunk held, ~10 % paid a retransmission delay.
     assert!(chunks > 500, "too few chunks through the proxies ({chunks})");
     let rate = lost as f64 / chunks as f64;
-    assert!((0.07..0.13).contains(&rate), "loss rate {rate:.3} is not ~10 %");
+    // Binomial: within 4 standard deviations of 10 % of the chunks.
+    let sd = (chunks as f64 * 0.09).sqrt();
+    assert!((lost as f64 - chunks as f64 * 0.1).abs() <= 4.0 * sd, "loss rate {rate:.3} is not ~10 % of {chunks}");
     assert!((190.0..260.0).contains(&mean), "mean hold {mean:.0} ms is not ~220 ms (200 + 10 % x 200)");
     let figures = format!(
         "proxy_connections={} proxy_chunks={chunks} proxy_lost={lost} loss_rate={rate:.3} mean_hold_ms={mean:.0}",
@@ -598,10 +600,16 @@ async fn netns_kinesis_unreachable_from_one_worker_for_30s() {
     let manifest = producer.await.unwrap();
     assert_eq!(w1_reads_during, 0, "w1 read records while Kinesis was unreachable");
     assert!(w2_reads_during > 0, "w2 read nothing meanwhile");
-    assert!(errors > 0, "w1 logged no failed read while Kinesis was unreachable\n{}", workers[0].log_text());
+    // The longest pause in w1's reads around the cut: the fault as the reader saw it. A GetRecords
+    // in flight when the packets stopped hangs until its attempt times out (30 s) or the link
+    // comes back; the SDK retries it, so the spout may see no error at all.
+    let w1_times: Vec<i64> =
+        entries.iter().filter(|e| e.event == "records" && tasks.contains(&e.task)).map(|e| e.t_ms).collect();
+    let gap = w1_times.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    assert!(gap >= 25_000, "w1's reads never paused for the cut (longest gap {gap} ms)");
     let figures = format!(
-        "cut_ms=30000 probes_failed={refused_probes}/{probes} w1_read_errors={errors} shards_kept_by_w1={kept}/{} \
-         w2_reads_during={w2_reads_during} resumed_after_heal_ms={}",
+        "cut_ms=30000 probes_failed={refused_probes}/{probes} w1_read_errors={errors} w1_read_gap_ms={gap} \
+         shards_kept_by_w1={kept}/{} w2_reads_during={w2_reads_during} resumed_after_heal_ms={}",
         shards.len(),
         resumed.as_millis()
     );
