@@ -502,12 +502,13 @@ async fn netns_flapping_link_between_a_worker_and_zookeeper() {
     let producer = spawn_producer(&rig.s.client, &rig.s.label(), &rig.s.name, 4000, 40, 100.0);
     rig.settle(2, 4, 100, Duration::from_secs(60)).await;
     let (tasks, shards) = rig.holdings(&workers[0]).await;
-    let start_ms = now_ms();
+    let mut cuts = Vec::new();
     let mut down_probes = 0;
     for flap in 0..5 {
         for z in ZK_HOSTS {
             rig.net.cut("w1", z);
         }
+        cuts.push(now_ms());
         let down = Instant::now();
         if !rig.net.can_connect("w1", &rig.net.ip("z1"), 2181, Duration::from_secs(1)) {
             down_probes += 1;
@@ -526,11 +527,18 @@ async fn netns_flapping_link_between_a_worker_and_zookeeper() {
     let stopped = count(w1, "reads stop until it is back");
     let back = count(w1, "ZooKeeper connection back (same session)");
     let ended = count(w1, "ZooKeeper session ended");
+    let lost_answers = count(w1, "its answer was lost");
     assert!(stopped + ended > 0, "w1 never noticed its links going down\n{}", w1.log_text());
-    let mut figures =
-        format!("flaps=5 down_s=3 up_s=3 reads_stopped={stopped} same_session_back={back} sessions_ended={ended}");
+    let mut figures = format!(
+        "flaps=5 down_s=3 up_s=3 reads_stopped={stopped} same_session_back={back} sessions_ended={ended} \
+         lost_checkpoint_answers_recovered={lost_answers}"
+    );
     if ended > 0 {
-        let (f, r) = wait_reowned(&rig.obs, &rig.cluster, &tasks, &shards, start_ms, Duration::from_secs(5)).await;
+        // Failover from the cut of the flap in which w1's session was lost (its readers' release).
+        let entries = read_log_entries(&rig.cluster.read_logs());
+        let lost_at = entries.iter().find(|e| e.event == "release" && tasks.contains(&e.task)).map(|e| e.t_ms);
+        let since = cuts.iter().copied().filter(|c| lost_at.is_some_and(|l| *c <= l)).max().unwrap_or(cuts[0]);
+        let (f, r) = wait_reowned(&rig.obs, &rig.cluster, &tasks, &shards, since, Duration::from_secs(5)).await;
         figures.push_str(&format!(" failover_ms={} first_read_ms={}", f.as_millis(), r.as_millis()));
     }
     let victim = Victim { name: "w1".into(), shards, session_lost: ended > 0 };

@@ -368,19 +368,27 @@ pub async fn wait_reowned(
         let entries = super::workers::read_log_entries(&cluster.read_logs());
         let mut worst = Some((0i64, 0i64));
         for shard in shards {
-            let acquired = entries.iter().find(|e| {
-                e.shard == *shard && e.event == "acquire" && e.t_ms >= since_ms && !victims.contains(&e.task)
-            });
-            let read = acquired.and_then(|a| {
-                entries.iter().find(|e| {
-                    e.shard == *shard
-                        && e.task == a.task
-                        && e.t_ms >= a.t_ms
-                        && matches!(e.event.as_str(), "records" | "end" | "finish")
+            // The first acquisition by another task that was followed by a read of that task (an
+            // owner that handed the shard on before reading it, in a rebalance, does not count).
+            let read_after = |a: &&squall::spout::ReadLogEntry| {
+                entries
+                    .iter()
+                    .find(|e| {
+                        e.shard == *shard
+                            && e.task == a.task
+                            && e.t_ms >= a.t_ms
+                            && matches!(e.event.as_str(), "records" | "end" | "finish" | "release")
+                    })
+                    .filter(|e| e.event != "release")
+            };
+            let pair = entries
+                .iter()
+                .filter(|e| {
+                    e.shard == *shard && e.event == "acquire" && e.t_ms >= since_ms && !victims.contains(&e.task)
                 })
-            });
-            match (acquired, read) {
-                (Some(a), Some(r)) if live.contains(&a.task) || r.event == "finish" => {
+                .find_map(|a| read_after(&a).map(|r| (a, r)));
+            match pair {
+                Some((a, r)) if live.contains(&a.task) || r.event == "finish" => {
                     worst = worst.map(|(o, w)| (o.max(a.t_ms - since_ms), w.max(r.t_ms - since_ms)));
                 }
                 _ => worst = None,
