@@ -154,6 +154,11 @@ impl Net {
             let port = format!("p{i}");
             let addr = format!("10.213.{subnet}.{}", 10 + i);
             ip(&["netns", "add", &ns]).unwrap_or_else(|e| fail(e));
+            // Known from here on, so that a failure below still deletes it (drop).
+            net.hosts.insert(
+                h.to_string(),
+                Host { name: h.to_string(), ns: ns.clone(), ip: addr.clone(), port: port.clone() },
+            );
             // The veth is created with each end directly in its namespace: it never exists in
             // the root namespace.
             ip(&["link", "add", "eth0", "netns", &ns, "type", "veth", "peer", "name", &port, "netns", &bridge_ns])
@@ -165,7 +170,6 @@ impl Net {
             ip(&["-n", &ns, "link", "set", "lo", "up"]).unwrap_or_else(|e| fail(e));
             let routes = ip(&["-n", &ns, "route", "show"]).unwrap_or_else(|e| fail(e));
             assert!(!routes.contains("default"), "host {ns} has a default route: {routes}");
-            net.hosts.insert(h.to_string(), Host { name: h.to_string(), ns, ip: addr, port });
         }
         net
     }
