@@ -12,7 +12,7 @@ export SQUALL_ZK ?= 127.0.0.1:$(SQUALL_ZK_PORT)
 export SQUALL_STATE_ENDPOINT ?= $(if $(filter 1,$(SQUALL_USE_DOCKER)),$(SQUALL_KINESIS_ENDPOINT),http://127.0.0.1:$(SQUALL_DYNAMODB_PORT))
 CARGO ?= cargo
 
-.PHONY: all up down lint build test demo bench clean
+.PHONY: all up down lint build test chaos demo bench clean
 
 all: build
 
@@ -41,6 +41,18 @@ test:
 	  $(CARGO) build --workspace --bins --examples && \
 	  ./scripts/test-lanes -- --workspace --lib --bins --tests --examples && \
 	  $(CARGO) test --workspace --doc || status=$$?; \
+	  ./localstack/down; \
+	  exit $$status
+
+# The network fault suite (tests/netfaults.rs, needs root): workers, a 3-node ZooKeeper ensemble
+# and kinesis-local each in its own network namespace; partitions, a leader cut from its followers,
+# latency and loss, a flapping link, Kinesis unreachable. `make test` runs its short partition test
+# only; this runs all of them, one at a time (~6 min), then down (also when a test fails).
+chaos:
+	./localstack/up
+	@status=0; \
+	  $(CARGO) build --examples && \
+	  $(CARGO) test --test netfaults -- --include-ignored --test-threads=1 --nocapture || status=$$?; \
 	  ./localstack/down; \
 	  exit $$status
 

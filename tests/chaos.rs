@@ -20,7 +20,7 @@ use support::TestStream;
 use support::ensemble::Ensemble;
 use support::reliability::{
     CheckpointWatcher, Proc, backwards_moves, child_before_parent, grep_logs, reading_overlaps, spawn_producer,
-    spawn_worker,
+    spawn_worker, tasks_of, wait_reowned,
 };
 use support::workers::{Cluster, live_tasks, owners, read_deliveries, read_log_entries, scratch};
 
@@ -39,24 +39,10 @@ impl Chaos {
 
     /// Task node names whose TaskInfo pid is `pid`.
     async fn tasks_of(&self, pid: u32) -> Vec<String> {
-        let dir = format!("{}/topologies/{}/tasks", self.cluster.zk_root, self.cluster.topology);
-        let mut out = Vec::new();
-        for t in self.zk.list_children(&dir).await.unwrap_or_default() {
-            if let Ok((data, _)) = self.zk.get_data(&format!("{dir}/{t}")).await {
-                let v: serde_json::Value = serde_json::from_slice(&data).unwrap_or_default();
-                if v["pid"].as_u64() == Some(pid as u64) {
-                    out.push(t);
-                }
-            }
-        }
-        out
+        tasks_of(&self.zk, &self.cluster, pid).await
     }
 
-    /// Waits until every one of `shards` (held by `victims` when they failed at `since_ms`) is
-    /// owned by a live task other than the victims that reads it: an `acquire` in that task's
-    /// read log after `since_ms`, followed by a `records`, `end` or `finish` of the shard. Returns
-    /// the failover times from the read logs, the latest over the shards: to the acquisition (the
-    /// new owner holds the lease and starts reading) and to the first read that came back.
+    /// See [`wait_reowned`].
     async fn wait_reowned(
         &self,
         victims: &[String],
@@ -64,42 +50,7 @@ impl Chaos {
         since_ms: i64,
         limit: Duration,
     ) -> (Duration, Duration) {
-        let start = Instant::now();
-        loop {
-            let live = live_tasks(&self.zk, &self.cluster).await;
-            let entries = read_log_entries(&self.cluster.read_logs());
-            let mut worst = Some((0i64, 0i64));
-            for shard in shards {
-                let acquired = entries.iter().find(|e| {
-                    e.shard == *shard && e.event == "acquire" && e.t_ms >= since_ms && !victims.contains(&e.task)
-                });
-                let read = acquired.and_then(|a| {
-                    entries.iter().find(|e| {
-                        e.shard == *shard
-                            && e.task == a.task
-                            && e.t_ms >= a.t_ms
-                            && matches!(e.event.as_str(), "records" | "end" | "finish")
-                    })
-                });
-                match (acquired, read) {
-                    (Some(a), Some(r)) if live.contains(&a.task) || r.event == "finish" => {
-                        worst = worst.map(|(o, w)| (o.max(a.t_ms - since_ms), w.max(r.t_ms - since_ms)));
-                    }
-                    _ => worst = None,
-                }
-            }
-            if let Some((owned, read)) = worst {
-                let ms = |v: i64| Duration::from_millis(v.max(0) as u64);
-                return (ms(owned), ms(read));
-            }
-            assert!(
-                start.elapsed() < limit,
-                "shards {shards:?} of {victims:?} were never read by another task: owners {:?}\n{}",
-                owners(&self.zk, &self.cluster).await,
-                self.cluster.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_reowned(&self.zk, &self.cluster, victims, shards, since_ms, limit).await
     }
 }
 

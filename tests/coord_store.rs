@@ -689,3 +689,54 @@ async fn a_waiting_task_costs_one_watch_and_no_write() {
     assert_eq!(creates, 1);
     eprintln!("WAIT: ops while waiting {seen:?}; ops to take over {:?}", ops.lock().unwrap());
 }
+
+/// A checkpoint write whose answer is lost (it took effect on the server, the client saw
+/// ConnectionLoss: what a flapping link does, found by `netfaults::netns_flapping_link…`) is not
+/// taken for another writer's: writing again from the version known before it is accepted, on
+/// top of it, still fenced by the lease. A version written by anyone else in between is still a
+/// conflict, and so is our own write once the lease is gone.
+#[tokio::test]
+async fn a_checkpoint_write_whose_answer_was_lost_is_not_a_conflict() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let root = TestRoot::new();
+    let a = root.store().await;
+    let shard_id = "shardId-000000000021";
+    let lease = acquired(&a, shard_id).await;
+    let c0 = a.init_checkpoint(shard_id, &Checkpoint::at(CheckpointPosition::TrimHorizon, 1)).await.unwrap();
+    let armed = Arc::new(AtomicBool::new(true));
+    let arm = armed.clone();
+    a.session().inject_faults(Some(Arc::new(move |op, _path: &str| {
+        (op == squall::coord::ZkOp::Multi && arm.swap(false, Ordering::SeqCst))
+            .then_some(squall::coord::InjectedFault::After(zk::Error::ConnectionLoss))
+    })));
+    let mine = |seq: &str| Checkpoint { writer: Some(holder(&a)), ..after(seq, 0) };
+    let err = a.write_checkpoint(&lease, &mine("100"), &c0).await.unwrap_err();
+    assert!(!armed.load(Ordering::SeqCst), "the fault was not injected");
+    assert!(matches!(err, CoordError::Zk { .. }), "{err:?}");
+    let raw = raw_client().await;
+    let path = a.paths().checkpoint(shard_id);
+    let (_, stat) = raw.get_data(&path).await.unwrap();
+    assert_eq!(stat.version, c0.version + 1, "the write whose answer was lost took effect");
+
+    // The caller still knows only c0: its next write is accepted on top of the lost one.
+    let v = a.write_checkpoint(&lease, &mine("200"), &c0).await.expect("our own lost write is not a conflict");
+    assert_eq!(v, c0.version + 2);
+    let c2 = a.read_checkpoint(shard_id).await.unwrap().unwrap();
+    assert_eq!((c2.version, c2.value.position.clone()), (v, mine("200").position));
+
+    // Someone else's version in between: still a conflict.
+    let other = Checkpoint { writer: Some("task-someone-else".into()), ..after("300", 0) };
+    raw.set_data(&path, &serde_json::to_vec(&other).unwrap(), None).await.unwrap();
+    let err = a.write_checkpoint(&lease, &mine("400"), &c2).await.unwrap_err();
+    assert!(matches!(err, CoordError::VersionConflict { .. }), "{err:?}");
+
+    // Our own version in between, but the lease is gone: fenced.
+    let c3 = a.read_checkpoint(shard_id).await.unwrap().unwrap();
+    raw.set_data(&path, &serde_json::to_vec(&mine("500")).unwrap(), None).await.unwrap();
+    raw.delete(&lease.path, None).await.unwrap();
+    let err = a.write_checkpoint(&lease, &mine("600"), &c3).await.unwrap_err();
+    assert!(matches!(err, CoordError::Fenced { .. } | CoordError::VersionConflict { .. }), "{err:?}");
+    let (data, _) = raw.get_data(&path).await.unwrap();
+    let last: Checkpoint = serde_json::from_slice(&data).unwrap();
+    assert_eq!(last.position, mine("500").position, "a write without the lease was accepted");
+}

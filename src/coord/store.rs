@@ -738,8 +738,34 @@ impl ZkStore {
             Err(CoordError::Zk { source: zk::Error::NodeExists, .. }) if mark => {
                 self.commit_checkpoint(lease, &path, cp, current.version, false).await
             }
+            Err(conflict @ CoordError::VersionConflict { .. }) => {
+                self.after_own_lost_write(lease, &path, cp, current, mark).await.unwrap_or(Err(conflict))
+            }
             other => other,
         }
+    }
+
+    /// A version conflict on a checkpoint we hold the lease of. If the version in the way is this
+    /// writer's own (an earlier write of ours took effect but its answer was lost to a connection
+    /// loss, so the caller never learnt its version: a flapping link does this), write again on
+    /// top of it, still fenced by the lease in the same transaction. None when the version in
+    /// the way is someone else's, finished, or ahead of `cp`: the conflict stands.
+    async fn after_own_lost_write(
+        &self,
+        lease: &Lease,
+        path: &str,
+        cp: &Checkpoint,
+        current: &Versioned<Checkpoint>,
+        mark: bool,
+    ) -> Option<Result<i32, CoordError>> {
+        let stored = self.read_checkpoint(&lease.shard_id).await.ok()??;
+        let ours = cp.writer.is_some() && stored.value.writer == cp.writer;
+        if !ours || stored.version <= current.version || stored.value.finished || cp.moves_back_from(&stored.value) {
+            return None;
+        }
+        debug!(shard = %lease.shard_id, version = stored.version, "checkpoint: our own earlier write took effect (its answer was lost); writing on top of it");
+        let mark = mark && !stored.value.finished;
+        Some(self.commit_checkpoint(lease, path, cp, stored.version, mark).await)
     }
 
     async fn commit_checkpoint(

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 pub mod ensemble;
 pub mod faultproxy;
+pub mod netns;
 pub mod ops;
 pub mod reliability;
 pub mod stages;
@@ -67,6 +68,23 @@ impl TestStream {
             .await
             .unwrap_or_else(|e| panic!("creating test stream {name}: {e}. Are the services up (make up)?"));
         TestStream { name, endpoint, client, deleted: false }
+    }
+
+    /// Creates a stream with a unique name on the Kinesis engine at `url` (e.g. one in a test
+    /// network, reached through a relay).
+    pub async fn create_at(url: &str, prefix: &str, shards: i32) -> TestStream {
+        let endpoint = KinesisEndpoint::new(url.to_string(), "us-east-1");
+        let client = endpoint.client().await.expect("kinesis client");
+        let name = unique_name(prefix);
+        squall::kinesis::create_stream(&client, &endpoint.label(), &name, shards)
+            .await
+            .unwrap_or_else(|e| panic!("creating test stream {name} at {url}: {e}"));
+        TestStream { name, endpoint, client, deleted: false }
+    }
+
+    /// Forgets the stream without deleting it (its engine goes away with the test).
+    pub fn forget(mut self) {
+        self.deleted = true;
     }
 
     /// The endpoint label for error messages and helpers.

@@ -333,3 +333,146 @@ pub fn child_before_parent(
     }
     v
 }
+
+/// Task node names whose TaskInfo pid is `pid`.
+pub async fn tasks_of(zk: &zookeeper_client::Client, cluster: &super::workers::Cluster, pid: u32) -> Vec<String> {
+    let dir = format!("{}/topologies/{}/tasks", cluster.zk_root, cluster.topology);
+    let mut out = Vec::new();
+    for t in zk.list_children(&dir).await.unwrap_or_default() {
+        if let Ok((data, _)) = zk.get_data(&format!("{dir}/{t}")).await {
+            let v: serde_json::Value = serde_json::from_slice(&data).unwrap_or_default();
+            if v["pid"].as_u64() == Some(pid as u64) {
+                out.push(t);
+            }
+        }
+    }
+    out
+}
+
+/// Waits until every one of `shards` (held by `victims` when they failed at `since_ms`) is
+/// owned by a live task other than the victims that reads it: an `acquire` in that task's
+/// read log after `since_ms`, followed by a `records`, `end` or `finish` of the shard. Returns
+/// the failover times from the read logs, the latest over the shards: to the acquisition (the
+/// new owner holds the lease and starts reading) and to the first read that came back.
+pub async fn wait_reowned(
+    zk: &zookeeper_client::Client,
+    cluster: &super::workers::Cluster,
+    victims: &[String],
+    shards: &[String],
+    since_ms: i64,
+    limit: Duration,
+) -> (Duration, Duration) {
+    let start = std::time::Instant::now();
+    loop {
+        let live = super::workers::live_tasks(zk, cluster).await;
+        let entries = super::workers::read_log_entries(&cluster.read_logs());
+        let mut worst = Some((0i64, 0i64));
+        for shard in shards {
+            // The first acquisition by another task that was followed by a read of that task (an
+            // owner that handed the shard on before reading it, in a rebalance, does not count).
+            let read_after = |a: &&squall::spout::ReadLogEntry| {
+                entries
+                    .iter()
+                    .find(|e| {
+                        e.shard == *shard
+                            && e.task == a.task
+                            && e.t_ms >= a.t_ms
+                            && matches!(e.event.as_str(), "records" | "end" | "finish" | "release")
+                    })
+                    .filter(|e| e.event != "release")
+            };
+            let pair = entries
+                .iter()
+                .filter(|e| {
+                    e.shard == *shard && e.event == "acquire" && e.t_ms >= since_ms && !victims.contains(&e.task)
+                })
+                .find_map(|a| read_after(&a).map(|r| (a, r)));
+            match pair {
+                Some((a, r)) if live.contains(&a.task) || r.event == "finish" => {
+                    worst = worst.map(|(o, w)| (o.max(a.t_ms - since_ms), w.max(r.t_ms - since_ms)));
+                }
+                _ => worst = None,
+            }
+        }
+        if let Some((owned, read)) = worst {
+            let ms = |v: i64| Duration::from_millis(v.max(0) as u64);
+            return (ms(owned), ms(read));
+        }
+        assert!(
+            start.elapsed() < limit,
+            "shards {shards:?} of {victims:?} were never read by another task: owners {:?}\n{}",
+            super::workers::owners(zk, cluster).await,
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Per (task, shard) reading intervals from the read logs, as [`reading_overlaps`] builds them:
+/// shard -> (task, first acquire, last `records`/`end`) for each ownership.
+pub fn reading_intervals(entries: &[squall::spout::ReadLogEntry]) -> BTreeMap<String, Vec<(String, i64, i64)>> {
+    let mut intervals: BTreeMap<String, Vec<(String, i64, i64)>> = BTreeMap::new();
+    let mut open: BTreeMap<(String, String), (i64, i64)> = BTreeMap::new();
+    for e in entries {
+        let key = (e.shard.clone(), e.task.clone());
+        match e.event.as_str() {
+            "acquire" => {
+                if let Some((s, end)) = open.insert(key.clone(), (e.t_ms, e.t_ms)) {
+                    intervals.entry(key.0).or_default().push((key.1, s, end));
+                }
+            }
+            "records" | "end" => {
+                let iv = open.entry(key).or_insert((e.t_ms, e.t_ms));
+                iv.1 = e.t_ms;
+            }
+            "release" => {
+                if let Some((s, end)) = open.remove(&key) {
+                    intervals.entry(key.0).or_default().push((key.1, s, end));
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((shard, task), (s, end)) in open {
+        intervals.entry(shard).or_default().push((task, s, end));
+    }
+    intervals
+}
+
+/// The longest time two tasks read one shard at once (ms; 0 when never), and the shard.
+pub fn double_read_window(entries: &[squall::spout::ReadLogEntry]) -> (i64, Option<String>) {
+    let mut worst = (0, None);
+    for (shard, ivs) in reading_intervals(entries) {
+        for (i, a) in ivs.iter().enumerate() {
+            for b in &ivs[i + 1..] {
+                if a.0 != b.0 {
+                    let overlap = a.2.min(b.2) - a.1.max(b.1);
+                    if overlap > worst.0 {
+                        worst = (overlap, Some(shard.clone()));
+                    }
+                }
+            }
+        }
+    }
+    worst
+}
+
+/// Checkpoint versions accepted from a fenced owner: a version written by task W of shard S at
+/// mtime m while another task X had acquired S after W's last acquisition of S before m (read
+/// logs). Each entry describes one such accepted write.
+pub fn fenced_writes_accepted(obs: &[Observed], entries: &[squall::spout::ReadLogEntry]) -> Vec<String> {
+    let mut v = Vec::new();
+    for o in obs {
+        let Some(w) = o.cp.writer.as_deref() else { continue };
+        let acquires = entries.iter().filter(|e| e.shard == o.shard && e.event == "acquire" && e.t_ms <= o.mtime_ms);
+        let own = acquires.clone().filter(|e| e.task == w).map(|e| e.t_ms).max();
+        let Some(own) = own else { continue };
+        if let Some(x) = acquires.clone().find(|e| e.task != w && e.t_ms > own) {
+            v.push(format!(
+                "{} v{} written by {w} at {} after {} acquired it at {} (its own acquire {own})",
+                o.shard, o.version, o.mtime_ms, x.task, x.t_ms
+            ));
+        }
+    }
+    v
+}
