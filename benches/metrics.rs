@@ -11,7 +11,9 @@
 //! measures the endpoint's cost directly: the worker process's own CPU time (utime + stime from
 //! `/proc/PID/stat`) over 500 back-to-back scrapes of a worker that owns the 4 shards, minus its
 //! CPU over the same wall time without scrapes, per scrape. At one scrape per second, that CPU
-//! time over 1 s bounds the share of one core the endpoint takes from the worker.
+//! time over 1 s bounds the share of one core the endpoint takes from the worker; divided by
+//! the worker's own CPU while it reads at full speed (utime + stime from its first delivery to
+//! its last, in the runs without the endpoint) it is the share of the worker's work.
 //!
 //! `SQUALL_BENCH_REPS` (rounds, default 5), `SQUALL_BENCH_METRICS_RECORDS` (records in the
 //! stream, default 20000) and `SQUALL_BENCH_SCRAPE_MS` (scrape interval, default 1000) set the
@@ -60,6 +62,8 @@ struct Run {
     rate: f64,
     scrapes: u64,
     scrape_bytes: u64,
+    /// The worker's CPU (cores) from its first delivery to its last.
+    cores: f64,
 }
 
 /// One worker reading the whole stream; records per second (and the scrapes made, if any).
@@ -96,13 +100,24 @@ async fn run(ep: &KinesisEndpoint, stream: &str, records: u64, metrics: bool, ev
     });
     let start = Instant::now();
     let mut lines: Vec<Delivery> = Vec::new();
+    let pid = child.id();
+    // the worker's CPU time when its first delivery showed up, and when the last did
+    let mut busy_from: Option<(f64, Instant)> = None;
+    let mut cores = 0.0;
     while start.elapsed() < Duration::from_secs(300) {
         let text = std::fs::read_to_string(&deliveries).unwrap_or_default();
-        if text.lines().count() as u64 >= records {
+        let n = text.lines().count() as u64;
+        if n > 0 && busy_from.is_none() {
+            busy_from = cpu_secs(pid).ok().map(|c| (c, Instant::now()));
+        }
+        if n >= records {
+            if let (Some((c0, t0)), Ok(c1)) = (busy_from, cpu_secs(pid)) {
+                cores = (c1 - c0) / t0.elapsed().as_secs_f64().max(1e-3);
+            }
             lines = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
             break;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stop.store(true, Ordering::Relaxed);
     if let Some(s) = scraper {
@@ -120,6 +135,7 @@ async fn run(ep: &KinesisEndpoint, stream: &str, records: u64, metrics: bool, ev
         rate: records as f64 / ((last - first).max(1) as f64 / 1e6),
         scrapes,
         scrape_bytes: bytes.load(Ordering::Relaxed),
+        cores,
     })
 }
 
@@ -190,7 +206,7 @@ async fn main() -> anyhow::Result<()> {
     kinesis::create_stream(&client, &label, &stream, 4).await?;
     let opts = PutOptions { count: records, keys: 200, size: 100, ..PutOptions::default() };
     kinesis::put_records(&client, &label, &stream, &opts).await?;
-    let (mut off, mut on) = (Vec::new(), Vec::new());
+    let (mut off, mut on, mut ratios, mut cores) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut result = Ok(());
     for rep in 0..reps {
         // ABBA order: the run that goes second in a round finds the engine warmer, so the
@@ -211,36 +227,50 @@ async fn main() -> anyhow::Result<()> {
         pair.sort_by_key(|(metrics, _)| *metrics);
         let (a, b) = (&pair[0].1, &pair[1].1);
         println!(
-            "metrics rep {rep}: off {:.0} records/s, on {:.0} records/s ({} scrapes, {} bytes each), ratio {:.3}",
+            "metrics rep {rep} ({}): off {:.0} records/s ({:.2} cores), on {:.0} records/s ({:.2} cores; {} scrapes, {} \
+             bytes each), ratio {:.3}",
+            if rep % 2 == 0 { "off, on" } else { "on, off" },
             a.rate,
+            a.cores,
             b.rate,
+            b.cores,
             b.scrapes,
             b.scrape_bytes / b.scrapes.max(1),
             b.rate / a.rate
         );
         off.push(a.rate);
         on.push(b.rate);
+        ratios.push(b.rate / a.rate);
+        cores.push(a.cores);
     }
     let direct = if result.is_ok() { Some(cpu_per_scrape(&ep, &stream, 500).await) } else { None };
     let _ = kinesis::delete_stream(&client, &label, &stream).await;
     result?;
+    let busy = common::median(&cores);
     if let Some(d) = direct {
         let (cpu, wall, bytes) = d?;
+        let per_s = cpu / every.as_secs_f64();
         println!(
             "metrics: the worker's CPU per scrape {:.3} ms ({bytes} bytes; {:.3} ms wall each, 500 back to back, idle CPU \
-             subtracted): at one scrape per {every:?}, {:.3}% of one core",
+             subtracted): at one scrape per {every:?}, {:.3}% of one core, {:.3}% of the worker's CPU at full \
+             throughput ({busy:.2} cores, median of the runs without the endpoint)",
             cpu * 1e3,
             wall * 1e3,
-            cpu / every.as_secs_f64() * 100.0
+            per_s * 100.0,
+            per_s / busy.max(1e-9) * 100.0
         );
     }
     let (a, b) = (common::median(&off), common::median(&on));
+    let (lo, hi) = ratios.iter().fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
     println!(
         "metrics: {records} records, 4 shards, {}: without the endpoint {a:.0}/s, with it scraped every {every:?} {b:.0}/s \
-         (median of {reps} interleaved), ratio {:.3} (cost {:+.1}%)",
+         (median of {} interleaved rounds), ratio of medians {:.3} (cost {:+.1}%); per-round ratios: median {:.3}, \
+         range {lo:.3}-{hi:.3}",
         ep.endpoint,
+        ratios.len(),
         b / a,
-        (1.0 - b / a) * 100.0
+        (1.0 - b / a) * 100.0,
+        common::median(&ratios)
     );
     Ok(())
 }
