@@ -6,6 +6,11 @@
 //! taken from the page chromium rendered), and change the state in ZooKeeper; a POST without
 //! the token, with a foreign Origin or with none is refused (403) and changes nothing. With
 //! digest auth, the UI started without credentials cannot act and says why; with them it can.
+//! Live figures: a worker with `--metrics-addr 127.0.0.1:0` publishes the port it really got, and
+//! the page shows, for each shard it owns, the records read its `/metrics` reports (equal to what
+//! the test put into that shard) and its ZooKeeper session and spout acks; a second worker whose
+//! published address refuses connections (`--metrics-advertise 127.0.0.2`, checked) is shown as
+//! unreachable, its shard without live figures, and the rest of the page is intact.
 //! Screenshots are kept in the test's scratch directory (their paths are printed).
 
 mod support;
