@@ -227,6 +227,40 @@ pub fn parse_metrics_addr(s: &str) -> Result<SocketAddr, String> {
     })
 }
 
+/// Checks `--metrics-advertise`: a host name or an IP address, without a port.
+pub fn parse_advertise_host(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    let bare = s.trim_start_matches('[').trim_end_matches(']');
+    let ok = !s.is_empty()
+        && (bare.parse::<std::net::IpAddr>().is_ok()
+            || s.split('.')
+                .all(|l| !l.is_empty() && l.len() <= 63 && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')));
+    if ok {
+        Ok(bare.to_string())
+    } else {
+        Err(format!(
+            "{s:?} is not a host name or IP address: pass the name or IP other machines reach this worker by \
+             (e.g. the pod IP, 10.0.3.7, or worker-1.internal), without a port"
+        ))
+    }
+}
+
+/// The `host:port` a worker publishes for its endpoint listening on `bound` (the port really
+/// bound): `advertise` when given, else the bound IP, or `hostname` when the bound IP is
+/// unspecified (`0.0.0.0` or `::` cannot be dialed).
+pub fn advertised_addr(bound: SocketAddr, advertise: Option<&str>, hostname: &str) -> String {
+    let host = match advertise {
+        Some(h) => h.to_string(),
+        None if bound.ip().is_unspecified() => hostname.to_string(),
+        None => bound.ip().to_string(),
+    };
+    if host.parse::<std::net::Ipv6Addr>().is_ok() {
+        format!("[{host}]:{}", bound.port())
+    } else {
+        format!("{host}:{}", bound.port())
+    }
+}
+
 /// What a stage of the worker exposes: its engine counters and its Kinesis spout tasks.
 #[derive(Debug, Clone)]
 pub struct StageSource {
@@ -515,6 +549,24 @@ mod tests {
         for bad in ["", "x", "99999", "localhost", "1.2.3.4", "1.2.3.4:x"] {
             let e = parse_metrics_addr(bad).unwrap_err();
             assert!(e.contains("9464") && e.contains("IP:PORT"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_published_address_is_dialable() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(advertised_addr(a("127.0.0.1:9464"), None, "h1"), "127.0.0.1:9464");
+        assert_eq!(advertised_addr(a("10.0.3.7:9464"), None, "h1"), "10.0.3.7:9464");
+        assert_eq!(advertised_addr(a("0.0.0.0:9464"), None, "h1"), "h1:9464");
+        assert_eq!(advertised_addr(a("[::]:9464"), None, "h1"), "h1:9464");
+        assert_eq!(advertised_addr(a("0.0.0.0:9464"), Some("10.0.3.7"), "h1"), "10.0.3.7:9464");
+        assert_eq!(advertised_addr(a("[::]:9464"), Some("fd00::7"), "h1"), "[fd00::7]:9464");
+        assert_eq!(parse_advertise_host("worker-1.internal").unwrap(), "worker-1.internal");
+        assert_eq!(parse_advertise_host("[fd00::7]").unwrap(), "fd00::7");
+        assert_eq!(parse_advertise_host(" 10.0.3.7 ").unwrap(), "10.0.3.7");
+        for bad in ["", "10.0.3.7:9464", "http://x", "a..b", "a b"] {
+            let e = parse_advertise_host(bad).unwrap_err();
+            assert!(e.contains("without a port"), "{bad}: {e}");
         }
     }
 

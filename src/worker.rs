@@ -112,6 +112,11 @@ pub struct WorkerArgs {
     /// docs/metrics.md.
     #[arg(long, env = "SQUALL_METRICS_ADDR", value_parser = crate::metrics::parse_metrics_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The host name or IP others (`squall ui`) dial to reach the metrics endpoint; the worker
+    /// publishes `HOST:PORT` in its status znode. Default: the `--metrics-addr` IP, or this
+    /// host's name when that IP is unspecified (`0.0.0.0`, `::`).
+    #[arg(long, env = "SQUALL_METRICS_ADVERTISE", value_parser = crate::metrics::parse_advertise_host)]
+    pub metrics_advertise: Option<String>,
 }
 
 fn parse_secret(s: &str) -> Result<crate::coord::Secret, std::convert::Infallible> {
@@ -236,10 +241,13 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
     let since = now_ms();
     // The metrics endpoint listens before anything connects: a busy address fails at once.
     let metrics = Arc::new(crate::metrics::WorkerSource::new(args.topology.clone()));
-    let _metrics_server = match args.metrics_addr {
+    let metrics_server = match args.metrics_addr {
         Some(addr) => Some(crate::metrics::MetricsServer::start(addr, metrics.clone()).await?),
         None => None,
     };
+    let metrics_addr = metrics_server
+        .as_ref()
+        .map(|m| crate::metrics::advertised_addr(m.local_addr(), args.metrics_advertise.as_deref(), &identity.host));
 
     // One ZooKeeper session for the whole worker: its lifecycle loop and every spout task.
     let session = SharedSession::connect(&zk, Duration::from_millis(args.zk_give_up_after_ms))
@@ -267,7 +275,7 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
     let mut published: Option<(WorkerStatus, std::time::Instant)> = None;
     let mut last_state = state.state;
     let mut wait = Duration::from_millis(args.message_timeout_ms);
-    let status = |engines: &Engines| worker_status(&identity, since, engines);
+    let status = |engines: &Engines| worker_status(&identity, since, engines, metrics_addr.clone());
     let mut draining = false;
     let mut failure: Option<String> = None;
     check_drain(&store, &engines, &deployment, &mut draining).await;
@@ -771,7 +779,7 @@ pub async fn ensure_deployment(store: &ZkStore) -> anyhow::Result<TopologyState>
     anyhow::bail!("could not settle the topology state: too many concurrent writers")
 }
 
-fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines) -> WorkerStatus {
+fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines, metrics_addr: Option<String>) -> WorkerStatus {
     let mut tasks = Vec::new();
     let mut shards = std::collections::BTreeMap::new();
     let mut components = serde_json::Map::new();
@@ -844,6 +852,7 @@ fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines) -> WorkerSt
         stages: if stages.len() > 1 { stages } else { Vec::new() },
         kpl,
         stream: primary.to_string(),
+        metrics_addr,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The metric names cannot drift (no services needed): the families a worker's registry exposes
 //! (built by the same function the worker's endpoint uses), the ones docs/metrics.md documents
-//! (with their types) and the ones the Grafana dashboard (deploy/grafana/squall.json) queries.
+//! (with their types) and the ones the Grafana dashboard (deploy/grafana/squall.json) queries;
+//! and the deploy files (Kubernetes, systemd) set an endpoint where Prometheus and `squall ui` look.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -128,4 +129,46 @@ fn the_names_follow_prometheus_conventions() {
         assert_eq!(name.ends_with("_total"), ty == "counter", "{name} {ty}: counters and only counters end in _total");
         assert!(!name.contains("millis") && !name.ends_with("_ms"), "{name}: use base units (seconds)");
     }
+}
+
+/// The value after `key` (`key: value` or `KEY=value`) on the first line holding it, unquoted.
+fn setting(text: &str, key: &str) -> Option<String> {
+    text.lines().map(str::trim).filter(|l| !l.starts_with('#')).find_map(|l| {
+        l.strip_prefix(key).map(|v| v.trim_start_matches([':', '=']).trim().trim_matches('"').to_string())
+    })
+}
+
+#[test]
+fn the_deploy_files_serve_metrics_where_prometheus_and_the_ui_look() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let k8s = std::fs::read_to_string(format!("{root}/deploy/k8s/deployment.yaml")).unwrap();
+    // the worker listens on every interface of the pod, on the port the annotations and the
+    // container port name, and publishes the pod IP from the downward API
+    let addr = k8s
+        .split("- name: SQUALL_METRICS_ADDR")
+        .nth(1)
+        .and_then(|r| setting(r, "value"))
+        .expect("SQUALL_METRICS_ADDR in the pod's env");
+    let addr = squall::metrics::parse_metrics_addr(&addr).unwrap();
+    assert!(addr.ip().is_unspecified(), "{addr}: kubectl port-forward and the pod IP must both reach it");
+    let port = addr.port().to_string();
+    assert_eq!(setting(&k8s, "prometheus.io/port").as_deref(), Some(port.as_str()));
+    assert_eq!(setting(&k8s, "prometheus.io/scrape").as_deref(), Some("true"));
+    assert_eq!(setting(&k8s, "prometheus.io/path").as_deref(), Some("/metrics"));
+    let ports = k8s.split("ports:").nth(1).expect("container ports");
+    assert_eq!(setting(ports, "- name").as_deref(), Some("metrics"));
+    assert_eq!(setting(ports, "containerPort").as_deref(), Some(port.as_str()));
+    let advertise = k8s.split("- name: SQUALL_METRICS_ADVERTISE").nth(1).and_then(|r| setting(r, "value"));
+    assert_eq!(advertise.as_deref(), Some("$(POD_IP)"));
+    let pod_ip = k8s.split("- name: POD_IP").nth(1).expect("POD_IP in the pod's env");
+    assert_eq!(setting(pod_ip, "fieldPath").as_deref(), Some("status.podIP"));
+    assert!(
+        k8s.find("- name: POD_IP") < k8s.find("- name: SQUALL_METRICS_ADVERTISE"),
+        "$(POD_IP) expands only after it"
+    );
+
+    // systemd: a valid address (loopback by default)
+    let env = std::fs::read_to_string(format!("{root}/deploy/systemd/squall-worker.env")).unwrap();
+    let addr = setting(&env, "SQUALL_METRICS_ADDR").expect("SQUALL_METRICS_ADDR in squall-worker.env");
+    assert!(squall::metrics::parse_metrics_addr(&addr).unwrap().ip().is_loopback(), "{addr}");
 }

@@ -6,6 +6,11 @@
 //! taken from the page chromium rendered), and change the state in ZooKeeper; a POST without
 //! the token, with a foreign Origin or with none is refused (403) and changes nothing. With
 //! digest auth, the UI started without credentials cannot act and says why; with them it can.
+//! Live figures: a worker with `--metrics-addr 127.0.0.1:0` publishes the port it really got, and
+//! the page shows, for each shard it owns, the records read its `/metrics` reports (equal to what
+//! the test put into that shard) and its ZooKeeper session and spout acks; a second worker whose
+//! published address refuses connections (`--metrics-advertise 127.0.0.2`, checked) is shown as
+//! unreachable, its shard without live figures, and the rest of the page is intact.
 //! Screenshots are kept in the test's scratch directory (their paths are printed).
 
 mod support;
@@ -416,5 +421,137 @@ async fn without_credentials_the_ui_cannot_act_on_a_digest_protected_topology_an
     assert_eq!(w.stop(Duration::from_secs(30)), Some(0));
     drop((ui, anon));
     support::zk_delete_tree(&authed, &cluster.zk_root).await;
+    s.delete().await;
+}
+
+/// The value of attribute `attr` of the workers table's row of `worker`'s live cell
+/// (`<td data-metrics=...>`).
+fn worker_live_attr(dom: &str, worker: &str, attr: &str) -> Option<String> {
+    let row = dom.find(&format!("<tr data-worker=\"{worker}\""))?;
+    let rest = &dom[row..];
+    // each worker row has one cell with data-metrics, after its nested counter tables
+    let at = rest.find("<td data-metrics=\"")?;
+    let tag = &rest[at..at + rest[at..].find('>')?];
+    tag.split(&format!(" {attr}=\"")).nth(1).and_then(|r| r.split('"').next()).map(str::to_string)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn page_shows_live_figures_from_the_workers_metrics_and_marks_an_unreachable_endpoint() {
+    const PUT: u64 = 120;
+    let s = TestStream::create("ui-live", 2).await;
+    let dir = scratch("ui-live");
+    let cluster = Cluster::new(&s.name, &dir);
+    let opts = PutOptions { count: PUT, keys: 12, ..PutOptions::default() };
+    let m = kinesis::put_records(&s.client, &s.label(), &s.name, &opts).await.unwrap().manifest;
+    // w1 listens on a port the OS picks: it must publish the port it really listens on.
+    let mut w1 = cluster.start_with("w1", 1, &["--metrics-addr", "127.0.0.1:0"]);
+    let r = cluster.wait_delivered(std::slice::from_ref(&m), Duration::from_secs(60)).await;
+    assert_eq!(r.lost, 0, "{r:?}\n{}", cluster.logs());
+    // What w1 read from each shard: the distinct records it delivered (it read everything).
+    let mut per_shard: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+    for d in support::workers::read_deliveries(&cluster.delivery_files()) {
+        per_shard.entry(d.shard.clone()).or_default().insert(format!("{}/{}", d.sequence, d.sub_sequence));
+    }
+    assert_eq!(per_shard.values().map(|v| v.len() as u64).sum::<u64>(), PUT);
+    // w2 listens on loopback but advertises 127.0.0.2, where nothing listens: its published
+    // metrics address cannot be dialed (a misconfigured --metrics-advertise, a firewall).
+    let mut w2 = cluster.start_with("w2", 1, &["--metrics-addr", "127.0.0.1:0", "--metrics-advertise", "127.0.0.2"]);
+    let ui = Ui::start(&cluster, "ui-live", None);
+    let zk = support::zk_client().await;
+    let topo = cluster.topology.clone();
+
+    // Both workers published their address, and each owns one shard.
+    let start = Instant::now();
+    let (addr1, addr2, id1, id2) = loop {
+        let st = api_status(&ui, &topo).await;
+        let by_pid = |pid: u32| {
+            st["workers"].as_array().unwrap().iter().find(|w| w["pid"] == pid).map(|w| {
+                (w["metrics_addr"].as_str().unwrap_or("").to_string(), w["worker_id"].as_str().unwrap().to_string())
+            })
+        };
+        let owners = support::workers::owners(&zk, &cluster).await;
+        let distinct: std::collections::BTreeSet<&String> = owners.values().collect();
+        if let (Some((a1, i1)), Some((a2, i2))) = (by_pid(w1.pid()), by_pid(w2.pid()))
+            && owners.len() == 2
+            && distinct.len() == 2
+        {
+            break (a1, a2, i1, i2);
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "not settled: {st}\n{owners:?}\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let port = |a: &str| a.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()).unwrap_or(0);
+    assert!(addr1.starts_with("127.0.0.1:") && port(&addr1) != 0, "w1 published {addr1:?}");
+    assert!(addr2.starts_with("127.0.0.2:") && port(&addr2) != 0, "w2 published {addr2:?}");
+    // The fault is real: w2's published address refuses connections, while its endpoint itself
+    // answers on loopback.
+    assert!(tokio::net::TcpStream::connect(&addr2).await.is_err(), "{addr2} accepted a connection");
+    let (code, body) = http(&format!("127.0.0.1:{}", port(&addr2)), "GET", "/metrics", &[], "").await;
+    assert!(code == 200 && body.contains("squall_build_info"), "w2's endpoint itself: {code} {body}");
+
+    let page = ui.url(&format!("/topology/{topo}"));
+    let mut attempts = 0;
+    loop {
+        let before = support::workers::owners(&zk, &cluster).await;
+        let st = api_status(&ui, &topo).await;
+        let dom = dump_dom(&dir, &page).await;
+        let after = support::workers::owners(&zk, &cluster).await;
+        if before != after && attempts < 3 {
+            attempts += 1;
+            continue; // ownership moved while chromium loaded the page
+        }
+        assert!(live_updates(&dom) >= 1, "the live script did not run: {dom}");
+        let tasks_of = |id: &str| -> Vec<String> {
+            st["workers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|w| w["worker_id"] == id)
+                .flat_map(|w| {
+                    w["tasks"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        let (tasks1, tasks2) = (tasks_of(&id1), tasks_of(&id2));
+        for (shard, owner) in &after {
+            // the ZooKeeper data is there either way
+            assert_eq!(row_attr(&dom, shard, "data-owner").as_deref(), Some(owner.as_str()), "{dom}");
+            if tasks1.contains(owner) {
+                // figures from w1's /metrics: what it read of this shard, with no throttles
+                assert_eq!(row_attr(&dom, shard, "data-live-from").as_deref(), Some(id1.as_str()), "{dom}");
+                let expect = per_shard.get(shard).map_or(0, |v| v.len()).to_string();
+                assert_eq!(row_attr(&dom, shard, "data-live-records"), Some(expect), "shard {shard}: {dom}");
+                assert_eq!(row_attr(&dom, shard, "data-live-throttles").as_deref(), Some("0"), "{dom}");
+                eprintln!(
+                    "shard {shard}: records read from w1's /metrics {:?}",
+                    row_attr(&dom, shard, "data-live-records")
+                );
+            } else {
+                assert!(tasks2.contains(owner), "owner {owner} of {shard} is neither worker's: {st}");
+                assert_eq!(row_attr(&dom, shard, "data-live-records"), None, "w2's shard has live figures: {dom}");
+            }
+        }
+        assert!(after.values().any(|o| tasks1.contains(o)) && after.values().any(|o| tasks2.contains(o)), "{after:?}");
+        assert_eq!(worker_live_attr(&dom, &id1, "data-metrics").as_deref(), Some("ok"), "{dom}");
+        assert_eq!(worker_live_attr(&dom, &id1, "data-metrics-addr").as_deref(), Some(addr1.as_str()));
+        assert_eq!(worker_live_attr(&dom, &id1, "data-zk-connected").as_deref(), Some("1"), "{dom}");
+        let acked = dom
+            .split("data-live-component=\"kinesis\" data-acked=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .expect("the kinesis spout's live counters");
+        assert!(acked >= PUT, "w1's spout acked {acked} < {PUT}: {dom}");
+        assert_eq!(worker_live_attr(&dom, &id2, "data-metrics").as_deref(), Some("unreachable"), "{dom}");
+        assert_eq!(worker_live_attr(&dom, &id2, "data-metrics-addr").as_deref(), Some(addr2.as_str()));
+        assert!(dom.contains("data-state=\"ACTIVE\"") && dom.contains("max MillisBehindLatest"), "{dom}");
+        break;
+    }
+    screenshot(&dir, "topology-live", &page).await;
+
+    assert_eq!(w1.stop(Duration::from_secs(30)), Some(0));
+    assert_eq!(w2.stop(Duration::from_secs(30)), Some(0));
+    drop(ui);
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
     s.delete().await;
 }

@@ -523,6 +523,9 @@ pub struct WorkerReport {
     /// KPL de-aggregation counters (aggregates, user records, hash-range drops, corrupt).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kpl: Option<crate::coord::KplRuntime>,
+    /// Where its Prometheus endpoint can be dialed (`host:port`), when it serves one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_addr: Option<String>,
 }
 
 /// A stream in [`StatusReport`].
@@ -722,6 +725,7 @@ pub(crate) async fn status_report(cfg: &ZkConfig, topology: &str) -> anyhow::Res
             since_ms: w.since_ms,
             components: w.components,
             kpl: (w.kpl != crate::coord::KplRuntime::default()).then_some(w.kpl),
+            metrics_addr: w.metrics_addr,
         });
     }
     // the workers key their primary stream's shards by id, any other stream's by `{stream}/{id}`
@@ -966,6 +970,7 @@ mod tests {
                     since_ms: 0,
                     components: serde_json::Value::Null,
                     kpl: None,
+                    metrics_addr: None,
                 })
                 .collect(),
             streams: vec![StreamReport {

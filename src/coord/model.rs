@@ -263,6 +263,10 @@ pub struct WorkerStatus {
     /// tasks by name in `tasks`); those of any other stream by `{stream}/{id}`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub stream: String,
+    /// Where the worker's Prometheus endpoint (`--metrics-addr`) can be dialed, `host:port`
+    /// (the port it really listens on; see `--metrics-advertise`); absent without an endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_addr: Option<String>,
 }
 
 /// KPL de-aggregation counters of a worker, since it started.

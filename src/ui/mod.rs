@@ -9,7 +9,11 @@
 //! What it reads it reads from ZooKeeper with the CLI's own functions (`squall topology list`,
 //! `squall status`), at each request: `/` lists the topologies, `/topology/{name}` shows one
 //! (state, workers, each stream's shards with their lineage, owners, checkpoints, lag and
-//! errors, stages), and a small inline script refreshes the live part every 2 s from
+//! errors, stages). A topology's page also shows the live figures of every worker that serves
+//! a metrics endpoint ([`live`]: its address is in its status znode; scraped concurrently, 500 ms
+//! each, an unreachable one marked so): per shard, what its owner reports (MillisBehindLatest,
+//! records read, GetRecords, throttles, read errors), per worker its ZooKeeper session and
+//! per-component emitted / acked / failed. A small inline script refreshes the live part every 2 s from
 //! `/topology/{name}/live` (an HTML fragment of the same renderer). `/api/topologies` and
 //! `/api/topology/{name}` serve the same data as JSON (the `squall status --json` schema).
 //!
@@ -23,6 +27,7 @@
 //! with those credentials; without them, a topology whose znodes are creator-only is "not
 //! authorized", and the page says how to fix it.
 
+pub(crate) mod live;
 pub(crate) mod page;
 
 use std::net::SocketAddr;
@@ -149,6 +154,8 @@ struct AppState {
     port: u16,
     /// Check that `Host` names a loopback address (false with --allow-remote).
     loopback_only: bool,
+    /// Scrapes the workers' metrics endpoints.
+    scraper: live::Scraper,
 }
 
 type Shared = Arc<AppState>;
@@ -172,6 +179,7 @@ pub async fn serve(cfg: UiConfig) -> anyhow::Result<()> {
         token: random_hex(32),
         port: addr.port(),
         loopback_only: !cfg.allow_remote,
+        scraper: live::scraper(),
     });
     {
         use std::io::Write as _;
@@ -383,7 +391,10 @@ fn api_error(st: &AppState, e: &anyhow::Error) -> Response {
 
 async fn topology_fragment(st: &AppState, name: &str) -> (StatusCode, String) {
     match ops::status_report(&st.zk, name).await {
-        Ok(r) => (StatusCode::OK, page::topology_fragment(&r)),
+        Ok(r) => {
+            let live = live::scrape_workers(&st.scraper, &r.workers).await;
+            (StatusCode::OK, page::topology_fragment(&r, &live))
+        }
         Err(e) => {
             let (status, msg) = failure(st, &e);
             (status, page::error_box(&format!("Cannot read topology {name:?}"), &msg))

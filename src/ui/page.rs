@@ -11,6 +11,7 @@ use aws_sdk_kinesis::primitives::{DateTime, DateTimeFormat};
 use crate::cli::{ShardReport, StageReport, StatusReport, StreamReport, TopologySummary, WorkerReport};
 
 use super::Action;
+use super::live::{LiveView, WorkerMetrics};
 
 /// HTML-escapes text for element content and quoted attribute values.
 pub(crate) fn esc(s: &str) -> String {
@@ -197,7 +198,9 @@ pub(crate) fn topology_page(name: &str, fragment: &str) -> String {
 }
 
 /// The live part of a topology's page.
-pub(crate) fn topology_fragment(r: &StatusReport) -> String {
+/// The live part of a topology's page: the ZooKeeper data of `r`, with the figures the workers'
+/// metrics endpoints answered (`live`) beside it.
+pub(crate) fn topology_fragment(r: &StatusReport, live: &LiveView) -> String {
     let mut h = String::new();
     let all_streams: Vec<&StreamReport> =
         r.streams.iter().chain(r.stages.iter().filter_map(|s| s.stream.as_ref())).collect();
@@ -215,24 +218,24 @@ pub(crate) fn topology_fragment(r: &StatusReport) -> String {
         lag = max_lag.map(|m| format!("{m} ms")).unwrap_or_else(|| "-".into()),
         ecls = if failing > 0 { "err" } else { "" },
     );
-    workers(&mut h, &r.workers);
+    workers(&mut h, &r.workers, live);
     for s in &r.streams {
         let _ = write!(h, "<h2>Stream <span class=\"mono\">{}</span></h2>", esc(&s.stream));
-        stream(&mut h, s);
+        stream(&mut h, s, live);
     }
     if !r.stages.is_empty() {
-        stages(&mut h, &r.stages, r.workers.is_empty());
+        stages(&mut h, &r.stages, r.workers.is_empty(), live);
     }
     h
 }
 
-fn workers(h: &mut String, workers: &[WorkerReport]) {
+fn workers(h: &mut String, workers: &[WorkerReport], live: &LiveView) {
     let _ = write!(h, "<h2>Workers ({})</h2>", workers.len());
     if workers.is_empty() {
         h.push_str("<p class=\"muted\">No live worker.</p>");
         return;
     }
-    h.push_str("<table id=\"workers\"><tr><th>worker</th><th>host</th><th>pid</th><th>tasks</th><th>since (UTC)</th><th>components</th></tr>");
+    h.push_str("<table id=\"workers\"><tr><th>worker</th><th>host</th><th>pid</th><th>tasks</th><th>since (UTC)</th><th>components</th><th>live (its /metrics)</th></tr>");
     for w in workers {
         let _ = write!(
             h,
@@ -251,9 +254,63 @@ fn workers(h: &mut String, workers: &[WorkerReport]) {
                 k.aggregates, k.user_records, k.out_of_range, k.corrupt
             );
         }
-        h.push_str("</td></tr>");
+        h.push_str("</td>");
+        worker_live(h, live.workers.get(&w.worker_id));
+        h.push_str("</tr>");
     }
     h.push_str("</table>");
+}
+
+/// A worker's cell of live figures: its ZooKeeper session and per-component counters from its
+/// endpoint, or why there are none.
+fn worker_live(h: &mut String, m: Option<&WorkerMetrics>) {
+    match m {
+        None | Some(WorkerMetrics::NotServed) => h.push_str(
+            "<td data-metrics=\"none\"><span class=\"muted\">no endpoint (started without --metrics-addr)</span></td>",
+        ),
+        Some(WorkerMetrics::Unreachable { addr, why }) => {
+            let _ = write!(
+                h,
+                "<td data-metrics=\"unreachable\" data-metrics-addr=\"{a}\"><b class=\"err\">unreachable</b> \
+<span class=\"mono\">{a}</span><div class=\"mono muted\">{why}</div></td>",
+                a = esc(addr),
+                why = esc(why),
+            );
+        }
+        Some(WorkerMetrics::Live(l)) => {
+            let zk = match l.zk_connected {
+                Some(true) => "<b>connected</b>",
+                Some(false) => "<b class=\"err\">disconnected</b>",
+                None => "<span class=\"muted\">no session yet</span>",
+            };
+            let _ = write!(
+                h,
+                "<td data-metrics=\"ok\" data-metrics-addr=\"{a}\" data-zk-connected=\"{c}\"><div class=\"mono\">{a}</div>\
+<div>ZooKeeper {zk}, {req} requests, {exp} session expirations</div>",
+                a = esc(&l.addr),
+                c = l.zk_connected.map_or("", |c| if c { "1" } else { "0" }),
+                req = l.zk_requests,
+                exp = l.zk_expirations,
+            );
+            if !l.components.is_empty() {
+                h.push_str("<table class=\"counters\"><tr><th>component</th><th>emitted</th><th>acked</th><th>failed</th></tr>");
+                for (name, c) in &l.components {
+                    let _ = write!(
+                        h,
+                        "<tr data-live-component=\"{n}\" data-acked=\"{acked}\"><td class=\"mono\">{n}</td><td class=\"num\">{emitted}</td>\
+<td class=\"num\">{acked}</td><td class=\"num{fcls}\">{failed}</td></tr>",
+                        n = esc(name),
+                        emitted = c.emitted,
+                        acked = c.acked,
+                        failed = c.failed,
+                        fcls = if c.failed > 0 { " err" } else { "" },
+                    );
+                }
+                h.push_str("</table>");
+            }
+            h.push_str("</td>");
+        }
+    }
 }
 
 /// Per-component counters: one row per component, one column per numeric counter any
@@ -323,7 +380,7 @@ fn summary(name: &str, v: &serde_json::Value) -> Option<String> {
     }
 }
 
-fn stream(h: &mut String, s: &StreamReport) {
+fn stream(h: &mut String, s: &StreamReport, live: &LiveView) {
     if let Some(e) = &s.error {
         h.push_str(&error_box("Nothing of this stream is read", e));
     }
@@ -340,16 +397,29 @@ fn stream(h: &mut String, s: &StreamReport) {
     let children = children_of(&s.shards);
     let _ = write!(
         h,
-        "<table class=\"shards\" data-stream=\"{}\"><tr><th>shard</th><th>state</th><th>parents</th><th>children</th><th>owner</th><th>assigned to</th><th>checkpoint</th><th>MillisBehindLatest</th><th>GetRecords</th><th>error</th></tr>",
+        "<table class=\"shards\" data-stream=\"{}\"><tr><th>shard</th><th>state</th><th>parents</th><th>children</th><th>owner</th><th>assigned to</th><th>checkpoint</th><th>MillisBehindLatest</th><th>GetRecords</th>\
+<th title=\"from the owner's /metrics\">live lag ms</th><th title=\"from the owner's /metrics\">records read</th>\
+<th title=\"from the owner's /metrics\">throttles</th><th title=\"from the owner's /metrics: failed reads of every kind\">read errors</th><th>error</th></tr>",
         esc(&s.stream)
     );
     for sh in &s.shards {
         let kids = children.get(sh.shard_id.as_str()).map(|k| k.join(", ")).unwrap_or_default();
+        let now = live.shard(&s.stream, &sh.shard_id, sh.owner.as_deref());
+        let live_attrs = match now {
+            Some((worker, l)) => format!(
+                " data-live-from=\"{}\" data-live-records=\"{}\" data-live-throttles=\"{}\" data-live-errors=\"{}\"",
+                esc(worker),
+                l.records_read,
+                l.throttles,
+                l.read_errors
+            ),
+            None => String::new(),
+        };
         let _ = write!(
             h,
-            "<tr data-shard=\"{id}\" data-owner=\"{owner_attr}\" data-parents=\"{parents}\" data-children=\"{kids}\">\
+            "<tr data-shard=\"{id}\" data-owner=\"{owner_attr}\" data-parents=\"{parents}\" data-children=\"{kids}\"{live_attrs}>\
 <td class=\"mono\">{id}</td><td>{state}</td><td class=\"mono\">{parents_text}</td><td class=\"mono\">{kids_text}</td>\
-<td class=\"mono\">{owner}</td><td class=\"mono\">{assigned}</td><td class=\"mono\">{cp}</td><td class=\"num\">{lag}</td><td class=\"num\">{calls}</td><td>",
+<td class=\"mono\">{owner}</td><td class=\"mono\">{assigned}</td><td class=\"mono\">{cp}</td><td class=\"num\">{lag}</td><td class=\"num\">{calls}</td>{live_cells}<td>",
             id = esc(&sh.shard_id),
             owner_attr = esc(sh.owner.as_deref().unwrap_or("")),
             parents = esc(&sh.parent_shard_ids.join(" ")),
@@ -362,6 +432,7 @@ fn stream(h: &mut String, s: &StreamReport) {
             cp = esc(sh.checkpoint.as_deref().unwrap_or("-")),
             lag = sh.millis_behind_latest.map(|m| m.to_string()).unwrap_or_else(|| "-".into()),
             calls = sh.get_records_calls,
+            live_cells = live_cells(now.map(|(_, l)| l)),
         );
         if let Some(e) = &sh.error {
             let _ = write!(
@@ -378,6 +449,26 @@ fn stream(h: &mut String, s: &StreamReport) {
         h.push_str("</td></tr>");
     }
     h.push_str("</table>");
+}
+
+/// The shard row's cells of its owner's live figures ("-" when its owner's worker serves no
+/// reachable endpoint).
+fn live_cells(l: Option<&super::live::ShardLive>) -> String {
+    match l {
+        None => {
+            "<td class=\"num muted\" colspan=\"4\" title=\"its owner's worker serves no reachable /metrics\">-</td>"
+                .into()
+        }
+        Some(l) => format!(
+            "<td class=\"num\">{lag}</td><td class=\"num\">{rec}</td><td class=\"num{tcls}\">{thr}</td><td class=\"num{ecls}\">{err}</td>",
+            lag = l.behind_latest_ms.map_or_else(|| "-".to_string(), |m| m.to_string()),
+            rec = l.records_read,
+            thr = l.throttles,
+            err = l.read_errors,
+            tcls = if l.throttles > 0 { " err" } else { "" },
+            ecls = if l.read_errors > 0 { " err" } else { "" },
+        ),
+    }
 }
 
 fn or_dash(s: &str) -> String {
@@ -498,7 +589,7 @@ fn lineage(h: &mut String, s: &StreamReport) {
     );
 }
 
-fn stages(h: &mut String, stages: &[StageReport], no_worker: bool) {
+fn stages(h: &mut String, stages: &[StageReport], no_worker: bool, live: &LiveView) {
     let _ = write!(h, "<h2>Stages ({})</h2>", stages.len());
     if no_worker {
         h.push_str("<p class=\"muted\">No live worker: stage names and counters are unknown; the intermediate streams are those ZooKeeper shows.</p>");
@@ -534,7 +625,7 @@ fn stages(h: &mut String, stages: &[StageReport], no_worker: bool) {
                 esc(&s.stream),
                 esc(st.name.as_deref().unwrap_or("?"))
             );
-            stream(h, s);
+            stream(h, s, live);
         }
     }
 }
@@ -646,6 +737,7 @@ mod tests {
                 since_ms: 0,
                 components: serde_json::json!({ evil: { "emitted": evil, evil: 1 } }),
                 kpl: None,
+                metrics_addr: Some(evil.into()),
             }],
             streams: vec![StreamReport {
                 stream: evil.into(),
@@ -655,7 +747,9 @@ mod tests {
             }],
             stages: Vec::new(),
         };
-        let html = topology_fragment(&r)
+        let mut live = LiveView::default();
+        live.workers.insert(evil.into(), WorkerMetrics::Unreachable { addr: evil.into(), why: evil.into() });
+        let html = topology_fragment(&r, &live)
             + &topology_page(evil, "")
             + &index_fragment(
                 &[TopologySummary {
