@@ -30,7 +30,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # up + fmt + clippy + every test of the workspace + down (down runs even when a step fails).
-# Test binaries run in SQUALL_TEST_LANES parallel lanes (default 2; scripts/test-lanes, each lane with its own services): most
+# Test binaries run through scripts/test-lanes: one at a time on 2 cores, two lanes (each with its own services) on 4+: most
 # integration tests wait on sessions, failovers and kinesis-local, and their waits overlap.
 # Every binary runs even when one fails. Benchmarks are compiled by clippy --all-targets but run
 # only by `make bench`.
