@@ -271,32 +271,7 @@ pub fn manifest_without(m: &Manifest, keys: &[&str]) -> Manifest {
 /// release): per (task, shard), the reading interval runs from `acquire` to its last `records` or
 /// `end` event of that ownership; two tasks' intervals on one shard must not overlap.
 pub fn reading_overlaps(entries: &[squall::spout::ReadLogEntry]) -> Vec<String> {
-    // (shard) -> list of (task, start, end)
-    let mut intervals: BTreeMap<&str, Vec<(&str, i64, i64)>> = BTreeMap::new();
-    let mut open: BTreeMap<(&str, &str), (i64, i64)> = BTreeMap::new();
-    for e in entries {
-        let key = (e.shard.as_str(), e.task.as_str());
-        match e.event.as_str() {
-            "acquire" => {
-                if let Some((s, end)) = open.insert(key, (e.t_ms, e.t_ms)) {
-                    intervals.entry(key.0).or_default().push((key.1, s, end));
-                }
-            }
-            "records" | "end" => {
-                let iv = open.entry(key).or_insert((e.t_ms, e.t_ms));
-                iv.1 = e.t_ms;
-            }
-            "release" => {
-                if let Some((s, end)) = open.remove(&key) {
-                    intervals.entry(key.0).or_default().push((key.1, s, end));
-                }
-            }
-            _ => {}
-        }
-    }
-    for ((shard, task), (s, end)) in open {
-        intervals.entry(shard).or_default().push((task, s, end));
-    }
+    let intervals = reading_intervals(entries);
     let mut v = Vec::new();
     for (shard, ivs) in intervals {
         for (i, a) in ivs.iter().enumerate() {
