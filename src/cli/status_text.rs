@@ -202,20 +202,16 @@ mod tests {
 
     fn shard(id: &str, lag: Option<i64>, error: Option<&str>) -> ShardReport {
         ShardReport {
-            shard_id: id.into(),
-            parent_shard_ids: Vec::new(),
-            state: "open".into(),
             owner: Some("task-0000000001".into()),
             assigned_to: Some("task-0000000001".into()),
             checkpoint: Some("TRIM_HORIZON".into()),
-            finished: false,
             millis_behind_latest: lag,
             error: error.map(str::to_string),
             retryable: false,
             error_kind: error.map(|_| "access_denied".into()),
             error_since_ms: error.map(|_| 1_000),
             get_records_calls: 7,
-            efo: None,
+            ..ShardReport::open_for_test(id)
         }
     }
 

@@ -575,6 +575,29 @@ pub struct ShardReport {
     pub efo: Option<crate::coord::EfoRuntime>,
 }
 
+#[cfg(test)]
+impl ShardReport {
+    /// An open shard with no owner, checkpoint, lag or error: the base of the tests' fixtures.
+    pub(crate) fn open_for_test(shard_id: &str) -> Self {
+        ShardReport {
+            shard_id: shard_id.into(),
+            parent_shard_ids: Vec::new(),
+            state: "open".into(),
+            owner: None,
+            assigned_to: None,
+            checkpoint: None,
+            finished: false,
+            millis_behind_latest: None,
+            error: None,
+            retryable: true,
+            error_kind: None,
+            error_since_ms: None,
+            get_records_calls: 0,
+            efo: None,
+        }
+    }
+}
+
 /// Reads one stream's shards (list, owners, assignment, checkpoints) from `store`, with the lag
 /// and errors the workers report in `runtime` under `key(shard id)`.
 async fn stream_report(
@@ -939,20 +962,9 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, o)| ShardReport {
-                shard_id: format!("shardId-{i:012}"),
-                parent_shard_ids: Vec::new(),
-                state: "open".into(),
                 owner: Some(o.to_string()),
                 assigned_to: Some(o.to_string()),
-                checkpoint: None,
-                finished: false,
-                millis_behind_latest: None,
-                error: None,
-                retryable: true,
-                error_kind: None,
-                error_since_ms: None,
-                get_records_calls: 0,
-                efo: None,
+                ..ShardReport::open_for_test(&format!("shardId-{i:012}"))
             })
             .collect();
         StatusReport {

@@ -694,20 +694,10 @@ mod tests {
 
     fn shard(id: &str, parents: &[&str], owner: Option<&str>) -> ShardReport {
         ShardReport {
-            shard_id: id.into(),
             parent_shard_ids: parents.iter().map(|p| p.to_string()).collect(),
-            state: "open".into(),
             owner: owner.map(str::to_string),
-            assigned_to: None,
-            checkpoint: None,
-            finished: false,
             millis_behind_latest: Some(5),
-            error: None,
-            retryable: true,
-            error_kind: None,
-            error_since_ms: None,
-            get_records_calls: 0,
-            efo: None,
+            ..ShardReport::open_for_test(id)
         }
     }
 
