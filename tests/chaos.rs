@@ -9,7 +9,7 @@
 //! accepted after its session expired (every version's writer, observed from ZooKeeper).
 //! Reports duplicates and the failover times measured.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! rebalance, status, checkpoint rewind and kill, against real workers, ZooKeeper and Kinesis;
 //! and every error case with its message and exit code.
 
-mod support;
+use squall_test_support as support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! producers and the control-record counters; and, once every worker stopped, what ZooKeeper
 //! still shows.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

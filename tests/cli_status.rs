@@ -2,7 +2,7 @@
 //! MillisBehindLatest, `squall status --watch`, and progress of long operations on a terminal
 //! (a pseudo-terminal made by `script`) but not when piped.
 
-mod support;
+use squall_test_support as support;
 
 use std::process::Command;
 use std::time::Duration;

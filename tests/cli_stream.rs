@@ -1,6 +1,6 @@
 //! `squall stream ...` and `localstack/up` driven as a user would, including their error cases.
 
-mod support;
+use squall_test_support as support;
 
 use std::process::Command;
 

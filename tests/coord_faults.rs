@@ -10,7 +10,7 @@
 //! strike here) while its session stays alive; worker 2 must then own and read both shards, and
 //! at the end no lease of worker 1 is left. Asserted first: the fault was injected exactly once.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -9,7 +9,7 @@
 //! several discoveries keeps its checkpoint (it is not collected) and is read again, losing
 //! nothing, once ListShards returns it.
 
-mod support;
+use squall_test_support as support;
 
 use std::time::{Duration, Instant};
 

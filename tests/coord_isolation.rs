@@ -9,7 +9,7 @@
 //! discovering (a split of another shard is found and its children are read). Finally the znode is
 //! repaired with a valid checkpoint and the broken shard is read from TRIM_HORIZON, losing nothing.
 
-mod support;
+use squall_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -9,7 +9,7 @@
 //! the leader noticed). It also runs the reset command exactly as the error
 //! message spells it, and fails if that command does not work.
 
-mod support;
+use squall_test_support as support;
 
 use std::time::{Duration, Instant};
 

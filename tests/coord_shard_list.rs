@@ -12,7 +12,7 @@
 //! Every expectation is checked after the whole scenario ran, and all failures are reported
 //! together.
 
-mod support;
+use squall_test_support as support;
 
 use std::time::{Duration, Instant};
 

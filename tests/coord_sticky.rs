@@ -10,7 +10,7 @@
 //! they imply is checked on the leases. The time to converge (from the change until every shard is
 //! owned as assigned) is printed; the benchmark (`make bench`, coordination) reports it.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

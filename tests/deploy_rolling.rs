@@ -10,7 +10,7 @@
 //! record's Kinesis arrival time) before the deploy, during it and after the last replacement,
 //! with the time the lag took to come back to its level from before the deploy.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

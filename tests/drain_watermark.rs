@@ -6,7 +6,7 @@
 //!   DRAINED and the workers exit 0; a later start continues from the checkpoints with nothing
 //!   lost and nothing repeated; a drain notification of another deployment is ignored.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

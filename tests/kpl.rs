@@ -9,7 +9,7 @@
 //!   map) is dropped there and counted, and delivered once from its own shard;
 //! - corrupt aggregates (bad MD5, bad protobuf) are delivered once each as plain records, counted.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

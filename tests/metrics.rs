@@ -8,7 +8,7 @@
 //! family docs/metrics.md documents has samples. Also: 404 off `/metrics`, and a bad
 //! `--metrics-addr` stops the worker before it connects to anything.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

@@ -15,7 +15,7 @@
 //! Needs root and iproute2 (they fail with a clear message otherwise). `make test` runs the short
 //! partition test; `make chaos` runs all of them (`--ignored`).
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};

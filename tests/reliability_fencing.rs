@@ -5,7 +5,7 @@
 //! ZooKeeper: no version of that checkpoint written by it after the theft), it must stop reading
 //! the shard, and once the shard is free again it re-acquires it and nothing is lost.
 
-mod support;
+use squall_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! znodes, an unknown stream, a stream deleted mid-run, invalid configuration values, a poison
 //! record that makes a bolt panic every time, and oversized records.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::BTreeSet;
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! (or with wrong) credentials says "not authorized"; no credential appears in any log line (worker
 //! logs at debug level, CLI output at debug level) or in the Debug output of the configuration.
 
-mod support;
+use squall_test_support as support;
 
 use std::process::Command;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! must back off, keep going and lose nothing; first deliveries per key stay in producer order and
 //! no shard is ever read by two tasks at once.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

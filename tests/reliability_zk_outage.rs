@@ -4,7 +4,7 @@
 //! timeout plus slack), see their sessions expire, open new ones, re-register under new task names,
 //! re-own every shard and continue with nothing lost; checkpoints never move backwards.
 
-mod support;
+use squall_test_support as support;
 
 use std::time::{Duration, Instant};
 

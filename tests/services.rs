@@ -1,7 +1,7 @@
 //! The local services behave as Squall relies on: Kinesis (LocalStack's engine) and ZooKeeper on
 //! loopback, started by `localstack/up`.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! `KinesisSink`, the test reads the stream back with GetRecords. Faults (per-record failures,
 //! throttled calls, latency) come from the fault proxy between the sink and kinesis-local.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

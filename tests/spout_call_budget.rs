@@ -5,7 +5,7 @@
 //!   after every error cost one GetShardIterator per throttle);
 //! - an idle shard is polled at most once per `idle_poll_interval_ms` (1000 by default).
 
-mod support;
+use squall_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! session timeout + 2 s; nothing is lost; the only duplicates are records the dead worker had
 //! not checkpointed when it died.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};

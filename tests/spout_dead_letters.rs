@@ -3,7 +3,7 @@
 //! every dead letter (the spout emits them again), the worker is SIGKILLed while they are pending,
 //! and after a restart every poison record still reaches the dead-letter file.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

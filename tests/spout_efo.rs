@@ -15,7 +15,7 @@
 //! kinesis-local sends no ChildShards and always a continuation sequence: the parent's end is found
 //! by the reader's fallback (ListShards says closed, then GetRecords to the null iterator).
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};

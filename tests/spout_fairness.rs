@@ -5,7 +5,7 @@
 //! within one GetRecords batch (`records_per_get`) of backlog deliveries after it was read, not
 //! after the backlog.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

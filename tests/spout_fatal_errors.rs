@@ -5,7 +5,7 @@
 //! is failing, that retrying cannot fix it, since when, and what to do. Once the cause is gone it
 //! resumes by itself and nothing is lost.
 
-mod support;
+use squall_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -11,7 +11,7 @@
 //! for comparison; `SQUALL_MEMORY_BACKLOG=N` sets the records per shard. Putting the backlog
 //! takes most of the time (kinesis-local stores ~600 records/s).
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

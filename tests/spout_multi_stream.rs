@@ -4,7 +4,7 @@
 //! workers. Every record of both streams is delivered once, each tuple saying which stream it
 //! came from, and `squall status` shows both streams with their owners.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! timestamp); children always start at TRIM_HORIZON; a restart of all workers resumes after the
 //! checkpoints with no duplicates after a graceful stop.
 
-mod support;
+use squall_test_support as support;
 
 use std::time::{Duration, Instant};
 

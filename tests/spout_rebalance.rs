@@ -2,7 +2,7 @@
 //! with max - min <= 1; one leaves gracefully and its shards are re-owned with no duplicate
 //! delivery (handoff waits for in-flight tuples and checkpoints before releasing).
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! fails every time goes to the spout's dead-letter stream after `retry.max_replays`, is counted,
 //! and does not block the shard's checkpoint or the other keys.
 
-mod support;
+use squall_test_support as support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! producer order, no child shard is read before its parents finished, never two readers at once,
 //! and afterwards the shard list in ZooKeeper equals ListShards.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! `d{seq % 7}`), never from the system under test; the counts are the sums of the deltas the
 //! count tasks put into the output stream.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! `--boundary-shards`): the windows run in the second stage, behind an intermediate Kinesis
 //! stream, and see the watermark carried across it.
 
-mod support;
+use squall_test_support as support;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //!   and the table;
 //! - the store unreachable means back-pressure and retries, never a commit skipped (nor doubled).
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! At the end every key's count in the table must equal the number of records written with
 //! that key (the producer's manifest): none lost, none counted twice.
 
-mod support;
+use squall_test_support as support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

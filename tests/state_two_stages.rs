@@ -9,7 +9,7 @@
 //! intermediate stream must really hold productions twice (read back from it), and both stages'
 //! counts must still equal the producer's manifest: none lost, none counted twice.
 
-mod support;
+use squall_test_support as support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

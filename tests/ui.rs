@@ -13,7 +13,7 @@
 //! unreachable, its shard without live figures, and the rest of the page is intact.
 //! Screenshots are kept in the test's scratch directory (their paths are printed).
 
-mod support;
+use squall_test_support as support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

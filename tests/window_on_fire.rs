@@ -20,7 +20,7 @@
 //! runs. The message timeout is 60 s, longer than the tests wait: a pass cannot come from
 //! timeouts.
 
-mod support;
+use squall_test_support as support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //! session after the expiry, re-registers under a new task name, keeps running and delivers every
 //! record, including those put during the outage.
 
-mod support;
+use squall_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -361,14 +361,12 @@ pub fn node() -> String {
 }
 
 fn netproxy_js() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/netproxy.js")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("netproxy.js")
 }
 
 /// The state directory of `localstack/up` (`SQUALL_STATE_DIR`, default `.squall`).
 fn state_dir() -> PathBuf {
-    std::env::var_os("SQUALL_STATE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".squall"))
+    std::env::var_os("SQUALL_STATE_DIR").map(PathBuf::from).unwrap_or_else(|| super::repo_root().join(".squall"))
 }
 
 /// kinesis-local (the Kinesis engine LocalStack runs) on `ip:4566` of host `h`. `localstack/up`

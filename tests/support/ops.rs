@@ -17,7 +17,7 @@ use super::workers::Cluster;
 
 /// The `squall` binary, pointed at the cluster's ZooKeeper root and the Kinesis engine.
 pub fn squall(cluster: &Cluster) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_squall"));
+    let mut c = Command::new(super::squall_bin());
     c.env("SQUALL_ZK", super::zk_connect())
         .env("SQUALL_ZK_ROOT", &cluster.zk_root)
         .env("SQUALL_KINESIS_ENDPOINT", super::kinesis_endpoint().endpoint)

@@ -1,6 +1,9 @@
 //! Shared integration-test support: endpoints from the environment (set by `make test`, defaults
 //! match `localstack/up`), unique stream names and ZooKeeper roots per test, and clean-up.
-#![allow(dead_code)]
+//!
+//! A crate of its own (`squall-test-support`, a dev-dependency of `squall`) so that it is
+//! compiled once for all integration test binaries rather than once inside each of them. The
+//! tests name it `support` (`use squall_test_support as support;`).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -17,6 +20,21 @@ pub mod tcpproxy;
 pub mod workers;
 
 use squall::kinesis::KinesisEndpoint;
+
+/// The repository's root folder (this crate lives in `tests/support`).
+pub fn repo_root() -> &'static std::path::Path {
+    std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+/// The `squall` binary of the build the running test belongs to: the test executable is
+/// `target/<profile>/deps/<test>-<hash>`, the binary `target/<profile>/squall` (cargo builds a
+/// package's binaries before its integration tests).
+pub fn squall_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let bin = exe.parent().and_then(std::path::Path::parent).expect("target dir").join("squall");
+    assert!(bin.exists(), "{} missing: run `cargo build --bins` (cargo test builds it)", bin.display());
+    bin
+}
 
 /// The Kinesis endpoint under test (`SQUALL_KINESIS_ENDPOINT`, default LocalStack on 4566).
 pub fn kinesis_endpoint() -> KinesisEndpoint {
