@@ -9,7 +9,7 @@
 //! Sampling ends once every shard was read and no read happened for 5 s (all queues full).
 //! `SQUALL_MEMORY_BASELINE=1` first runs the same with the byte bound lifted (1 GiB per shard),
 //! for comparison; `SQUALL_MEMORY_BACKLOG=N` sets the records per shard. Putting the backlog
-//! takes most of the time (kinesis-local stores ~600 records/s).
+//! takes most of the time (kinesis-local spends about 0.65 ms of CPU on each 1 KB record).
 
 use squall_test_support as support;
 
