@@ -458,12 +458,13 @@ impl BoltOutput {
     #[inline(always)]
     pub(crate) fn begin(&mut self, input: &Tuple) {
         self.executed += 1;
-        self.current = match *input.anchors {
-            [] => Current::Untracked,
+        // each arm stores only its own variant (an untracked input writes the tag alone)
+        match *input.anchors {
+            [] => self.current = Current::Untracked,
             // no SmallVec for the usual single anchor
-            [(root, edge)] => Current::Input1 { root, edge, ack_val: 0 },
-            _ => Current::Input { anchors: input.anchors.clone(), ack_val: 0 },
-        };
+            [(root, edge)] => self.current = Current::Input1 { root, edge, ack_val: 0 },
+            _ => self.current = Current::Input { anchors: input.anchors.clone(), ack_val: 0 },
+        }
     }
 
     /// Ends executing an input: acks it on success, fails it on error (also when deferred).
@@ -659,8 +660,23 @@ impl Inputs {
             if !out.outbox.ready.is_empty() && Self::send_ready(out).await.is_err() {
                 return;
             }
-            // by reference: the tuple stays in the batch and is dropped with it
-            let Some(Some(t)) = self.batch.get(self.next) else { return };
+            if !self.run_until_ready(out, &mut f) {
+                return;
+            }
+        }
+    }
+
+    /// Runs `f` on the inputs in order until the batch ends (`false`) or full output batches
+    /// wait to be sent (`true`). Synchronous, so the loop keeps its state in registers rather
+    /// than in the future of `for_each`.
+    #[inline(always)]
+    fn run_until_ready(
+        &mut self,
+        out: &mut BoltOutput,
+        f: &mut impl FnMut(&Tuple, &mut BoltOutput) -> Result<(), ComponentError>,
+    ) -> bool {
+        // by reference: the tuple stays in the batch and is dropped with it
+        while let Some(Some(t)) = self.batch.get(self.next) {
             self.next += 1;
             out.begin(t);
             match f(t, out) {
@@ -670,7 +686,11 @@ impl Inputs {
                     out.finish(false);
                 }
             }
+            if !out.outbox.ready.is_empty() {
+                return true;
+            }
         }
+        false
     }
 
     /// Sends the full output batches (kept out of `next`'s own state machine: the usual call
