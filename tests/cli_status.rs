@@ -81,10 +81,14 @@ async fn status_table_watch_and_progress_on_a_terminal_only() {
     }
     assert!(!text.contains('\x1b'), "no terminal escapes when piped: {text:?}");
 
-    // --watch, piped: one status after another, no screen clearing
+    // --watch, piped: one status after another, no screen clearing, all read over the one pair
+    // of ZooKeeper sessions opened at the start (each session opened is logged at debug)
+    let sessions_opened = |stderr: &[u8]| String::from_utf8_lossy(stderr).matches("ZooKeeper session opened").count();
     let mut child = squall(&cluster)
         .args(["status", &cluster.topology, "--watch", "1"])
+        .env("RUST_LOG", "warn,squall::coord=debug")
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     tokio::time::sleep(Duration::from_millis(3500)).await;
@@ -94,6 +98,17 @@ async fn status_table_watch_and_progress_on_a_terminal_only() {
     let n = text.lines().filter(|l| l.starts_with("topology ")).count();
     assert!(n >= 3, "--watch 1 printed {n} statuses in 3.5 s: {text}");
     assert!(!text.contains('\x1b'), "no screen clearing when piped");
+    assert_eq!(sessions_opened(&out.stderr), 2, "{n} statuses: {}", String::from_utf8_lossy(&out.stderr));
+    // wait-settled polls every 250 ms over one pair of sessions too: 3 workers never come, so
+    // it polls until its 2 s timeout and fails naming why
+    let out = squall(&cluster)
+        .args(["wait-settled", &cluster.topology, "--workers", "3", "--timeout", "2"])
+        .env("RUST_LOG", "warn,squall::coord=debug")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("did not settle within 2 s"), "{err}");
+    assert_eq!(sessions_opened(&out.stderr), 2, "{err}");
     // on a terminal it redraws (clear screen + home) with the time
     let (_, tty) = on_terminal(&cluster, 3, &["status", &cluster.topology, "--watch", "1"]);
     assert!(tty.contains("\x1b[2J\x1b[H") && tty.contains("Ctrl-C stops"), "{tty:?}");

@@ -552,6 +552,13 @@ async fn page_shows_live_figures_from_the_workers_metrics_and_marks_an_unreachab
         break;
     }
     screenshot(&dir, "topology-live", &page).await;
+    // Every page, live refresh and API read went over one pair of ZooKeeper sessions (each
+    // session the UI opens is logged at debug): the reads above, and three more here.
+    for _ in 0..3 {
+        assert_eq!(api_status(&ui, &topo).await["state"], "ACTIVE");
+    }
+    let log = std::fs::read_to_string(&ui.stderr).unwrap();
+    assert_eq!(log.matches("ZooKeeper session opened").count(), 2, "{log}");
 
     assert_eq!(w1.stop(Duration::from_secs(30)), Some(0));
     assert_eq!(w2.stop(Duration::from_secs(30)), Some(0));

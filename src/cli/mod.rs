@@ -20,7 +20,7 @@ pub use topology::{ResetTarget, ShardReport, StageReport, StatusReport, StreamRe
 /// stdout.
 pub(crate) mod topology_ops {
     pub(crate) use super::topology::{
-        Collected, drain_topology, kill_topology, rebalance_topology, set_active, status_report, topologies,
+        Collected, StatusReader, drain_topology, kill_topology, reader_survives, rebalance_topology, set_active,
     };
 }
 

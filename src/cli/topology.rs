@@ -173,7 +173,10 @@ pub struct TopologySummary {
 
 /// Every topology under the root with its state, sorted by name.
 pub(crate) async fn topologies(cfg: &ZkConfig) -> anyhow::Result<Vec<TopologySummary>> {
-    let admin = admin(cfg).await?;
+    list_topologies(&admin(cfg).await?).await
+}
+
+async fn list_topologies(admin: &Admin) -> anyhow::Result<Vec<TopologySummary>> {
     let mut out = Vec::new();
     for t in admin.topologies().await? {
         let state = match admin.any_store(&t).await {
@@ -703,9 +706,78 @@ fn stage_lag(stream: &StreamReport) -> (Option<i64>, Option<i64>, usize) {
     (lags.iter().copied().max(), (!lags.is_empty()).then(|| lags.iter().sum()), lags.len())
 }
 
-/// The whole status of `topology`, read from ZooKeeper (`squall status`, the web UI).
+/// The whole status of `topology`, read from ZooKeeper over two sessions of its own (`squall
+/// status`). Callers that read it repeatedly keep a [`StatusReader`] instead.
 pub(crate) async fn status_report(cfg: &ZkConfig, topology: &str) -> anyhow::Result<StatusReport> {
-    let admin = admin(cfg).await?;
+    StatusReader::connect(cfg).await?.report(topology).await
+}
+
+/// Reads topology statuses over one pair of ZooKeeper sessions (the administration session and the
+/// stores' session), opened once: `squall status --watch`, `squall wait-settled` and the web UI
+/// read a status every few hundred milliseconds or seconds, and opening sessions for each read
+/// would make every read two session creations and two closes, each a write through the
+/// ensemble's leader.
+pub(crate) struct StatusReader {
+    cfg: ZkConfig,
+    admin: Admin,
+    session: std::sync::Arc<ZkSession>,
+}
+
+impl StatusReader {
+    /// Opens the two sessions.
+    pub(crate) async fn connect(cfg: &ZkConfig) -> anyhow::Result<Self> {
+        let admin = admin(cfg).await?;
+        let session = ZkSession::connect(cfg).await?;
+        Ok(Self { cfg: cfg.clone(), admin, session })
+    }
+
+    /// The whole status of `topology`.
+    pub(crate) async fn report(&self, topology: &str) -> anyhow::Result<StatusReport> {
+        read_status(&self.cfg, &self.admin, &self.session, topology).await
+    }
+
+    /// Every topology under the root with its state, sorted by name.
+    pub(crate) async fn topologies(&self) -> anyhow::Result<Vec<TopologySummary>> {
+        list_topologies(&self.admin).await
+    }
+}
+
+/// Whether a reader whose read failed with `e` may be kept: a wrong or unknown topology name says
+/// nothing of the sessions; any other failure (connection loss, an expired session) drops them.
+pub(crate) fn reader_survives(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<CoordError>(),
+            Some(CoordError::UnknownTopology { .. } | CoordError::InvalidName { .. })
+        )
+    })
+}
+
+/// Reads one status, reconnecting `reader` first when it is `None` (none yet, or dropped after a
+/// failed read so that an expired session is replaced).
+pub(crate) async fn report_reusing(
+    reader: &mut Option<StatusReader>,
+    cfg: &ZkConfig,
+    topology: &str,
+) -> anyhow::Result<StatusReport> {
+    if reader.is_none() {
+        *reader = Some(StatusReader::connect(cfg).await?);
+    }
+    let r = reader.as_ref().expect("connected above").report(topology).await;
+    if let Err(e) = &r
+        && !reader_survives(e)
+    {
+        *reader = None;
+    }
+    r
+}
+
+async fn read_status(
+    cfg: &ZkConfig,
+    admin: &Admin,
+    session: &std::sync::Arc<ZkSession>,
+    topology: &str,
+) -> anyhow::Result<StatusReport> {
     let all_streams = admin.streams(topology).await?;
     let mut report = StatusReport {
         topology: topology.to_string(),
@@ -717,7 +789,6 @@ pub(crate) async fn status_report(cfg: &ZkConfig, topology: &str) -> anyhow::Res
     };
     let Some(first) = all_streams.first() else { return Ok(report) };
     // One session for every read.
-    let session = ZkSession::connect(cfg).await?;
     let base = ZkStore::open(session.clone(), &cfg.root, topology, first).await?;
     if let Some(st) = base.read_state().await? {
         report.state = lifecycle_name(st.value.state).into();
@@ -887,8 +958,10 @@ pub(super) async fn wait_settled(
 ) -> anyhow::Result<()> {
     let start = std::time::Instant::now();
     let cfg = zk_config(cli);
+    // One pair of sessions for the whole wait, not one per poll.
+    let reader = StatusReader::connect(&cfg).await?;
     loop {
-        let r = status_report(&cfg, topology).await?;
+        let r = reader.report(topology).await?;
         let why = unsettled(&r, workers);
         if why.is_empty() {
             let shards: usize = r.streams.iter().map(|s| s.shards.iter().filter(|sh| !sh.finished).count()).sum();
@@ -926,8 +999,11 @@ pub(super) async fn status(cli: &Cli, topology: &str, json: bool, watch: Option<
     use std::io::IsTerminal as _;
     let tty = std::io::stdout().is_terminal();
     let mut first = true;
+    // One pair of sessions for the whole watch (replaced after a failed read).
+    let cfg = zk_config(cli);
+    let mut reader = None;
     loop {
-        match status_report(&zk_config(cli), topology).await {
+        match report_reusing(&mut reader, &cfg, topology).await {
             Ok(r) => {
                 if tty {
                     // redraw: clear the screen, cursor home

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use backon::{ExponentialBuilder, Retryable};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use zookeeper_client as zk;
 
 use super::config::ZkConfig;
@@ -183,6 +183,9 @@ pub(crate) async fn connect_client(cfg: &ZkConfig) -> Result<zk::Client, CoordEr
         .notify(|e, after| warn!(connect = %cfg.connect, error = %e, retry_in = ?after, "ZooKeeper connect failed"))
         .await
         .map_err(|source| CoordError::Connect { connect: cfg.connect.clone(), source })
+        .inspect(|client| {
+            debug!(connect = %cfg.connect, session = %format!("{:#x}", client.session_id().0), "ZooKeeper session opened")
+        })
 }
 
 /// Whether the shared session may be relied on.

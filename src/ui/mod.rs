@@ -156,6 +156,55 @@ struct AppState {
     loopback_only: bool,
     /// Scrapes the workers' metrics endpoints.
     scraper: live::Scraper,
+    /// The ZooKeeper sessions every page and API read shares (opened at the first read, replaced
+    /// after a read failed other than by a wrong topology name): the live pages refresh every
+    /// few seconds, and a session per read would be a session creation and close, writes
+    /// through the ensemble's leader, per refresh and viewer.
+    reader: tokio::sync::Mutex<Option<Arc<ops::StatusReader>>>,
+}
+
+impl AppState {
+    /// The shared reader, connected when there is none.
+    async fn reader(&self) -> anyhow::Result<Arc<ops::StatusReader>> {
+        let mut guard = self.reader.lock().await;
+        if let Some(r) = guard.as_ref() {
+            return Ok(r.clone());
+        }
+        let r = Arc::new(ops::StatusReader::connect(&self.zk).await?);
+        *guard = Some(r.clone());
+        Ok(r)
+    }
+
+    /// Drops `used` after its read failed with `e`, unless the failure was the name's.
+    async fn read_failed(&self, used: &Arc<ops::StatusReader>, e: &anyhow::Error) {
+        if ops::reader_survives(e) {
+            return;
+        }
+        let mut guard = self.reader.lock().await;
+        if guard.as_ref().is_some_and(|r| Arc::ptr_eq(r, used)) {
+            *guard = None;
+        }
+    }
+
+    /// The status of topology `name`.
+    async fn status_report(&self, name: &str) -> anyhow::Result<crate::cli::StatusReport> {
+        let reader = self.reader().await?;
+        let r = reader.report(name).await;
+        if let Err(e) = &r {
+            self.read_failed(&reader, e).await;
+        }
+        r
+    }
+
+    /// Every topology under the root.
+    async fn topologies(&self) -> anyhow::Result<Vec<crate::cli::TopologySummary>> {
+        let reader = self.reader().await?;
+        let r = reader.topologies().await;
+        if let Err(e) = &r {
+            self.read_failed(&reader, e).await;
+        }
+        r
+    }
 }
 
 type Shared = Arc<AppState>;
@@ -180,6 +229,7 @@ pub async fn serve(cfg: UiConfig) -> anyhow::Result<()> {
         port: addr.port(),
         loopback_only: !cfg.allow_remote,
         scraper: live::scraper(),
+        reader: tokio::sync::Mutex::new(None),
     });
     {
         use std::io::Write as _;
@@ -361,7 +411,7 @@ async fn index_live(State(st): State<Shared>) -> Response {
 }
 
 async fn index_fragment(st: &AppState) -> (StatusCode, String) {
-    match ops::topologies(&st.zk).await {
+    match st.topologies().await {
         Ok(list) => (StatusCode::OK, page::index_fragment(&list, &st.zk.root)),
         Err(e) => {
             let (status, msg) = failure(st, &e);
@@ -371,14 +421,14 @@ async fn index_fragment(st: &AppState) -> (StatusCode, String) {
 }
 
 async fn api_topologies(State(st): State<Shared>) -> Response {
-    match ops::topologies(&st.zk).await {
+    match st.topologies().await {
         Ok(list) => Json(list).into_response(),
         Err(e) => api_error(&st, &e),
     }
 }
 
 async fn api_topology(State(st): State<Shared>, Path(name): Path<String>) -> Response {
-    match ops::status_report(&st.zk, &name).await {
+    match st.status_report(&name).await {
         Ok(r) => Json(r).into_response(),
         Err(e) => api_error(&st, &e),
     }
@@ -390,7 +440,7 @@ fn api_error(st: &AppState, e: &anyhow::Error) -> Response {
 }
 
 async fn topology_fragment(st: &AppState, name: &str) -> (StatusCode, String) {
-    match ops::status_report(&st.zk, name).await {
+    match st.status_report(name).await {
         Ok(r) => {
             let live = live::scrape_workers(&st.scraper, &r.workers).await;
             (StatusCode::OK, page::topology_fragment(&r, &live))
