@@ -605,7 +605,18 @@ async fn netns_kinesis_unreachable_from_one_worker_for_30s() {
         .count();
     let kept = shards.iter().filter(|s| during.get(*s).is_some_and(|t| tasks.contains(t))).count();
     let errors = count(&workers[0], "reading the shard failed") - errors_before;
+    // The cut is not silent: a GetRecords left unanswered for 5 s is logged, naming its shard.
+    let slow: Vec<String> = workers[0]
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("GetRecords has not answered for 5 s"))
+        .map(str::to_string)
+        .collect();
     let manifest = producer.await.unwrap();
+    assert!(
+        slow.iter().any(|l| shards.iter().any(|s| l.contains(s.as_str()))),
+        "w1 never said that its GetRecords went unanswered during the cut: {slow:?}"
+    );
     assert_eq!(w1_reads_during, 0, "w1 read records while Kinesis was unreachable");
     assert!(w2_reads_during > 0, "w2 read nothing meanwhile");
     // The longest pause in w1's reads around the cut: the fault as the reader saw it. A GetRecords
@@ -616,8 +627,9 @@ async fn netns_kinesis_unreachable_from_one_worker_for_30s() {
     let gap = w1_times.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
     assert!(gap >= 25_000, "w1's reads never paused for the cut (longest gap {gap} ms)");
     let figures = format!(
-        "cut_ms=30000 probes_failed={refused_probes}/{probes} w1_read_errors={errors} w1_read_gap_ms={gap} \
+        "cut_ms=30000 probes_failed={refused_probes}/{probes} w1_read_errors={errors} w1_slow_call_warnings={} w1_read_gap_ms={gap} \
          shards_kept_by_w1={kept}/{} w2_reads_during={w2_reads_during} resumed_after_heal_ms={}",
+        slow.len(),
         shards.len(),
         resumed.as_millis()
     );

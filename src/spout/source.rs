@@ -9,11 +9,13 @@
 //! stream. It has no resharding, throttling or failures, and it never proves correctness.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::primitives::DateTime;
 use aws_sdk_kinesis::types::ShardIteratorType;
 use bytes::Bytes;
+use tracing::{info, warn};
 
 use super::tracker::Record;
 use crate::coord::{CheckpointPosition, now_ms};
@@ -115,11 +117,8 @@ impl ShardSource {
             ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
             ShardSource::Simulated(sim) => return sim.get_records(shard, iterator, limit),
         };
-        let out = client
-            .get_records()
-            .shard_iterator(iterator)
-            .limit(limit)
-            .send()
+        let call = client.get_records().shard_iterator(iterator).limit(limit).send();
+        let out = said_if_slow(call, "GetRecords", stream, shard, endpoint)
             .await
             .map_err(|e| KinesisError::from_sdk("GetRecords", stream, endpoint, e))?;
         let children = out.child_shards.unwrap_or_default().into_iter().map(|c| c.shard_id).collect();
@@ -131,6 +130,34 @@ impl ShardSource {
             children,
         })
     }
+}
+
+/// How long a Kinesis call may go unanswered before the reader says so. It keeps waiting: the
+/// SDK bounds each attempt at 30 s and retries a timed-out one, and a Kinesis that cannot be
+/// reached (a firewall dropping packets, a partition) shows no error at all until then.
+const SLOW_CALL: Duration = Duration::from_secs(5);
+
+/// Awaits `call`; once it has gone unanswered for [`SLOW_CALL`], logs a warning naming the call,
+/// stream, shard and endpoint, and when it answers at last, how long it took.
+async fn said_if_slow<T>(call: impl Future<Output = T>, op: &str, stream: &str, shard: &str, endpoint: &str) -> T {
+    let start = Instant::now();
+    let mut call = std::pin::pin!(call);
+    tokio::select! {
+        biased;
+        out = &mut call => return out,
+        _ = tokio::time::sleep(SLOW_CALL) => {}
+    }
+    warn!(
+        stream,
+        shard,
+        endpoint,
+        "{op} has not answered for {} s; still waiting (each attempt is bounded at 30 s, then retried): \
+         is Kinesis reachable from this host?",
+        SLOW_CALL.as_secs()
+    );
+    let out = call.await;
+    info!(stream, shard, endpoint, took_ms = start.elapsed().as_millis() as u64, "{op} answered after a slow wait");
+    out
 }
 
 /// A record of shard `shard` as the SDK returned it (GetRecords or a SubscribeToShard event).
