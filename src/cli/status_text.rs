@@ -111,7 +111,7 @@ pub(crate) fn render(r: &StatusReport, now_ms: i64) -> String {
 
     if !r.workers.is_empty() {
         out.push(String::new());
-        let mut t = table(&["WORKER", "HOST", "PID", "TASKS", "UP"], &[2]);
+        let mut t = table(&["WORKER", "HOST", "PID", "TASKS", "UP", "METRICS"], &[2]);
         for w in &r.workers {
             t.add_row(vec![
                 w.worker_id.clone(),
@@ -119,6 +119,8 @@ pub(crate) fn render(r: &StatusReport, now_ms: i64) -> String {
                 w.pid.to_string(),
                 w.tasks.join(","),
                 age(now_ms - w.since_ms),
+                // where its Prometheus endpoint is dialed (`--metrics-addr`), "-" without one
+                w.metrics_addr.as_ref().map_or_else(|| "-".to_string(), |a| format!("http://{a}/metrics")),
             ]);
         }
         out.push(indented(&t));
@@ -199,6 +201,7 @@ pub(crate) fn render(r: &StatusReport, now_ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::topology::WorkerReport;
 
     fn shard(id: &str, lag: Option<i64>, error: Option<&str>) -> ShardReport {
         ShardReport {
@@ -255,6 +258,33 @@ mod tests {
             "{text}"
         );
         assert_eq!(max_lag(&r), Some((1500, "s", "shardId-000000000001")));
+    }
+
+    #[test]
+    fn workers_table_names_each_workers_metrics_endpoint() {
+        let worker = |id: &str, addr: Option<&str>| WorkerReport {
+            worker_id: id.into(),
+            host: "h".into(),
+            pid: 7,
+            tasks: vec!["task-0".into()],
+            since_ms: 0,
+            components: serde_json::json!({}),
+            kpl: None,
+            metrics_addr: addr.map(str::to_string),
+        };
+        let r = StatusReport {
+            topology: "t".into(),
+            state: "ACTIVE".into(),
+            deployment_id: "d1".into(),
+            workers: vec![worker("w-a", Some("10.0.0.5:9464")), worker("w-b", None)],
+            streams: Vec::new(),
+            stages: Vec::new(),
+        };
+        let text = render(&r, 61_000);
+        let row = |id: &str| text.lines().find(|l| l.contains(id)).unwrap_or_default().to_string();
+        assert!(text.lines().any(|l| l.contains("WORKER") && l.trim_end().ends_with("METRICS")), "{text}");
+        assert!(row("w-a").trim_end().ends_with("http://10.0.0.5:9464/metrics"), "{text}");
+        assert!(row("w-b").trim_end().ends_with('-'), "{text}");
     }
 
     #[test]
