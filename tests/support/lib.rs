@@ -26,12 +26,18 @@ pub fn repo_root() -> &'static std::path::Path {
     std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
 
+/// The build's `target/<profile>` folder: the running test executable is
+/// `target/<profile>/deps/<test>-<hash>`.
+pub fn profile_dir() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    exe.parent().and_then(std::path::Path::parent).expect("target dir").to_path_buf()
+}
+
 /// The `squall` binary of the build the running test belongs to: the test executable is
 /// `target/<profile>/deps/<test>-<hash>`, the binary `target/<profile>/squall` (cargo builds a
 /// package's binaries before its integration tests).
 pub fn squall_bin() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let bin = exe.parent().and_then(std::path::Path::parent).expect("target dir").join("squall");
+    let bin = profile_dir().join("squall");
     assert!(bin.exists(), "{} missing: run `cargo build --bins` (cargo test builds it)", bin.display());
     bin
 }
@@ -79,24 +85,21 @@ pub struct TestStream {
 impl TestStream {
     /// Creates a stream with a unique name and `shards` shards, and waits until ACTIVE.
     pub async fn create(prefix: &str, shards: i32) -> TestStream {
-        let endpoint = kinesis_endpoint();
-        let client = endpoint.client().await.expect("kinesis client");
-        let name = unique_name(prefix);
-        squall::kinesis::create_stream(&client, &endpoint.label(), &name, shards)
-            .await
-            .unwrap_or_else(|e| panic!("creating test stream {name}: {e}. Are the services up (make up)?"));
-        TestStream { name, endpoint, client, deleted: false }
+        Self::create_on(kinesis_endpoint(), prefix, shards, "Are the services up (make up)?").await
     }
 
     /// Creates a stream with a unique name on the Kinesis engine at `url` (e.g. one in a test
     /// network, reached through a relay).
     pub async fn create_at(url: &str, prefix: &str, shards: i32) -> TestStream {
-        let endpoint = KinesisEndpoint::new(url.to_string(), "us-east-1");
+        Self::create_on(KinesisEndpoint::new(url.to_string(), "us-east-1"), prefix, shards, "").await
+    }
+
+    async fn create_on(endpoint: KinesisEndpoint, prefix: &str, shards: i32, hint: &str) -> TestStream {
         let client = endpoint.client().await.expect("kinesis client");
         let name = unique_name(prefix);
         squall::kinesis::create_stream(&client, &endpoint.label(), &name, shards)
             .await
-            .unwrap_or_else(|e| panic!("creating test stream {name} at {url}: {e}"));
+            .unwrap_or_else(|e| panic!("creating test stream {name} at {}: {e}. {hint}", endpoint.label()));
         TestStream { name, endpoint, client, deleted: false }
     }
 

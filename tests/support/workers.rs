@@ -13,9 +13,7 @@ use squall::spout::ReadLogEntry;
 
 /// The audit example binary, built by `cargo test` next to the test binaries.
 pub fn audit_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let debug = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = debug.join("examples").join("audit");
+    let bin = super::profile_dir().join("examples").join("audit");
     assert!(bin.exists(), "{} missing: run `cargo build --examples` (cargo test builds it)", bin.display());
     bin
 }
