@@ -6,7 +6,7 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::model::{Checkpoint, ShardList};
+use super::model::{Assignment, Checkpoint, ShardList, WatermarkReport};
 use super::paths::sequence_of;
 
 /// Shards that may be read now, sorted by id.
@@ -189,6 +189,46 @@ pub fn sequence_cmp(a: &str, b: &str) -> Ordering {
     let a = a.trim_start_matches('0');
     let b = b.trim_start_matches('0');
     a.len().cmp(&b.len()).then_with(|| a.cmp(b))
+}
+
+/// A stream's committed watermark from its current `assignment` and the reports of its tasks
+/// (task node name -> report; tasks without a report absent): the minimum of the watermarks
+/// reported by every task the assignment lists (tasks with no shards included), each reported for
+/// the assignment's own generation. A report of another generation is not used: after a
+/// rebalance or a split it may cover shards its task no longer holds, while their new owner has
+/// not reported yet. `Err` says what is missing (each task, with the generation), or that the
+/// assignment is in error or lists no task.
+pub fn committed_watermark(
+    assignment: &Assignment,
+    reports: &BTreeMap<String, WatermarkReport>,
+) -> Result<i64, String> {
+    let g = assignment.generation;
+    if let Some(e) = &assignment.error {
+        return Err(format!("assignment generation {g} is in error: {e}"));
+    }
+    if assignment.tasks.is_empty() {
+        return Err(format!("assignment generation {g} lists no task"));
+    }
+    let mut missing = Vec::new();
+    let mut min: Option<i64> = None;
+    for task in assignment.tasks.keys() {
+        match reports.get(task) {
+            None => missing.push(format!("task {task} has no watermark report (assignment generation {g})")),
+            Some(r) if r.generation != g => missing.push(format!(
+                "task {task} reported for assignment generation {}, not the current generation {g}",
+                r.generation
+            )),
+            Some(WatermarkReport { watermark_ms: None, .. }) => missing.push(format!(
+                "task {task} has no committed watermark yet for assignment generation {g} (a shard not taken or \
+                 nothing read from it yet)"
+            )),
+            Some(WatermarkReport { watermark_ms: Some(w), .. }) => min = Some(min.map_or(*w, |m| m.min(*w))),
+        }
+    }
+    match min {
+        Some(w) if missing.is_empty() => Ok(w),
+        _ => Err(missing.join("; ")),
+    }
 }
 
 #[cfg(test)]
@@ -464,5 +504,47 @@ mod tests {
             prop_assert_eq!(sequence_cmp(&a, &b), expected);
             prop_assert_eq!(sequence_cmp(&b, &a), expected.reverse());
         }
+    }
+
+    #[test]
+    fn committed_watermark_needs_a_report_of_the_current_generation_from_every_listed_task() {
+        let a = Assignment {
+            generation: 7,
+            leader: "task-0000000001".into(),
+            tasks: [
+                ("task-0000000001".to_string(), vec!["shardId-0".to_string()]),
+                ("task-0000000002".to_string(), vec!["shardId-1".to_string()]),
+                ("task-0000000003".to_string(), vec![]),
+            ]
+            .into_iter()
+            .collect(),
+            updated_at_ms: 0,
+            error: None,
+        };
+        let report = |generation, w| WatermarkReport { generation, watermark_ms: w, updated_at_ms: 0 };
+        let mut reports: BTreeMap<String, WatermarkReport> = BTreeMap::new();
+        let e = committed_watermark(&a, &reports).unwrap_err();
+        assert!(e.contains("task task-0000000001 has no watermark report (assignment generation 7)"), "{e}");
+        assert!(e.contains("task-0000000003"), "a task with no shard counts too: {e}");
+        reports.insert("task-0000000001".into(), report(7, Some(500)));
+        reports.insert("task-0000000002".into(), report(6, Some(100)));
+        reports.insert("task-0000000003".into(), report(7, Some(900)));
+        let e = committed_watermark(&a, &reports).unwrap_err();
+        assert_eq!(e, "task task-0000000002 reported for assignment generation 6, not the current generation 7");
+        reports.insert("task-0000000002".into(), report(7, None));
+        let e = committed_watermark(&a, &reports).unwrap_err();
+        assert!(
+            e.starts_with("task task-0000000002 has no committed watermark yet for assignment generation 7"),
+            "{e}"
+        );
+        reports.insert("task-0000000002".into(), report(7, Some(300)));
+        assert_eq!(committed_watermark(&a, &reports), Ok(300), "the minimum");
+        reports.insert("task-0000000009".into(), report(3, Some(1)));
+        assert_eq!(committed_watermark(&a, &reports), Ok(300), "a task the assignment does not list is not counted");
+        let e = committed_watermark(&Assignment { error: Some("stream re-created".into()), ..a.clone() }, &reports)
+            .unwrap_err();
+        assert_eq!(e, "assignment generation 7 is in error: stream re-created");
+        let e = committed_watermark(&Assignment { tasks: BTreeMap::new(), ..a }, &reports).unwrap_err();
+        assert_eq!(e, "assignment generation 7 lists no task");
     }
 }

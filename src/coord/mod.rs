@@ -9,7 +9,8 @@
 //! - [`paths`] – [`TopologyPaths`], the znode layout (see there).
 //! - [`model`] – the JSON documents stored in znodes ([`Assignment`], [`Checkpoint`], ...).
 //! - [`logic`] – pure functions: [`readable`], [`sticky_assign`], [`assign`] (round-robin),
-//!   [`leader`], [`sequence_cmp`].
+//!   [`leader`], [`sequence_cmp`], [`committed_watermark`] (a stream's committed watermark from
+//!   the assignment and the tasks' reports).
 //! - [`store`] – [`ZkStore`], all ZooKeeper I/O for one topology and stream, over a shared session.
 //! - [`watch`] – [`ChangeEvent`] and [`SessionWatch`].
 //! - [`admin`] – [`Admin`], topology-level access for the CLI.
@@ -46,10 +47,12 @@ pub mod watch;
 pub use admin::Admin;
 pub use config::{Secret, ZkAuth, ZkConfig};
 pub use error::{CoordError, ErrorDomain};
-pub use logic::{assign, leader, moved, readable, readable_shards, sequence_cmp, sticky_assign, task_cmp};
+pub use logic::{
+    assign, committed_watermark, leader, moved, readable, readable_shards, sequence_cmp, sticky_assign, task_cmp,
+};
 pub use model::{
     Assignment, Checkpoint, CheckpointPosition, DrainRequest, EfoRuntime, KplRuntime, LeaseInfo, Lifecycle, ShardList,
-    ShardRecord, ShardRuntime, StageRuntime, TaskInfo, TopologyState, Versioned, WorkerStatus, now_ms,
+    ShardRecord, ShardRuntime, StageRuntime, TaskInfo, TopologyState, Versioned, WatermarkReport, WorkerStatus, now_ms,
 };
 pub use paths::TopologyPaths;
 pub use session::{

@@ -374,6 +374,22 @@ impl Assignment {
     }
 }
 
+/// The `streams/{stream}/watermarks/{task}` znode (EPHEMERAL, in the task's session): a spout
+/// task's committed watermark, as of the assignment generation it last reconciled with. The
+/// stream's committed watermark is the minimum over the tasks of the current assignment, counted
+/// only when every one of them reported for that generation ([`super::ZkStore::committed_watermark`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatermarkReport {
+    /// The generation of the assignment the task last reconciled with: the report covers the
+    /// shards that assignment gives the task, and no other.
+    pub generation: u64,
+    /// Every record of those shards with an arrival time (ms since the epoch) below it is acked;
+    /// `None` while unknown (a shard not taken yet, or nothing read from it yet).
+    pub watermark_ms: Option<i64>,
+    /// When the task wrote it (ms since the epoch).
+    pub updated_at_ms: i64,
+}
+
 /// Parses znode data, naming the path in the error.
 pub(crate) fn decode<T: DeserializeOwned>(path: &str, what: &str, data: &[u8]) -> Result<T, CoordError> {
     if data.is_empty() {

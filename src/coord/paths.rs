@@ -12,6 +12,11 @@
 //!     finished/{shardId}               created with a shard's finished checkpoint; the leader watches
 //!     checkpoints/{shardId}            checkpoint JSON, one per shard; hot, watched by nobody
 //!     owners/{shardId}/lease-{task}-NNNNNNNNNN  EPHEMERAL_SEQUENTIAL; the lowest sequence owns the shard
+//!     watermarks/{task}                EPHEMERAL, one per spout task publishing its committed
+//!                                      watermark (`task-NNNNNNNNNN`, its task node name):
+//!                                      WatermarkReport JSON {generation, watermark_ms, updated_at_ms};
+//!                                      the directory is created with the first report; read, never
+//!                                      watched
 //! ```
 
 use super::error::CoordError;
@@ -37,6 +42,7 @@ pub struct TopologyPaths {
     owners: String,
     assignment: String,
     finished: String,
+    watermarks: String,
 }
 
 impl TopologyPaths {
@@ -82,6 +88,7 @@ impl TopologyPaths {
             owners: format!("{stream_path}/owners"),
             assignment: format!("{stream_path}/assignment"),
             finished: format!("{stream_path}/finished"),
+            watermarks: format!("{stream_path}/watermarks"),
             stream: stream_path,
             topology: topo,
         })
@@ -138,6 +145,14 @@ impl TopologyPaths {
     /// `.../finished/{shard_id}`.
     pub fn finished(&self, shard_id: &str) -> String {
         format!("{}/{shard_id}", self.finished)
+    }
+    /// `.../streams/{stream}/watermarks`: the spout tasks' committed watermark reports.
+    pub fn watermarks_dir(&self) -> &str {
+        &self.watermarks
+    }
+    /// `.../watermarks/{task}`: the committed watermark report of the task node `task`.
+    pub fn watermark(&self, task: &str) -> String {
+        format!("{}/{task}", self.watermarks)
     }
     /// `.../tasks/task-` (the sequential-create prefix).
     pub fn task_prefix(&self) -> String {
@@ -263,6 +278,8 @@ mod tests {
         );
         assert_eq!(p.assignment(), "/squall/topologies/wc/streams/events/assignment");
         assert_eq!(p.finished("s1"), "/squall/topologies/wc/streams/events/finished/s1");
+        assert_eq!(p.watermarks_dir(), "/squall/topologies/wc/streams/events/watermarks");
+        assert_eq!(p.watermark("task-0000000012"), "/squall/topologies/wc/streams/events/watermarks/task-0000000012");
         let p = TopologyPaths::for_stage_input("/squall", "wc", "wc-words").unwrap();
         assert_eq!(p.task_prefix(), "/squall/topologies/wc/streams/wc-words/tasks/task-");
         assert_eq!(p.producers("wc-words"), "/squall/topologies/wc/stages/wc-words/producers");

@@ -4,6 +4,8 @@
 //! Cost per operation (ZooKeeper requests), the numbers ARCHITECTURE.md's cost model is built on:
 //! a checkpoint write is 1 (one transaction), finishing a shard 1, taking a free lease 3 (list,
 //! create, list), waiting for a held one 2 (list, one `exists` watch) and no write, releasing 1.
+//! Publishing a committed watermark report is 1 (2 the first time, 3 when its directory is
+//! created); reading the stream's committed watermark is 2 plus 1 per task of the assignment.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -16,10 +18,10 @@ use zookeeper_client as zk;
 
 use super::config::ZkConfig;
 use super::error::{CoordError, is_transient};
-use super::logic::task_cmp;
+use super::logic::{committed_watermark, task_cmp};
 use super::model::{
     Assignment, Checkpoint, CheckpointPosition, DrainRequest, LeaseInfo, ShardList, TaskInfo, TopologyState, Versioned,
-    WorkerStatus, decode, encode, now_ms,
+    WatermarkReport, WorkerStatus, decode, encode, now_ms,
 };
 use super::paths::{LEASE_PREFIX, TASK_PREFIX, TopologyPaths, lease_holder, sequence_of, validate_name};
 use super::session::{InjectedFault, ZkOp, ZkSession, short_backoff};
@@ -464,6 +466,105 @@ impl ZkStore {
             }
         }
         Ok(out)
+    }
+
+    // ----- committed watermarks -----
+
+    /// Publishes the committed watermark report of spout task `task` (its task node name) in the
+    /// EPHEMERAL znode `streams/{stream}/watermarks/{task}`, owned by this store's session: one
+    /// `setData` once it exists; the first report creates it (and the `watermarks` directory when
+    /// missing).
+    pub async fn publish_watermark(&self, task: &str, report: &WatermarkReport) -> Result<(), CoordError> {
+        validate_name("task name", task)?;
+        let path = self.paths.watermark(task);
+        let data = encode(&path, report)?;
+        match self.client().set_data(&path, &data, None).await {
+            Ok(_) => return Ok(()),
+            Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(CoordError::zk(&path, "set", e)),
+        }
+        let options = zk::CreateMode::Ephemeral.with_acls(self.session.acls);
+        match self.client().create(&path, &data, &options).await {
+            Ok(_) => return Ok(()),
+            // Created meanwhile (a lost answer to our own create): overwrite it.
+            Err(zk::Error::NodeExists) => {
+                return self
+                    .client()
+                    .set_data(&path, &data, None)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| CoordError::zk(&path, "set", e));
+            }
+            Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(CoordError::zk(&path, "create", e)),
+        }
+        let dir = self.paths.watermarks_dir();
+        let dir_options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        match self.client().create(dir, &[], &dir_options).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {}
+            Err(e) => return Err(CoordError::zk(dir, "create", e)),
+        }
+        match self.client().create(&path, &data, &options).await {
+            Ok(_) => Ok(()),
+            Err(zk::Error::NodeExists) => self
+                .client()
+                .set_data(&path, &data, None)
+                .await
+                .map(|_| ())
+                .map_err(|e| CoordError::zk(&path, "set", e)),
+            Err(e) => Err(CoordError::zk(&path, "create", e)),
+        }
+    }
+
+    /// Removes the committed watermark report of `task` (gone already is fine). One request.
+    pub async fn remove_watermark(&self, task: &str) -> Result<(), CoordError> {
+        validate_name("task name", task)?;
+        self.delete_quietly(&self.paths.watermark(task)).await
+    }
+
+    /// The stream's committed watermark: Ok(Ok(ms)) when the current assignment (no error set) has a report
+    /// of its own generation with Some(watermark) from every task it lists (tasks with no shards included),
+    /// the minimum of those; Ok(Err(reason)) naming what is missing (which task, which generation) otherwise.
+    ///
+    /// Every record of the stream with an arrival time below it has been acked (see
+    /// [`crate::coord::committed_watermark`], which decides from what is read here). Reports of
+    /// another generation than the assignment's are not used. Cost: one assignment read, one
+    /// `getChildren` of `watermarks/`, and one `getData` per task the assignment lists that has a
+    /// report (pipelined); no watch, no write.
+    pub async fn committed_watermark(&self) -> Result<Result<i64, String>, CoordError> {
+        let stream = self.paths.stream_name();
+        let Some(assignment) = self.read_assignment().await? else {
+            return Ok(Err(format!("stream {stream}: no assignment yet")));
+        };
+        let assignment = assignment.value;
+        let dir = self.paths.watermarks_dir();
+        let published: BTreeSet<String> = match self.client().list_children(dir).await {
+            Ok(names) => names.into_iter().collect(),
+            Err(zk::Error::NoNode) => BTreeSet::new(),
+            Err(e) => return Err(CoordError::zk(dir, "list", e)),
+        };
+        // Requests are sent when the futures are created, so these reads are pipelined.
+        let reads: Vec<_> = assignment
+            .tasks
+            .keys()
+            .filter(|t| published.contains(*t))
+            .map(|t| {
+                let path = self.paths.watermark(t);
+                let fut = self.client().get_data(&path);
+                (t, path, fut)
+            })
+            .collect();
+        let mut reports = BTreeMap::new();
+        for (task, path, fut) in reads {
+            match fut.await {
+                Ok((data, _)) => {
+                    reports.insert(task.clone(), decode::<WatermarkReport>(&path, "watermark report", &data)?);
+                }
+                Err(zk::Error::NoNode) => {} // went away since the listing
+                Err(e) => return Err(CoordError::zk(&path, "get", e)),
+            }
+        }
+        Ok(committed_watermark(&assignment, &reports).map_err(|why| format!("stream {stream}: {why}")))
     }
 
     // ----- topology state -----

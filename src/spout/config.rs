@@ -376,6 +376,15 @@ pub struct KinesisSpoutConfig {
     /// How often the spout task emits its low watermark (ms).
     #[serde(default = "default_watermark_interval_ms")]
     pub watermark_interval_ms: u64,
+    /// How often (ms) each spout task may publish its committed watermark (every record of its
+    /// shards with an arrival time below it acked) to ZooKeeper, `streams/{stream}/watermarks/{task}`,
+    /// from which [`crate::coord::ZkStore::committed_watermark`] computes the stream's. 0 (the
+    /// default): not published. Otherwise at least 100; a task writes at most once per interval,
+    /// and only when its report (assignment generation, watermark) changed: one ZooKeeper write
+    /// per task per interval at most. Not published by the readers of a stage's intermediate
+    /// stream (their records' arrival times are not event times of the source).
+    #[serde(default)]
+    pub committed_watermark_interval_ms: u64,
     /// This spout reads the intermediate stream of a stage boundary (set by
     /// [`crate::stage`], not by hand): its records are Squall stage records (decoded into the
     /// boundary stream's fields; control records update watermarks and drain), and its tasks
@@ -396,6 +405,9 @@ pub struct KinesisSpoutConfig {
     #[serde(default)]
     pub efo: EfoSettings,
 }
+
+/// The shortest `committed_watermark_interval_ms` other than 0 (the coordinator's tick).
+pub const MIN_COMMITTED_WATERMARK_INTERVAL_MS: u64 = 100;
 
 fn default_idle_timeout_ms() -> u64 {
     5_000
@@ -464,6 +476,7 @@ impl KinesisSpoutConfig {
             read_log: None,
             watermark_idle_timeout_ms: default_idle_timeout_ms(),
             watermark_interval_ms: default_watermark_interval_ms(),
+            committed_watermark_interval_ms: 0,
             stage_input: false,
             stream_tasks: false,
             consumer: Consumer::default(),
@@ -534,6 +547,16 @@ impl KinesisSpoutConfig {
             if v == 0 {
                 return err(key, "is 0; give a positive number of milliseconds".into());
             }
+        }
+        if (1..MIN_COMMITTED_WATERMARK_INTERVAL_MS).contains(&self.committed_watermark_interval_ms) {
+            return err(
+                "committed_watermark_interval_ms",
+                format!(
+                    "is {}; use 0 (not published) or at least {MIN_COMMITTED_WATERMARK_INTERVAL_MS} milliseconds \
+                     (each task writes to ZooKeeper at most once per interval)",
+                    self.committed_watermark_interval_ms
+                ),
+            );
         }
         if self.retry.replay_min_backoff_ms > self.retry.replay_max_backoff_ms {
             return err("retry.replay_min_backoff_ms", "is above retry.replay_max_backoff_ms".into());
@@ -619,6 +642,12 @@ mod tests {
         let mut c = KinesisSpoutConfig::new("t", "s");
         c.retry.fatal_max_backoff_ms = 10;
         assert!(c.validate().unwrap_err().to_string().contains("retry.fatal_max_backoff_ms"));
+        let mut c = KinesisSpoutConfig::new("t", "s");
+        c.committed_watermark_interval_ms = 50;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("committed_watermark_interval_ms") && e.contains("at least 100"), "{e}");
+        c.committed_watermark_interval_ms = 100;
+        c.validate().unwrap();
         let e = serde_json::from_str::<KinesisSpoutConfig>(r#"{"topology":"t","stream":"s","recordz":1}"#).unwrap_err();
         assert!(e.to_string().contains("recordz"), "{e}");
     }
@@ -631,6 +660,7 @@ mod tests {
         assert_eq!(c.max_queued_bytes_per_shard, 1 << 20);
         assert_eq!(c.max_read_bytes_in_flight, 8 << 20);
         assert_eq!(c.retry.fatal_max_backoff_ms, 60_000);
+        assert_eq!(c.committed_watermark_interval_ms, 0, "committed watermarks are not published by default");
         assert_eq!(c, KinesisSpoutConfig::new("t", "s"));
     }
 

@@ -9,6 +9,17 @@
 //! ZooKeeper requests it makes: a checkpoint write is one transaction; taking a free shard three
 //! requests plus one checkpoint read; waiting for a shard another task still holds one `exists`
 //! watch and no write; releasing one delete. Nothing per tick unless a checkpoint moved.
+//!
+//! # Committed watermark
+//!
+//! With `committed_watermark_interval_ms` > 0 (and not reading a stage's intermediate stream),
+//! the task publishes its committed watermark ([`Tracker::task_committed_watermark`]) with the
+//! generation of the assignment it last reconciled with, as a [`WatermarkReport`] in the EPHEMERAL
+//! znode `streams/{stream}/watermarks/{task}` of its worker's session, while it is registered.
+//! Cost: at most one `setData` per task per interval, and none while the report (generation,
+//! watermark) is unchanged; the first report of a task node creates it (one more request, and one
+//! more when the directory is missing). Unregistering (deactivation, shutdown) deletes it (one
+//! request); a lost session takes it along. Readers: [`crate::coord::ZkStore::committed_watermark`].
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -22,7 +33,8 @@ use super::reader::{ReaderCtx, ReaderEvent};
 use super::stream::{StreamCommand, StreamHandle, StreamView};
 use super::tracker::{SeqKey, Tracker};
 use crate::coord::{
-    Acquire, Checkpoint, CheckpointPosition, CoordError, Health, Lease, TaskInfo, Versioned, ZkStore, now_ms,
+    Acquire, Checkpoint, CheckpointPosition, CoordError, Health, Lease, TaskInfo, Versioned, WatermarkReport, ZkStore,
+    now_ms,
 };
 
 /// A shard this task holds a lease on.
@@ -98,7 +110,16 @@ struct Session {
     pending_release: Vec<Lease>,
     /// The generation of the assignment last reconciled with.
     assignment_generation: Option<u64>,
+    /// The committed watermark report last published by this task node, and when.
+    report: Option<Reported>,
     last_warn: Option<(String, Instant)>,
+}
+
+/// A committed watermark report written (or attempted: a failed write waits for the interval too).
+struct Reported {
+    /// (generation, watermark) of the last successful write; `None` after a failed first write.
+    written: Option<(u64, Option<i64>)>,
+    at: Instant,
 }
 
 /// How a session of this task ended.
@@ -132,6 +153,7 @@ impl Coordinator {
                         cleanup: BTreeSet::new(),
                         pending_release: Vec::new(),
                         assignment_generation: None,
+                        report: None,
                         last_warn: None,
                     };
                 }
@@ -174,11 +196,13 @@ impl Coordinator {
             tracing::info!(topology = %self.cfg.topology, stream = %self.cfg.stream, task = %task, "spout task registered");
             s.task = task;
             s.registered = true;
+            s.report = None;
         } else if !active && s.registered {
             // The leader moves its shards to active tasks (they wait on the leases, which are
             // released once in-flight tuples are acked and checkpointed).
             s.store.unregister_task(&s.task).await?;
             s.registered = false;
+            self.remove_report(s).await;
             let _ = self.stream.commands.send(StreamCommand::Unregistered { task: s.task.clone() });
             tracing::info!(task = %s.task, "spout task deactivated: unregistered, handing its shards back");
         }
@@ -188,6 +212,45 @@ impl Coordinator {
     /// Publishes how many leases the task holds (the metrics endpoint reads it).
     fn publish_leases(&self, s: &Session) {
         self.reader.stats.leases_held.store(s.owned.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Publishes the task's committed watermark report when it is due (see the module docs): at
+    /// most once per `committed_watermark_interval_ms`, and only when (generation, watermark)
+    /// changed since the last write. Only while registered: the report covers what the assignment
+    /// of `s.assignment_generation` gives this task node, which is what the tracker tracks once
+    /// reconciled with it.
+    async fn publish_watermark(&self, s: &mut Session) -> Result<(), CoordError> {
+        let interval = self.cfg.committed_watermark_interval_ms;
+        if interval == 0 || self.cfg.stage_input || !s.registered || !*self.active.borrow() {
+            return Ok(());
+        }
+        let Some(generation) = s.assignment_generation else { return Ok(()) };
+        if s.report.as_ref().is_some_and(|r| r.at.elapsed() < KinesisSpoutConfig::ms(interval)) {
+            return Ok(());
+        }
+        let idle = KinesisSpoutConfig::ms(self.cfg.watermark_idle_timeout_ms);
+        let now = now_ms();
+        let watermark = lock(&self.tracker).task_committed_watermark(idle, now);
+        let written = s.report.as_ref().and_then(|r| r.written);
+        if written == Some((generation, watermark)) {
+            return Ok(());
+        }
+        let report = WatermarkReport { generation, watermark_ms: watermark, updated_at_ms: now };
+        s.report = Some(Reported { written, at: Instant::now() });
+        s.store.publish_watermark(&s.task, &report).await?;
+        s.report = Some(Reported { written: Some((generation, watermark)), at: Instant::now() });
+        Ok(())
+    }
+
+    /// Deletes the task node's committed watermark report (after unregistering). A failure is only
+    /// logged: the node is ephemeral, and a stale report stays true of the generation it names.
+    async fn remove_report(&self, s: &mut Session) {
+        if s.report.take().is_none() {
+            return;
+        }
+        if let Err(e) = s.store.remove_watermark(&s.task).await {
+            tracing::warn!(task = %s.task, error = %e, "removing the committed watermark report failed; it goes with the session");
+        }
     }
 
     fn set_fetch(&self, allowed: bool) {
@@ -237,6 +300,12 @@ impl Coordinator {
                 }
                 self.clean_up(s).await;
                 self.publish_leases(s);
+                if let Err(e) = self.publish_watermark(s).await {
+                    if e.is_session_lost() {
+                        return if cancel.is_cancelled() { End::Shutdown } else { End::Lost };
+                    }
+                    warn_once(s, &format!("publishing the committed watermark failed; retrying: {e}"));
+                }
                 if let Some(e) = first_err {
                     if e.is_session_lost() {
                         return if cancel.is_cancelled() { End::Shutdown } else { End::Lost };
@@ -575,6 +644,7 @@ impl Coordinator {
             if let Err(e) = s.store.unregister_task(&s.task).await {
                 tracing::warn!(task = %s.task, error = %e, "removing the task registration failed; it goes with the session");
             }
+            self.remove_report(s).await;
             let _ = self.stream.commands.send(StreamCommand::Unregistered { task: s.task.clone() });
         }
     }

@@ -33,6 +33,15 @@
 //! checkpointed state. Dead-lettering records do not hold the watermark either: they leave the
 //! default stream. The same holds for records a handoff abandons (the next owner reads them
 //! again from the checkpoint, after its own watermark may have passed them).
+//!
+//! # Committed watermark
+//!
+//! The committed watermark ([`ShardTrack::committed_watermark`],
+//! [`Tracker::task_committed_watermark`]) is published out of band (through ZooKeeper, see the
+//! coordinator) for exactly-once window firing: every record read below it is acked. So every
+//! emitted record that is not acked holds it as well, whatever it waits for (its ack, its replay,
+//! its dead-letter tuple's ack, the next owner after a handoff). It never travels in band, so it
+//! cannot deadlock a bolt the way the low watermark would.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -238,12 +247,29 @@ impl ShardTrack {
     /// back: it reports the time of its last caught-up read minus `idle` (any later record arrives
     /// after that). `None`: unknown yet.
     pub fn watermark(&self, idle: Duration) -> Option<i64> {
+        self.low_mark(idle, |e| e.awaiting_replay && !e.acked)
+    }
+
+    /// The shard's committed watermark (ms): like [`ShardTrack::watermark`], but every record
+    /// emitted and not acked holds it too, whatever it awaits: its ack, its replay, the ack of its
+    /// dead-letter tuple (a dead-lettering record is in flight until then), or, abandoned by a
+    /// handoff, being read again by the next owner. So every record of the shard read by this
+    /// ownership with an arrival time below it is acked (its tuple tree completed). Same fallback
+    /// (the newest record read, the idle caught-up rule). `None`: unknown yet.
+    pub fn committed_watermark(&self, idle: Duration) -> Option<i64> {
+        self.low_mark(idle, |e| !e.acked)
+    }
+
+    /// The oldest arrival among in-flight entries that `holds` and queued records; else the newest
+    /// read or the idle caught-up time.
+    fn low_mark(&self, idle: Duration, holds: impl Fn(&Entry) -> bool) -> Option<i64> {
         // Arrival times are approximate (not strictly ordered within a shard): scan them all.
-        // The spout calls this at most once per watermark interval.
+        // The spout calls this at most once per watermark interval, the coordinator at most once
+        // per tick.
         let pending = self
             .inflight
             .values()
-            .filter(|e| e.awaiting_replay && !e.acked)
+            .filter(|e| holds(e))
             .map(|e| e.record.arrival_ms)
             .chain(self.queued.iter().map(|r| r.arrival_ms))
             .min();
@@ -332,10 +358,29 @@ impl Tracker {
     /// backlog, read from TRIM_HORIZON or a checkpoint, may be older than anything else), or
     /// while an owned shard has read nothing.
     pub fn task_watermark(&self, idle: Duration, now_ms: i64) -> Option<i64> {
+        self.task_mark(idle, now_ms, ShardTrack::watermark)
+    }
+
+    /// The task's committed watermark, given `now_ms`: [`ShardTrack::committed_watermark`] (every
+    /// emitted, unacked record holds it) with exactly the coverage rules of
+    /// [`Tracker::task_watermark`]. Shards being handed off are not counted: their unacked records
+    /// are behind the checkpoint the next owner reads from, and that owner's watermark is unknown
+    /// until it took the shard and read from there.
+    pub fn task_committed_watermark(&self, idle: Duration, now_ms: i64) -> Option<i64> {
+        self.task_mark(idle, now_ms, ShardTrack::committed_watermark)
+    }
+
+    /// The coverage rules of [`Tracker::task_watermark`] over the per-shard mark `shard_mark`.
+    fn task_mark(
+        &self,
+        idle: Duration,
+        now_ms: i64,
+        shard_mark: impl Fn(&ShardTrack, Duration) -> Option<i64>,
+    ) -> Option<i64> {
         let owned = self.shards.values().filter(|t| !t.stopping).count();
         match self.assigned {
             Some(0) if owned == 0 => Some(now_ms.saturating_sub(i64::try_from(idle.as_millis()).unwrap_or(i64::MAX))),
-            Some(n) if owned >= n && owned > 0 => self.watermark(idle),
+            Some(n) if owned >= n && owned > 0 => self.min_over_owned(|t| shard_mark(t, idle)),
             _ => None,
         }
     }
@@ -418,10 +463,17 @@ impl Tracker {
 
     /// The low watermark over every owned shard; `None` while any shard's is unknown, or when
     /// no shard is owned.
+    #[cfg(test)]
     pub fn watermark(&self, idle: Duration) -> Option<i64> {
+        self.min_over_owned(|t| t.watermark(idle))
+    }
+
+    /// The minimum of `mark` over every owned shard (not stopping); `None` while any is unknown,
+    /// or when no shard is owned.
+    fn min_over_owned(&self, mark: impl Fn(&ShardTrack) -> Option<i64>) -> Option<i64> {
         let mut min: Option<i64> = None;
         for t in self.shards.values().filter(|t| !t.stopping) {
-            let w = t.watermark(idle)?;
+            let w = mark(t)?;
             min = Some(min.map_or(w, |m| m.min(w)));
         }
         min
@@ -923,6 +975,96 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The committed watermark is held by every emitted record not acked yet (in flight,
+    /// awaiting a replay, dead-lettering), where the in-band watermark is not; acks move it.
+    #[test]
+    fn committed_watermark_is_held_by_unacked_records_the_in_band_one_is_not() {
+        let mut t = Tracker::default();
+        let s: Arc<str> = "shardId-0".into();
+        let e = t.start(&s);
+        let idle = Duration::from_secs(60);
+        let mk = |seq: u64, at: i64| Record { arrival_ms: at, ..rec(&s, seq) };
+        let track = |t: &Tracker| (t.get(&s).unwrap().watermark(idle), t.get(&s).unwrap().committed_watermark(idle));
+        assert_eq!(track(&t), (None, None), "unknown until something is read");
+        t.enqueue(&s, e, vec![mk(1, 100), mk(2, 200), mk(3, 300), mk(4, 400)]);
+        assert_eq!(track(&t), (Some(100), Some(100)), "queued records hold both");
+        let (r1, _) = t.next_to_emit().unwrap();
+        let (r2, _) = t.next_to_emit().unwrap();
+        let (r3, _) = t.next_to_emit().unwrap();
+        assert_eq!(track(&t), (Some(400), Some(100)), "emitted, unacked: holds the committed watermark only");
+        assert!(t.ack(&s, e, &r2.sequence, 0));
+        assert_eq!(track(&t), (Some(400), Some(100)), "a later ack does not move it past an unacked record");
+        assert!(t.ack(&s, e, &r1.sequence, 0));
+        assert_eq!(track(&t), (Some(400), Some(300)), "acked: the oldest unacked holds it");
+        assert!(matches!(t.fail(&s, e, &r3.sequence, 0, 1), FailOutcome::Replay(1)));
+        assert_eq!(track(&t), (Some(300), Some(300)), "awaiting its replay: holds both");
+        t.replay_record(&s, e, &r3.sequence, 0).expect("replayed");
+        assert_eq!(track(&t), (Some(400), Some(300)), "replayed, in flight again: holds the committed one only");
+        assert!(matches!(t.fail(&s, e, &r3.sequence, 0, 1), FailOutcome::DeadLetter(2)));
+        assert_eq!(track(&t), (Some(400), Some(300)), "dead-lettering: in flight until its dead-letter tuple is acked");
+        assert_eq!(t.fail_dead_letter(&s, e, &r3.sequence, 0), Some(1));
+        assert_eq!(track(&t), (Some(400), Some(300)), "its dead-letter tuple failed: still held");
+        assert!(t.ack(&s, e, &r3.sequence, 0), "the dead-letter tuple's ack");
+        assert_eq!(track(&t), (Some(400), Some(400)), "handled: the oldest queued");
+        let (r4, _) = t.next_to_emit().unwrap();
+        assert_eq!(track(&t), (Some(400), Some(400)), "its only record in flight, nothing older: held at it");
+        t.enqueue(&s, e, vec![mk(5, 500)]);
+        assert_eq!(track(&t), (Some(500), Some(400)));
+        let (r5, _) = t.next_to_emit().unwrap();
+        assert!(t.ack(&s, e, &r5.sequence, 0));
+        assert_eq!(track(&t), (Some(500), Some(400)), "r4 still unacked");
+        assert!(t.ack(&s, e, &r4.sequence, 0));
+        assert_eq!(track(&t), (Some(500), Some(500)), "nothing unacked: the newest read");
+        // A record abandoned by a handoff is read again by the next owner: it still holds the
+        // shard's committed watermark (the task's leaves a shard being handed off out).
+        let s2: Arc<str> = "shardId-1".into();
+        let e2 = t.start(&s2);
+        t.enqueue(&s2, e2, vec![Record { arrival_ms: 50, ..rec(&s2, 1) }, Record { arrival_ms: 60, ..rec(&s2, 2) }]);
+        let (a, _) = t.next_to_emit().unwrap();
+        let (b, _) = t.next_to_emit().unwrap();
+        assert!(t.ack(&s2, e2, &b.sequence, 0));
+        t.get_mut(&s2).unwrap().stopping = true;
+        assert!(matches!(t.fail(&s2, e2, &a.sequence, 0, 3), FailOutcome::Ignore));
+        assert_eq!(t.get(&s2).unwrap().committed_watermark(idle), Some(50), "abandoned, not acked: holds it");
+        assert_eq!(t.get(&s2).unwrap().watermark(idle), Some(60));
+    }
+
+    /// The task's committed watermark follows the coverage rules of the in-band one, over the
+    /// committed per-shard marks.
+    #[test]
+    fn task_committed_watermark_has_the_coverage_rules_of_task_watermark() {
+        let idle = Duration::from_secs(5);
+        let now = 100_000;
+        let mut t = Tracker::default();
+        let both = |t: &Tracker| (t.task_watermark(idle, now), t.task_committed_watermark(idle, now));
+        assert_eq!(both(&t), (None, None), "no assignment seen yet");
+        t.set_assigned(0);
+        assert_eq!(both(&t), (Some(95_000), Some(95_000)), "assigned nothing: holds nothing back");
+        t.set_assigned(2);
+        let a: Arc<str> = Arc::from("a");
+        let ea = t.start(&a);
+        assert_eq!(both(&t), (None, None), "a shard assigned but not taken yet");
+        let b: Arc<str> = Arc::from("b");
+        let eb = t.start(&b);
+        assert_eq!(both(&t), (None, None), "taken, nothing read yet");
+        t.enqueue(&a, ea, vec![Record { arrival_ms: 1_000, ..rec(&a, 1) }, Record { arrival_ms: 3_000, ..rec(&a, 2) }]);
+        assert_eq!(both(&t), (None, None), "shard b read nothing yet");
+        t.enqueue(&b, eb, vec![Record { arrival_ms: 2_000, ..rec(&b, 1) }]);
+        assert_eq!(both(&t), (Some(1_000), Some(1_000)), "the minimum over the shards");
+        let (ra, _) = t.next_to_emit().unwrap();
+        let (rb, _) = t.next_to_emit().unwrap();
+        assert_eq!((ra.arrival_ms, rb.arrival_ms), (1_000, 2_000));
+        assert_eq!(both(&t), (Some(2_000), Some(1_000)), "emitted, unacked: the committed one stays");
+        assert!(t.ack(&a, ea, &ra.sequence, 0));
+        assert_eq!(both(&t), (Some(2_000), Some(2_000)), "acked: moved to b's unacked record");
+        assert!(t.ack(&b, eb, &rb.sequence, 0));
+        assert_eq!(both(&t), (Some(2_000), Some(2_000)), "b's newest read");
+        t.get_mut(&b).unwrap().stopping = true;
+        assert_eq!(both(&t), (None, None), "handing b off: fewer owned than assigned");
+        t.set_assigned(1);
+        assert_eq!(both(&t), (Some(3_000), Some(3_000)), "a alone: its queued record");
     }
 
     #[test]
