@@ -528,7 +528,9 @@ impl ZkStore {
     ///
     /// Every record of the stream with an arrival time below it has been acked (see
     /// [`crate::coord::committed_watermark`], which decides from what is read here). Reports of
-    /// another generation than the assignment's are not used. Cost: one assignment read, one
+    /// another generation than the assignment's are not used. It may move back after a handoff
+    /// (the new owner reads again, from the checkpoint, records acked already); a value once
+    /// returned stays true, so a reader may keep the highest it saw. Cost: one assignment read, one
     /// `getChildren` of `watermarks/`, and one `getData` per task the assignment lists that has a
     /// report (pipelined); no watch, no write.
     pub async fn committed_watermark(&self) -> Result<Result<i64, String>, CoordError> {
