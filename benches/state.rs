@@ -1174,7 +1174,7 @@ async fn ops(env: &Env, summary: &mut Vec<String>) -> anyhow::Result<()> {
                     let (pk, key) = (format!("{scope}/{prefix}-{k}"), format!("{prefix}-{k}"));
                     async move {
                         let expected = (base + round > 0).then_some((base + round) as u64);
-                        match store.put(&pk, &scope, &key, expected, b"42".to_vec(), blob).await? {
+                        match store.put(&pk, &scope, &key, expected, b"42".to_vec(), blob, None).await? {
                             squall::state::WriteOutcome::Written => Ok(()),
                             squall::state::WriteOutcome::Conflict => bail!("unexpected conflict on {pk}"),
                         }

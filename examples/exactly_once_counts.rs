@@ -36,8 +36,13 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use clap::Parser;
+use serde::Serialize;
+use squall::sink::{FieldsEncoder, KinesisSink, KinesisSinkConfig};
 use squall::stage::{Boundary, Stages};
-use squall::state::{ExactlyOnce, KeyedState, StateConfig, StateEndpoint, StateStore, with_production_fields};
+use squall::state::{
+    ExactlyOnce, FIRE_FIELDS, FirerConfig, KeyedState, OnFire, StateConfig, StateEndpoint, StateStore, WindowFirer,
+    with_production_fields,
+};
 use squall::topology::{AckHandle, Bolt, BoltOutput, ComponentError, TaskContext, Timer, Tuple};
 
 #[derive(Debug, Parser)]
@@ -72,9 +77,18 @@ struct Args {
     pad_bytes: usize,
     /// Count per key and tumbling event-time window of this many ms (the record's arrival time):
     /// the state of key K's window starting at S is item `K@S`. Windows are materialized in the
-    /// table, exactly once; they are not fired downstream.
+    /// table, exactly once; with `--fire-to`, each fires once the stream's committed watermark
+    /// passes its end.
     #[arg(long)]
     window_ms: Option<u64>,
+    /// With `--window-ms`: fire each window when the stream's committed watermark passes its end
+    /// (a `WindowFirer` spout, one task per worker) and put its final count to this Kinesis
+    /// stream, one JSON record `{key, window_start, count, fire_key, fire_at}` per window,
+    /// partitioned by `fire_key` (`key@start`, unique per window: deduplicate by it). The spout
+    /// must publish the committed watermark: `committed_watermark_interval_ms` > 0 in
+    /// `--spout-config`.
+    #[arg(long, requires = "window_ms")]
+    fire_to: Option<String>,
     /// Two stages across an intermediate Kinesis stream: per-key counts (stage `counts`) emit
     /// `{key, n: 1}` per record, summed per key exactly once by stage `totals`.
     #[arg(long)]
@@ -170,6 +184,37 @@ impl KeyedState for CountByKey {
     fn apply(&mut self, _key: &str, n: &mut u64, _t: &Tuple, _out: &mut Vec<()>) -> Result<(), ComponentError> {
         *n += 1;
         Ok(())
+    }
+
+    /// A window fires at its end.
+    fn timer(&self, key: &str, _n: &u64) -> Option<i64> {
+        let (w, start) = (self.window_ms?, window_start(key)?);
+        i64::try_from(w).ok().map(|w| start + w)
+    }
+}
+
+/// The start of the window a windowed key `{key}@{start}` names.
+fn window_start(key: &str) -> Option<i64> {
+    key.rsplit_once('@').and_then(|(_, s)| s.parse().ok())
+}
+
+/// A fired window: its final count.
+#[derive(Debug, Serialize)]
+struct WindowCount {
+    key: String,
+    window_start: i64,
+    count: u64,
+}
+
+/// Makes a [`WindowCount`] of a fired window's state.
+struct FireCount;
+
+impl OnFire for FireCount {
+    type State = u64;
+    type Out = WindowCount;
+    fn fire(&mut self, key: &str, _fire_at: i64, count: u64) -> WindowCount {
+        let (k, start) = key.rsplit_once('@').unwrap_or((key, "0"));
+        WindowCount { key: k.to_string(), window_start: start.parse().unwrap_or(0), count }
     }
 }
 
@@ -297,6 +342,21 @@ async fn main() -> anyhow::Result<()> {
         (args.counters, args.at_least_once, std::time::Duration::from_millis(args.commit_interval_ms));
     let (pad_key, pad_bytes) = (args.pad_key, args.pad_bytes);
     let window_ms = args.window_ms.filter(|w| *w > 0);
+    let firing = match &args.fire_to {
+        Some(to) => {
+            let spout = args.worker.spout_config()?;
+            anyhow::ensure!(
+                spout.committed_watermark_interval_ms > 0,
+                "--fire-to needs the stream's committed watermark: set committed_watermark_interval_ms (e.g. 500) in \
+                 --spout-config"
+            );
+            let firer = FirerConfig::new(cfg.clone(), "counts", spout.zookeeper.to_zk_config(), spout.stream.clone());
+            let sink = KinesisSinkConfig::new(to.clone(), spout.kinesis.clone());
+            sink.validate()?;
+            Some((firer, sink))
+        }
+        None => None,
+    };
     if args.two_stages {
         let mut first = cfg.clone();
         first.production_ids = true;
@@ -344,6 +404,12 @@ async fn main() -> anyhow::Result<()> {
         } else {
             b.set_bolt("counts", counters, move |_| ExactlyOnce::new(cfg.clone(), CountByKey { window_ms }))
                 .fields_grouping(spout, &["partition_key"]);
+            if let Some((firer, sink)) = firing {
+                let fields: Vec<&str> = ["key", "window_start", "count"].into_iter().chain(FIRE_FIELDS).collect();
+                b.set_spout("fire", 1, move |_| WindowFirer::new(firer.clone(), FireCount)).fields(&fields);
+                b.set_bolt("fired", 1, move |_| KinesisSink::new(sink.clone(), FieldsEncoder::new(&["fire_key"])))
+                    .shuffle_grouping("fire");
+            }
         }
     })
     .await

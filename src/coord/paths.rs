@@ -6,6 +6,7 @@
 //!   drain                              drain notification JSON {deployment_id, requested_at_ms}
 //!   tasks/task-NNNNNNNNNN              EPHEMERAL_SEQUENTIAL, one per live spout task
 //!   workers/{workerId}                 EPHEMERAL, one per live worker process: its status JSON
+//!   firers/{component}/task-NNNNNNNNNN EPHEMERAL_SEQUENTIAL, one per window firer; the lowest fires
 //!   streams/{stream}/
 //!     shards                           the shard list JSON (leader only; versioned writes; < 900 KB)
 //!     assignment                       which task reads which shard (leader only, fenced); watched
@@ -157,6 +158,10 @@ impl TopologyPaths {
     /// `.../tasks/task-` (the sequential-create prefix).
     pub fn task_prefix(&self) -> String {
         format!("{}/{TASK_PREFIX}", self.tasks)
+    }
+    /// `.../{topology}/firers/{component}`: the window firers of a keyed-state component.
+    pub fn firers(&self, component: &str) -> String {
+        format!("{}/firers/{component}", self.topology)
     }
     /// `.../tasks/{node}`.
     pub fn task(&self, node: &str) -> String {

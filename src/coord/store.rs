@@ -256,6 +256,41 @@ impl ZkStore {
         Ok(names)
     }
 
+    /// Registers a window firer of `component` ([`crate::state::WindowFirer`]): an
+    /// EPHEMERAL_SEQUENTIAL `firers/{component}/task-N` znode (its parent created when missing).
+    /// Returns its node name. The firer with the lowest sequence fires; the others wait.
+    pub async fn register_firer(&self, component: &str) -> Result<String, CoordError> {
+        validate_name("component name", component)?;
+        let dir = self.paths.firers(component);
+        if !matches!(self.client().check_stat(&dir).await, Ok(Some(_))) {
+            let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+            let op = || async { self.client().mkdir(&dir, &options).await };
+            op.retry(short_backoff()).when(is_transient).await.map_err(|e| CoordError::zk(&dir, "mkdir", e))?;
+        }
+        let prefix = format!("{dir}/{TASK_PREFIX}");
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.session.acls);
+        let (_, seq) = self
+            .client()
+            .create(&prefix, self.session.name().as_bytes(), &options)
+            .await
+            .map_err(|e| CoordError::zk(&prefix, "create", e))?;
+        Ok(format!("{TASK_PREFIX}{seq}"))
+    }
+
+    /// The live window firers of `component`, sorted by sequence (the first fires). One request.
+    pub async fn firers(&self, component: &str) -> Result<Vec<String>, CoordError> {
+        validate_name("component name", component)?;
+        let dir = self.paths.firers(component);
+        let mut names: Vec<String> = match self.client().list_children(&dir).await {
+            Ok(n) => n,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(CoordError::zk(&dir, "list", e)),
+        };
+        names.retain(|n| n.starts_with(TASK_PREFIX));
+        names.sort_by(|a, b| task_cmp(a, b));
+        Ok(names)
+    }
+
     /// Live tasks (node name, info), sorted by sequence (the first is the leader).
     pub async fn live_tasks(&self) -> Result<Vec<(String, TaskInfo)>, CoordError> {
         let names = self.task_names().await?;

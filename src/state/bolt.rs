@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::dedup::{Dedup, ProductionId, RecordId, Verdict};
 use super::store::{
-    MAX_BATCH_GET, MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, StoredItem, WriteOutcome, item_size,
+    MAX_BATCH_GET, MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, StoredItem, TimerAt, WriteOutcome, item_size,
 };
 
 /// A keyed computation whose per-key state is kept exactly once (see the [module docs](super)).
@@ -43,6 +43,16 @@ pub trait KeyedState: Send + 'static {
         t: &Tuple,
         out: &mut Vec<Self::Out>,
     ) -> Result<(), ComponentError>;
+
+    /// The key's timer: the event time (ms since the epoch) at which the key *fires*, e.g. the
+    /// end of the window a windowed key names. Asked after each commit's inputs are applied;
+    /// `None` (the default) for no timer. A [`super::WindowFirer`] spout fires the key once the
+    /// stream's committed watermark reaches it: it freezes the key's state and emits it. Inputs
+    /// of a key after it fired are *late*: acked, counted and not applied.
+    fn timer(&self, key: &str, state: &Self::State) -> Option<i64> {
+        let _ = (key, state);
+        None
+    }
 }
 
 /// Settings of an [`ExactlyOnce`] bolt.
@@ -64,6 +74,10 @@ pub struct StateConfig {
     /// store. Cheaper; an input redone after a conflict or a crash emits again, so only for
     /// idempotent downstream computations. Default false (strong productions).
     pub weak_productions: bool,
+    /// Partitions of the timer index per component (`{scope}#{n}`): spreads timers over
+    /// DynamoDB partitions; a [`super::WindowFirer`] of the component must use the same number.
+    /// Default 8.
+    pub timer_partitions: u32,
     /// Production ids: each strong production is emitted with three more values,
     /// [`PRODUCTION_FIELDS`] (the input record's shard, `{sequence}:{sub_sequence}:{index}`, and
     /// the input's checkpoint), so that an exactly-once bolt after a stage boundary
@@ -87,6 +101,7 @@ impl StateConfig {
             retry_max_backoff_ms: 5000,
             weak_productions: false,
             production_ids: false,
+            timer_partitions: 8,
             abort_after_commits: None,
         }
     }
@@ -117,6 +132,7 @@ struct Write<O> {
     expected: Option<u64>,
     state: Vec<u8>,
     dedup: Vec<u8>,
+    timer: Option<TimerAt>,
     inputs: Vec<(Input, Fate<O>)>,
 }
 
@@ -129,6 +145,7 @@ struct Metrics {
     retries: Counter,
     failed: Counter,
     reads: Counter,
+    late: Counter,
 }
 
 struct Running {
@@ -307,7 +324,7 @@ impl<K: KeyedState> ExactlyOnce<K> {
                 let scope = run.scope.clone();
                 async move {
                     let (state, dedup) = (std::mem::take(&mut w.state), std::mem::take(&mut w.dedup));
-                    let r = store.put(&w.pk, &scope, &w.key, w.expected, state, dedup).await;
+                    let r = store.put(&w.pk, &scope, &w.key, w.expected, state, dedup, w.timer.as_ref()).await;
                     (w, r)
                 }
             }))
@@ -403,6 +420,10 @@ impl<K: KeyedState> ExactlyOnce<K> {
                 return None;
             }
         };
+        if item.is_some_and(|i| i.fired) {
+            self.late(run, &key, &mut dedup, inputs, out);
+            return None;
+        }
         let (mut fates, mut fresh) = self.judge_apply(run, &key, &mut state, &mut dedup, inputs, None, out);
         if fresh == 0 {
             // nothing new to store: duplicates are acked (their productions re-sent), the rest fail
@@ -437,14 +458,47 @@ impl<K: KeyedState> ExactlyOnce<K> {
                 return None;
             }
         };
+        let timer = self.logic.timer(&key, &state).map(|fire_at| TimerAt {
+            partition: timer_partition(&run.scope, &key, self.cfg.timer_partitions),
+            fire_at,
+        });
         Some(Write {
             key,
             pk,
             expected: item.map(|i| i.version),
             state: state_bytes,
             dedup: dedup_bytes,
+            timer,
             inputs: fates,
         })
+    }
+
+    /// Inputs of a key that fired (its state is frozen): duplicates are acked as usual (their
+    /// productions re-sent), fenced ones fail, and new ones are *late*: acked, counted and
+    /// logged, not applied.
+    fn late(&mut self, run: &Running, key: &str, dedup: &mut Dedup, inputs: Vec<Input>, out: &mut BoltOutput) {
+        let mut fates = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            dedup.promote(&input.id);
+            match dedup.judge(&input.id) {
+                Verdict::Fenced { .. } => {
+                    run.m.refused.incr();
+                    fates.push((input, Fate::Fail));
+                }
+                Verdict::Duplicate(p) => {
+                    run.m.duplicates.incr();
+                    fates.push((input, Fate::Duplicate(p)));
+                }
+                Verdict::Fresh => {
+                    run.m.late.incr();
+                    tracing::warn!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
+                        "late input: key `{key}` already fired (its state is frozen); the input is acked and not \
+                         applied");
+                    out.ack(input.handle);
+                }
+            }
+        }
+        self.settle(fates, run, out);
     }
 
     /// Judges each input against `dedup` and applies the fresh ones to `state`, in arrival order;
@@ -593,6 +647,17 @@ impl<K: KeyedState> ExactlyOnce<K> {
     }
 }
 
+/// The timer index partition of `key` in `scope`: `{scope}#{n}`, n a stable hash of the key
+/// modulo `partitions` (FNV-1a: the same in every process and build).
+pub fn timer_partition(scope: &str, key: &str, partitions: u32) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{scope}#{}", h % u64::from(partitions.max(1)))
+}
+
 /// The item size check of a round redone input by input (see `ExactlyOnce::judge_apply`).
 struct Limit<'a> {
     pk: &'a str,
@@ -680,6 +745,7 @@ impl<K: KeyedState> Bolt for ExactlyOnce<K> {
             retries: ctx.counter("state_retries"),
             failed: ctx.counter("state_failed"),
             reads: ctx.counter("state_reads"),
+            late: ctx.counter("state_late"),
         };
         let scope = scope(ctx.topology_name(), ctx.component_id());
         self.run = Some(Running { store, scope, cancel: ctx.cancellation(), m });
@@ -737,7 +803,7 @@ mod tests {
     }
 
     fn item(version: u64, state: &[u8], dedup: &[u8]) -> StoredItem {
-        StoredItem { version, state: state.to_vec(), dedup: dedup.to_vec() }
+        StoredItem { version, state: state.to_vec(), dedup: dedup.to_vec(), fired: false }
     }
 
     #[test]

@@ -42,6 +42,17 @@
 //! ids takes effect only once this stage's own checkpoint has passed the production that carried
 //! it (see [`Dedup`]); a production that fails here and is replayed later is still applied.
 //!
+//! # Timers and firing
+//! [`KeyedState::timer`] gives a key a fire time (a window's end); the commit writes it with the
+//! item (`tpart`, `fire_at`), which puts the item in the sparse index [`TIMER_INDEX`]. A
+//! [`WindowFirer`] spout fires each key once the stream's committed watermark (every record that
+//! arrived before it committed; published to ZooKeeper by the Kinesis spout with
+//! `committed_watermark_interval_ms`) reaches its time: it freezes the item (`fired`, conditional
+//! on the version), emits the state through [`OnFire`] with [`FIRE_FIELDS`] as a tracked tuple, and
+//! takes the timer out of the index once that tuple's tree completed. Inputs of a fired key are
+//! late: acked, counted (`state_late`), not applied. A firing that fails, or whose firer dies, is
+//! emitted again with the same frozen state: consumers deduplicate by `fire_key`.
+//!
 //! The store unreachable, throttling or failing with 5xx means back-pressure: the bolt retries
 //! with a back-off and takes no new input meanwhile; a commit is never skipped. State over
 //! DynamoDB's 400 KB item limit fails the inputs that would take the item past it (each alone: the
@@ -52,7 +63,7 @@
 //!
 //! # Table schema
 //! One table (`--state-table`, created on first start with on-demand billing), partition key
-//! `pk` (S), no sort key, no index. One item per key and component:
+//! `pk` (S), no sort key, one sparse index (below). One item per key and component:
 //!
 //! | attribute | type | content |
 //! | --- | --- | --- |
@@ -63,14 +74,27 @@
 //! | `state` | B | the user state, JSON |
 //! | `dedup` | B | JSON of [`Dedup`]: per source shard `floor`, `token`, `applied` (id -> productions); for productions of another stage, per its source shard `floor`, `candidates`, `applied` |
 //! | `updated_ms` | N | time of the last commit (ms since the epoch) |
+//! | `tpart` | S | with a pending or unconfirmed timer: `{scope}#{n}`, n = FNV-1a of the key mod `timer_partitions` |
+//! | `fire_at` | N | with `tpart`: the fire time (ms since the epoch) |
+//! | `fired` | BOOL | true once fired: the state is frozen |
+//!
+//! Index [`TIMER_INDEX`] (`timers`): partition key `tpart`, sort key `fire_at`, keys only; sparse
+//! (only items with a timer are in it). Created with the table; a table created before timers
+//! existed gets it from the firer where DynamoDB can add it.
 //!
 //! DynamoDB transactions are not used (dynalite has none), and none are needed: a commit is one
 //! conditional write of one item.
 
 mod bolt;
 pub mod dedup;
+mod fire;
 pub mod store;
 
-pub use bolt::{ExactlyOnce, KeyedState, PRODUCTION_FIELDS, StateConfig, scope, with_production_fields};
+pub use bolt::{
+    ExactlyOnce, KeyedState, PRODUCTION_FIELDS, StateConfig, scope, timer_partition, with_production_fields,
+};
 pub use dedup::{Dedup, ProductionId, RecordId, Verdict};
-pub use store::{MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, StoredItem, WriteOutcome};
+pub use fire::{EmitState, FIRE_FIELDS, FiredState, FirerConfig, OnFire, WindowFirer};
+pub use store::{
+    MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, StoredItem, TIMER_INDEX, TimerAt, WriteOutcome,
+};

@@ -9,7 +9,8 @@ use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, KeysAndAttributes,
+    AttributeDefinition, AttributeValue, BillingMode, CreateGlobalSecondaryIndexAction, GlobalSecondaryIndex,
+    GlobalSecondaryIndexUpdate, IndexStatus, KeySchemaElement, KeyType, KeysAndAttributes, Projection, ProjectionType,
     ScalarAttributeType, TableStatus,
 };
 use serde::{Deserialize, Serialize};
@@ -18,6 +19,9 @@ use serde::{Deserialize, Serialize};
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;
 /// Keys per BatchGetItem call (DynamoDB's limit).
 pub const MAX_BATCH_GET: usize = 100;
+/// The sparse global secondary index of pending timers: partition key `tpart` (S, `{scope}#{n}`),
+/// sort key `fire_at` (N); only items with a pending or unconfirmed timer are in it.
+pub const TIMER_INDEX: &str = "timers";
 
 /// Where the state table lives.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,6 +186,18 @@ pub struct StoredItem {
     pub state: Vec<u8>,
     /// Deduplication and fencing data (JSON of [`super::Dedup`]).
     pub dedup: Vec<u8>,
+    /// Fired: its timer fired and its state is frozen (inputs after that are late).
+    pub fired: bool,
+}
+
+/// A key's timer: the item is found through [`TIMER_INDEX`] in partition `partition` once the
+/// committed watermark reaches `fire_at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimerAt {
+    /// `{scope}#{n}`, n in `0..timer_partitions`.
+    pub partition: String,
+    /// Event time (ms since the epoch) at which it fires.
+    pub fire_at: i64,
 }
 
 /// The outcome of a conditional write.
@@ -237,7 +253,8 @@ impl StateStore {
         &self.client
     }
 
-    /// Creates the table when it does not exist and waits until it is ACTIVE (up to 60 s).
+    /// Creates the table when it does not exist (with [`TIMER_INDEX`]) and waits until it is
+    /// ACTIVE (up to 60 s).
     pub async fn ensure_table(&self) -> Result<(), StateError> {
         let t = &self.table;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -250,22 +267,13 @@ impl StateStore {
                     }
                 }
                 Err(SdkError::ServiceError(s)) if s.err().is_resource_not_found_exception() && !created => {
-                    let pk = AttributeDefinition::builder()
-                        .attribute_name("pk")
-                        .attribute_type(ScalarAttributeType::S)
-                        .build()
-                        .map_err(|e| StateError::Config(e.to_string()))?;
-                    let key = KeySchemaElement::builder()
-                        .attribute_name("pk")
-                        .key_type(KeyType::Hash)
-                        .build()
-                        .map_err(|e| StateError::Config(e.to_string()))?;
                     let r = self
                         .client
                         .create_table()
                         .table_name(t)
-                        .attribute_definitions(pk)
-                        .key_schema(key)
+                        .set_attribute_definitions(Some(Self::attributes(true)?))
+                        .key_schema(Self::key("pk", KeyType::Hash)?)
+                        .global_secondary_indexes(Self::timer_index()?)
                         .billing_mode(BillingMode::PayPerRequest)
                         .send()
                         .await;
@@ -295,6 +303,130 @@ impl StateStore {
         }
     }
 
+    /// Makes sure the table has [`TIMER_INDEX`] (timers need it): a table created before timers
+    /// existed gets it with UpdateTable, and this waits while DynamoDB builds it (up to 15 min).
+    /// dynalite cannot add an index to a table: the error then says to use a new table.
+    pub async fn ensure_timer_index(&self) -> Result<(), StateError> {
+        let t = &self.table;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15 * 60);
+        let mut asked = false;
+        loop {
+            let d = self
+                .client
+                .describe_table()
+                .table_name(t)
+                .send()
+                .await
+                .map_err(|e| StateError::classify(t, "DescribeTable", e))?;
+            let index = d
+                .table()
+                .map(|t| t.global_secondary_indexes())
+                .unwrap_or_default()
+                .iter()
+                .find(|i| i.index_name() == Some(TIMER_INDEX))
+                .cloned();
+            match index {
+                Some(i) if i.index_status() == Some(&IndexStatus::Active) => return Ok(()),
+                Some(_) => {}
+                None if !asked => {
+                    self.add_timer_index().await?;
+                    asked = true;
+                }
+                None => return Err(self.no_timer_index("adding it did not take")),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(StateError::Fatal {
+                    table: t.clone(),
+                    op: "DescribeTable",
+                    message: format!("the index `{TIMER_INDEX}` did not become ACTIVE within 15 minutes"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(if asked { 1000 } else { 100 })).await;
+        }
+    }
+
+    fn key(name: &str, kind: KeyType) -> Result<KeySchemaElement, StateError> {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(kind)
+            .build()
+            .map_err(|e| StateError::Config(e.to_string()))
+    }
+
+    fn attributes(with_pk: bool) -> Result<Vec<AttributeDefinition>, StateError> {
+        let mut attrs = vec![("tpart", ScalarAttributeType::S), ("fire_at", ScalarAttributeType::N)];
+        if with_pk {
+            attrs.insert(0, ("pk", ScalarAttributeType::S));
+        }
+        attrs
+            .into_iter()
+            .map(|(n, k)| {
+                AttributeDefinition::builder()
+                    .attribute_name(n)
+                    .attribute_type(k)
+                    .build()
+                    .map_err(|e| StateError::Config(e.to_string()))
+            })
+            .collect()
+    }
+
+    /// The timer index.
+    fn timer_index() -> Result<GlobalSecondaryIndex, StateError> {
+        GlobalSecondaryIndex::builder()
+            .index_name(TIMER_INDEX)
+            .key_schema(Self::key("tpart", KeyType::Hash)?)
+            .key_schema(Self::key("fire_at", KeyType::Range)?)
+            .projection(Projection::builder().projection_type(ProjectionType::KeysOnly).build())
+            .build()
+            .map_err(|e| StateError::Config(e.to_string()))
+    }
+
+    /// Asks DynamoDB to add [`TIMER_INDEX`] to a table created before timers existed.
+    async fn add_timer_index(&self) -> Result<(), StateError> {
+        let t = &self.table;
+        let i = Self::timer_index()?;
+        let create = CreateGlobalSecondaryIndexAction::builder()
+            .index_name(i.index_name())
+            .set_key_schema(Some(i.key_schema().to_vec()))
+            .set_projection(i.projection().cloned())
+            .build()
+            .map_err(|e| StateError::Config(e.to_string()))?;
+        let r = self
+            .client
+            .update_table()
+            .table_name(t)
+            .set_attribute_definitions(Some(Self::attributes(false)?))
+            .global_secondary_index_updates(GlobalSecondaryIndexUpdate::builder().create(create).build())
+            .send()
+            .await;
+        match r {
+            Ok(_) => {
+                tracing::info!(table = %t, index = TIMER_INDEX, "adding the timer index to the state table");
+                Ok(())
+            }
+            // another worker is adding it
+            Err(SdkError::ServiceError(s)) if s.err().is_resource_in_use_exception() => Ok(()),
+            // dynalite: it wants provisioned throughput even for an on-demand table (and then adds
+            // nothing)
+            Err(SdkError::ServiceError(s)) if s.err().message().unwrap_or("").contains("provisionedThroughput") => {
+                Err(self.no_timer_index(&format!("adding it was refused: {}", s.err().message().unwrap_or(""))))
+            }
+            Err(e) => Err(StateError::classify(t, "UpdateTable", e)),
+        }
+    }
+
+    fn no_timer_index(&self, why: &str) -> StateError {
+        StateError::Fatal {
+            table: self.table.clone(),
+            op: "UpdateTable",
+            message: format!(
+                "the table has no index `{TIMER_INDEX}`, which timers need, and {why} (dynalite cannot add an index to \
+                 a table): use a new table (--state-table), which is created with the index, or add the index \
+                 `{TIMER_INDEX}` (partition key tpart S, sort key fire_at N, keys only)"
+            ),
+        }
+    }
+
     /// Reads up to [`MAX_BATCH_GET`] items with strongly consistent reads; absent keys are absent
     /// from the answer. Unprocessed keys are asked again until none is left.
     pub async fn get_many(&self, pks: &[String]) -> Result<HashMap<String, StoredItem>, StateError> {
@@ -321,9 +453,10 @@ impl StateStore {
                     Some(AttributeValue::N(n)) => n.parse().unwrap_or(0),
                     _ => 0,
                 };
+                let fired = matches!(item.get("fired"), Some(AttributeValue::Bool(true)));
                 out.insert(
                     pk.clone(),
-                    StoredItem { version, state: attr_bytes(item, "state"), dedup: attr_bytes(item, "dedup") },
+                    StoredItem { version, state: attr_bytes(item, "state"), dedup: attr_bytes(item, "dedup"), fired },
                 );
             }
             if let Some(left) = r.unprocessed_keys().and_then(|m| m.get(&self.table)) {
@@ -339,7 +472,7 @@ impl StateStore {
     }
 
     /// Writes a key's item if its version is still `expected` (`None`: the item must not exist).
-    /// The new item has version `expected + 1`.
+    /// The new item has version `expected + 1`; with a `timer`, it is in [`TIMER_INDEX`].
     #[allow(clippy::too_many_arguments)]
     pub async fn put(
         &self,
@@ -349,6 +482,7 @@ impl StateStore {
         expected: Option<u64>,
         state: Vec<u8>,
         dedup: Vec<u8>,
+        timer: Option<&TimerAt>,
     ) -> Result<WriteOutcome, StateError> {
         let version = expected.map_or(1, |v| v + 1);
         let mut req = self
@@ -362,6 +496,11 @@ impl StateStore {
             .item("state", AttributeValue::B(state.into()))
             .item("dedup", AttributeValue::B(dedup.into()))
             .item("updated_ms", AttributeValue::N(crate::coord::now_ms().to_string()));
+        if let Some(t) = timer {
+            req = req
+                .item("tpart", AttributeValue::S(t.partition.clone()))
+                .item("fire_at", AttributeValue::N(t.fire_at.to_string()));
+        }
         req = match expected {
             None => req.condition_expression("attribute_not_exists(pk)"),
             Some(v) => {
@@ -374,6 +513,87 @@ impl StateStore {
                 Ok(WriteOutcome::Conflict)
             }
             Err(e) => Err(StateError::classify(&self.table, "PutItem", e)),
+        }
+    }
+
+    /// Up to `limit` timers of `partition` due at `upto` or before, earliest first: item key and
+    /// fire time. The index is eventually consistent: read the items strongly before using them.
+    pub async fn due_timers(&self, partition: &str, upto: i64, limit: usize) -> Result<Vec<(String, i64)>, StateError> {
+        let mut out = Vec::new();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        while out.len() < limit {
+            let page = i32::try_from((limit - out.len()).min(1000)).unwrap_or(1000);
+            let r = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(TIMER_INDEX)
+                .key_condition_expression("tpart = :p AND fire_at <= :w")
+                .expression_attribute_values(":p", AttributeValue::S(partition.to_string()))
+                .expression_attribute_values(":w", AttributeValue::N(upto.to_string()))
+                .limit(page)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| StateError::classify(&self.table, "Query", e))?;
+            for item in r.items() {
+                if let (Some(AttributeValue::S(pk)), Some(AttributeValue::N(at))) =
+                    (item.get("pk"), item.get("fire_at"))
+                {
+                    out.push((pk.clone(), at.parse().unwrap_or(i64::MAX)));
+                }
+            }
+            match r.last_evaluated_key() {
+                Some(k) if !k.is_empty() => start = Some(k.clone()),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Freezes a key's item for firing: sets `fired` and raises the version, if the version is
+    /// still `expected` (a later write of the key conflicts then, and sees it fired). The timer
+    /// stays in [`TIMER_INDEX`] until [`StateStore::clear_timer`], so a firing not confirmed is
+    /// found again.
+    pub async fn freeze(&self, pk: &str, expected: u64) -> Result<WriteOutcome, StateError> {
+        let r = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(pk.to_string()))
+            .update_expression("SET fired = :t, ver = :n")
+            .condition_expression("ver = :v")
+            .expression_attribute_values(":t", AttributeValue::Bool(true))
+            .expression_attribute_values(":n", AttributeValue::N((expected + 1).to_string()))
+            .expression_attribute_values(":v", AttributeValue::N(expected.to_string()))
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(WriteOutcome::Written),
+            Err(SdkError::ServiceError(s)) if s.err().is_conditional_check_failed_exception() => {
+                Ok(WriteOutcome::Conflict)
+            }
+            Err(e) => Err(StateError::classify(&self.table, "UpdateItem", e)),
+        }
+    }
+
+    /// Takes a fired key's timer out of [`TIMER_INDEX`] (its firing was delivered). Idempotent.
+    pub async fn clear_timer(&self, pk: &str) -> Result<(), StateError> {
+        let r = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", AttributeValue::S(pk.to_string()))
+            .update_expression("REMOVE tpart, fire_at")
+            .condition_expression("fired = :t")
+            .expression_attribute_values(":t", AttributeValue::Bool(true))
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(()),
+            // not fired (never frozen): nothing to clear
+            Err(SdkError::ServiceError(s)) if s.err().is_conditional_check_failed_exception() => Ok(()),
+            Err(e) => Err(StateError::classify(&self.table, "UpdateItem", e)),
         }
     }
 
@@ -428,4 +648,12 @@ pub fn item_size(pk: &str, scope: &str, key: &str, state: usize, dedup: usize) -
         + 21
         + "updated_ms".len()
         + 21
+        // a timer and the fired flag, when set
+        + "tpart".len()
+        + scope.len()
+        + 4
+        + "fire_at".len()
+        + 21
+        + "fired".len()
+        + 1
 }

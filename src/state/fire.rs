@@ -1,0 +1,432 @@
+//! [`WindowFirer`]: the spout that fires keyed-state timers once the stream's committed
+//! watermark passes them (MillWheel's timers, persistent in the state table).
+//!
+//! # How a key fires
+//! An [`super::ExactlyOnce`] bolt whose [`super::KeyedState::timer`] gives a key a fire time
+//! writes it with its item: attributes `tpart` (`{scope}#{n}`) and `fire_at`, which put the item
+//! in the table's sparse index [`super::store::TIMER_INDEX`]. The firer, one task per worker of
+//! which only the first registered in ZooKeeper (`firers/{component}/`) works, polls every
+//! `poll_interval_ms`:
+//! 1. It reads the stream's *committed* watermark W from ZooKeeper
+//!    ([`crate::coord::ZkStore::committed_watermark`]): every record that arrived before W has
+//!    been acked, which for an `ExactlyOnce` bolt means committed. Records are windowed by their
+//!    arrival time, so no input of a key whose timer is at or below W is still to come.
+//! 2. It queries each timer partition for timers at or below W, reads the items (strongly
+//!    consistent) and *freezes* each unfired one: one conditional UpdateItem sets `fired` and
+//!    raises the version, so a write of the key that raced it conflicts, reads it again and
+//!    finds it fired (such inputs are *late*: acked, counted, not applied).
+//! 3. It emits the frozen state through [`OnFire::fire`] as a tracked tuple, with the key and
+//!    the fire time ([`FIRE_FIELDS`]).
+//! 4. When that tuple's tree completes, it takes the timer out of the index (UpdateItem REMOVE).
+//!    A failed tuple, or a firer that died before the ack, leaves the timer in the index: the
+//!    key is found and emitted again, with the same frozen state. Downstream, `fire_key`
+//!    identifies a firing exactly; a consumer that must count each once deduplicates by it.
+//!
+//! A zombie firer (one whose ZooKeeper session expired while it was stopped) can only emit a
+//! frozen state again: freezing is conditional on the version, and a frozen state never
+//! changes.
+//!
+//! # Costs
+//! Per poll while it fires: one ZooKeeper read of the watermark (an assignment read, a list and
+//! one read per spout task), one list of the firers, and one Query per timer partition when the
+//! watermark moved (none otherwise). Per fired key: one BatchGetItem share (100 keys per call),
+//! one UpdateItem to freeze and one to confirm. Nothing per record.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use squall_topology::metrics::Counter;
+use squall_topology::{ComponentError, Spout, SpoutOutput, TaskContext, Value, to_values};
+
+use super::bolt::{StateConfig, scope};
+use super::store::{MAX_BATCH_GET, StateError, StateStore, WriteOutcome};
+use crate::coord::{ZkConfig, ZkStore};
+
+/// The fields a fired tuple carries after `Out`'s: the key (unique per firing within the
+/// component: a window's key names the window) and its fire time (ms since the epoch).
+pub const FIRE_FIELDS: [&str; 2] = ["fire_key", "fire_at"];
+
+/// What a key's state becomes when its timer fires.
+pub trait OnFire: Send + 'static {
+    /// The key's state, as the [`super::KeyedState`] stores it.
+    type State: DeserializeOwned + Send;
+    /// The fired tuple's values ([`squall_topology::fields_of`] declares its fields; add
+    /// [`FIRE_FIELDS`] after them).
+    type Out: Serialize + Send;
+
+    /// The output for `key`, fired at `fire_at` with its final `state`. Called again, with the
+    /// same state, when a firing is replayed.
+    fn fire(&mut self, key: &str, fire_at: i64, state: Self::State) -> Self::Out;
+}
+
+/// Settings of a [`WindowFirer`].
+#[derive(Debug, Clone)]
+pub struct FirerConfig {
+    /// The state table and timer partitions: the same as the component's [`StateConfig`].
+    pub state: StateConfig,
+    /// The [`super::ExactlyOnce`] component whose timers this fires.
+    pub component: String,
+    /// ZooKeeper, where the committed watermark and the firers' registrations live.
+    pub zk: ZkConfig,
+    /// The source stream whose committed watermark drives the timers. Its spout must publish
+    /// it: `committed_watermark_interval_ms` > 0 in the Kinesis spout's config.
+    pub stream: String,
+    /// How often the firer looks for due timers (ms). Default 500.
+    pub poll_interval_ms: u64,
+    /// A watermark that has not been available for this long is logged as a warning, with the
+    /// reason (ms). Default 30000.
+    pub stall_warning_ms: u64,
+}
+
+impl FirerConfig {
+    /// Defaults for a component of a topology reading `stream`.
+    pub fn new(state: StateConfig, component: impl Into<String>, zk: ZkConfig, stream: impl Into<String>) -> Self {
+        Self {
+            state,
+            component: component.into(),
+            zk,
+            stream: stream.into(),
+            poll_interval_ms: 500,
+            stall_warning_ms: 30_000,
+        }
+    }
+}
+
+struct Metrics {
+    fired: Counter,
+    confirmed: Counter,
+    replayed: Counter,
+    conflicts: Counter,
+    errors: Counter,
+}
+
+struct Open {
+    zk: ZkStore,
+    topology: String,
+    store: StateStore,
+    scope: String,
+    m: Metrics,
+}
+
+/// The spout that fires timers of an [`super::ExactlyOnce`] component (see the module docs).
+/// Run one task per worker; only one fires at a time, and another takes over when its worker
+/// goes away. Its message ids are item keys.
+pub struct WindowFirer<F: OnFire> {
+    cfg: FirerConfig,
+    logic: F,
+    open: Option<Open>,
+    /// This task's registration under `firers/{component}/`.
+    node: Option<String>,
+    next_poll: Instant,
+    /// Emitted and not yet acked or failed.
+    in_flight: HashSet<Arc<str>>,
+    /// Acked, but the timer's removal failed: retried at the next polls.
+    unconfirmed: Vec<Arc<str>>,
+    /// The watermark of the last complete query round, and whether a failure asks for another.
+    last_round: Option<i64>,
+    rescan: bool,
+    /// Keys whose state does not deserialize (logged once each).
+    unreadable: HashSet<Arc<str>>,
+    /// Since when the watermark has been unavailable, and whether that was logged.
+    stalled_since: Option<(Instant, bool)>,
+    /// The highest committed watermark read.
+    highest: Option<i64>,
+}
+
+impl<F: OnFire> std::fmt::Debug for WindowFirer<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WindowFirer")
+            .field("cfg", &self.cfg)
+            .field("node", &self.node)
+            .field("in_flight", &self.in_flight.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn component_error(what: &str, e: impl std::fmt::Display, retryable: bool) -> ComponentError {
+    if retryable {
+        ComponentError::retryable(format!("{what}: {e}"))
+    } else {
+        ComponentError::fatal(format!("{what}: {e}"))
+    }
+}
+
+impl<F: OnFire> WindowFirer<F> {
+    /// A firer of `cfg.component`'s timers, emitting what `logic` makes of each fired state.
+    pub fn new(cfg: FirerConfig, logic: F) -> Self {
+        Self {
+            cfg,
+            logic,
+            open: None,
+            node: None,
+            next_poll: Instant::now(),
+            in_flight: HashSet::new(),
+            unconfirmed: Vec::new(),
+            last_round: None,
+            rescan: false,
+            unreadable: HashSet::new(),
+            stalled_since: None,
+            highest: None,
+        }
+    }
+
+    /// Whether this task is the first live firer (registering first when it is not
+    /// registered: at start, and after its ZooKeeper session was lost).
+    async fn leading(&mut self, o: &Open) -> Result<bool, crate::coord::CoordError> {
+        if self.node.is_none() {
+            self.node = Some(o.zk.register_firer(&self.cfg.component).await?);
+        }
+        let firers = o.zk.firers(&self.cfg.component).await?;
+        let me = self.node.as_deref().unwrap_or_default();
+        if !firers.iter().any(|f| f == me) {
+            // the registration went with an expired session: register again next poll
+            tracing::warn!(component = %self.cfg.component, node = %me,
+                "window firer registration is gone (ZooKeeper session lost); registering again");
+            self.node = None;
+            return Ok(false);
+        }
+        Ok(firers.first().map(String::as_str) == Some(me))
+    }
+
+    /// The committed watermark, the highest read so far (a reading can be lower after a handoff,
+    /// whose new owner reads acked records again; every reading stays true), or `None` (logging
+    /// why when it has been unavailable long).
+    async fn watermark(&mut self, o: &Open) -> Option<i64> {
+        let why = match o.zk.committed_watermark().await {
+            Ok(Ok(w)) => {
+                self.stalled_since = None;
+                let w = self.highest.map_or(w, |h| h.max(w));
+                self.highest = Some(w);
+                return Some(w);
+            }
+            Ok(Err(reason)) => reason,
+            Err(e) => e.to_string(),
+        };
+        let (since, logged) = self.stalled_since.get_or_insert((Instant::now(), false));
+        if !*logged && since.elapsed() >= Duration::from_millis(self.cfg.stall_warning_ms) {
+            *logged = true;
+            tracing::warn!(component = %self.cfg.component, stream = %self.cfg.stream, reason = %why,
+                "no committed watermark of stream `{}` for {} s: timers of `{}` cannot fire ({why}). The Kinesis \
+                 spout publishes it when committed_watermark_interval_ms > 0",
+                self.cfg.stream, since.elapsed().as_secs(), self.cfg.component);
+        }
+        None
+    }
+
+    /// Removes the timers of acked firings whose removal failed before.
+    async fn confirm_pending(&mut self, o: &Open) {
+        let mut left = Vec::new();
+        for pk in std::mem::take(&mut self.unconfirmed) {
+            match o.store.clear_timer(&pk).await {
+                Ok(()) => o.m.confirmed.incr(),
+                Err(_) => left.push(pk),
+            }
+        }
+        self.unconfirmed = left;
+    }
+
+    /// One round: every due timer not in flight, frozen and emitted (up to the spout's room).
+    async fn fire_due(&mut self, o: &Open, w: i64, out: &mut SpoutOutput<Arc<str>>) -> Result<(), StateError> {
+        let mut room = out.pending_room();
+        let mut complete = true;
+        for n in 0..self.cfg.state.timer_partitions.max(1) {
+            if room == 0 {
+                complete = false;
+                break;
+            }
+            let partition = format!("{}#{n}", o.scope);
+            // ask for more than the room: some may be in flight already
+            let due = o.store.due_timers(&partition, w, room + self.in_flight.len()).await?;
+            let due: Vec<(String, i64)> =
+                due.into_iter().filter(|(pk, _)| !self.in_flight.contains(pk.as_str())).take(room).collect();
+            if due.len() == room {
+                complete = false;
+            }
+            for chunk in due.chunks(MAX_BATCH_GET) {
+                let pks: Vec<String> = chunk.iter().map(|(pk, _)| pk.clone()).collect();
+                let items = o.store.get_many(&pks).await?;
+                for (pk, fire_at) in chunk {
+                    let Some(item) = items.get(pk) else { continue };
+                    let pk: Arc<str> = Arc::from(pk.as_str());
+                    let key = pk.strip_prefix(&format!("{}/", o.scope)).unwrap_or(&pk).to_string();
+                    let state = match serde_json::from_slice::<F::State>(&item.state) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            if self.unreadable.insert(pk.clone()) {
+                                o.m.errors.incr();
+                                let table = o.store.table();
+                                tracing::error!(key = %key, table = %table, error = %e,
+                                    "timer of key `{key}` in table `{table}` cannot fire: its state does not \
+                                     deserialize into the firer's state type ({e}); it stays pending. Deploy a state \
+                                     type that reads it, or fix the item");
+                            }
+                            continue;
+                        }
+                    };
+                    if !item.fired {
+                        match o.store.freeze(&pk, item.version).await? {
+                            WriteOutcome::Written => {}
+                            WriteOutcome::Conflict => {
+                                // written since the read: the next round reads it again
+                                o.m.conflicts.incr();
+                                complete = false;
+                                continue;
+                            }
+                        }
+                    } else {
+                        o.m.replayed.incr();
+                    }
+                    let produced = self.logic.fire(&key, *fire_at, state);
+                    let mut values = match to_values(&produced) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            o.m.errors.incr();
+                            tracing::error!(key = %key, error = %e, "a fired output does not encode as a tuple");
+                            continue;
+                        }
+                    };
+                    values.push(Value::from(key.as_str()));
+                    values.push(Value::Int(*fire_at));
+                    if let Err(e) = out.emit_tracked(values, pk.clone()) {
+                        return Err(StateError::Config(format!("emitting a fired key: {e}")));
+                    }
+                    o.m.fired.incr();
+                    self.in_flight.insert(pk);
+                    room = room.saturating_sub(1);
+                }
+            }
+        }
+        if complete {
+            self.last_round = Some(w);
+            self.rescan = false;
+        }
+        Ok(())
+    }
+}
+
+impl<F: OnFire> Spout for WindowFirer<F> {
+    type MsgId = Arc<str>;
+
+    async fn open(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
+        let zk = ZkStore::connect(&self.cfg.zk, ctx.topology_name(), &self.cfg.stream)
+            .await
+            .map_err(|e| component_error("window firer: connecting to ZooKeeper", e, false))?;
+        let store = StateStore::open(&self.cfg.state.store)
+            .await
+            .map_err(|e| component_error("window firer: opening the state store", &e, e.is_retryable()))?;
+        store
+            .ensure_timer_index()
+            .await
+            .map_err(|e| component_error("window firer: the state table's timer index", &e, e.is_retryable()))?;
+        let m = Metrics {
+            fired: ctx.counter("fire_emitted"),
+            confirmed: ctx.counter("fire_confirmed"),
+            replayed: ctx.counter("fire_replayed"),
+            conflicts: ctx.counter("fire_conflicts"),
+            errors: ctx.counter("fire_errors"),
+        };
+        let scope = scope(ctx.topology_name(), &self.cfg.component);
+        self.open = Some(Open { zk, topology: ctx.topology_name().to_string(), store, scope, m });
+        Ok(())
+    }
+
+    async fn next_tuple(&mut self, out: &mut SpoutOutput<Arc<str>>) -> Result<(), ComponentError> {
+        let now = Instant::now();
+        if now < self.next_poll {
+            return Ok(());
+        }
+        self.next_poll = now + Duration::from_millis(self.cfg.poll_interval_ms.max(10));
+        let Some(mut o) = self.open.take() else { return Ok(()) };
+        let r = self.poll(&mut o, out).await;
+        self.open = Some(o);
+        r
+    }
+
+    async fn ack(&mut self, pk: Arc<str>) {
+        self.in_flight.remove(&pk);
+        let Some(o) = self.open.as_ref() else { return };
+        match o.store.clear_timer(&pk).await {
+            Ok(()) => o.m.confirmed.incr(),
+            Err(e) => {
+                tracing::warn!(item = %pk, error = %e, "removing a fired timer failed; retrying at the next poll");
+                self.unconfirmed.push(pk);
+            }
+        }
+    }
+
+    async fn fail(&mut self, pk: Arc<str>) {
+        // the timer stays in the index: the next round emits the frozen state again
+        self.in_flight.remove(&pk);
+        self.rescan = true;
+    }
+
+    async fn close(&mut self) {
+        if let Some(o) = self.open.take() {
+            o.zk.close_gracefully().await;
+        }
+    }
+}
+
+impl<F: OnFire> WindowFirer<F> {
+    async fn poll(&mut self, o: &mut Open, out: &mut SpoutOutput<Arc<str>>) -> Result<(), ComponentError> {
+        if !self.unconfirmed.is_empty() {
+            self.confirm_pending(o).await;
+        }
+        match self.leading(o).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(()),
+            Err(e) if e.is_session_lost() => {
+                // its registration went with the session: a new session, registered again
+                tracing::warn!(component = %self.cfg.component, error = %e,
+                    "window firer lost its ZooKeeper session; connecting a new one");
+                self.node = None;
+                match ZkStore::connect(&self.cfg.zk, &o.topology, &self.cfg.stream).await {
+                    Ok(zk) => std::mem::replace(&mut o.zk, zk).close(),
+                    Err(e) => tracing::warn!(component = %self.cfg.component, error = %e,
+                        "window firer cannot connect to ZooKeeper; retrying at the next poll"),
+                }
+                return Ok(());
+            }
+            Err(e) => {
+                tracing::warn!(component = %self.cfg.component, error = %e, "window firer cannot reach ZooKeeper");
+                return Ok(());
+            }
+        }
+        let Some(w) = self.watermark(o).await else { return Ok(()) };
+        if self.last_round == Some(w) && !self.rescan {
+            return Ok(());
+        }
+        if let Err(e) = self.fire_due(o, w, out).await {
+            o.m.errors.incr();
+            tracing::warn!(component = %self.cfg.component, error = %e, "firing timers failed; retrying at the next poll");
+        }
+        Ok(())
+    }
+}
+
+/// The default `Out` of a firer that emits the state as it is: one field, `state`.
+#[derive(Debug, Serialize)]
+pub struct FiredState<S> {
+    /// The key's final state.
+    pub state: S,
+}
+
+/// Emits each fired key's state as it is ([`FiredState`]).
+pub struct EmitState<S>(std::marker::PhantomData<fn() -> S>);
+
+impl<S> Default for EmitState<S> {
+    fn default() -> Self {
+        Self(std::marker::PhantomData)
+    }
+}
+
+impl<S: DeserializeOwned + Serialize + Send + 'static> OnFire for EmitState<S> {
+    type State = S;
+    type Out = FiredState<S>;
+    fn fire(&mut self, _key: &str, _fire_at: i64, state: S) -> FiredState<S> {
+        FiredState { state }
+    }
+}
