@@ -17,7 +17,11 @@
 //! batching (`--commit-interval-ms`), and that the bolt needs nothing else to be exactly-once: the
 //! spout's tuples carry the record ids, lease tokens and checkpoints it deduplicates and fences
 //! with. `--window-ms N` counts per key and tumbling event-time window instead (items `key@start`):
-//! exactly-once window aggregates, materialized in the table. `--at-least-once` runs the same count with a plain bolt that adds each record to the
+//! exactly-once window aggregates, materialized in the table. With `--fire-to RESULTS` as well,
+//! each window *fires* once the stream's committed watermark passes its end (a `WindowFirer` spout
+//! per worker; the spout config needs `committed_watermark_interval_ms` > 0), and its final count
+//! is put to the stream RESULTS, checked against the input stream by
+//! `squall audit --windows --stream counts-demo --window-ms N --fired RESULTS`. `--at-least-once` runs the same count with a plain bolt that adds each record to the
 //! table with an unconditional `ADD` (the baseline of the benchmark; it over-counts after
 //! failures).
 //!

@@ -348,3 +348,174 @@ pub async fn audit_counts(
     }
     Ok(r)
 }
+
+/// What `squall audit --windows` found: the windows fired into a results stream against the true
+/// per-window counts of the input stream.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WindowsReport {
+    /// Records of the input stream (every shard, closed ones too).
+    pub records: u64,
+    /// Windows the input's records fall in (`{partition key}@{window start}`).
+    pub windows: usize,
+    /// Distinct windows in the results stream.
+    pub fired: usize,
+    /// Windows of the input with no result.
+    pub missing: usize,
+    /// Windows whose result (any of its copies) has another count than the input's.
+    pub wrong: usize,
+    /// Results for windows the input does not have.
+    pub unknown: usize,
+    /// Windows put more than once (each copy with the same count: a firing replayed, which a
+    /// consumer deduplicates by `fire_key`).
+    pub put_more_than_once: usize,
+    /// Up to 10 differences: (window, true count, the counts fired).
+    pub examples: Vec<(String, u64, Vec<u64>)>,
+}
+
+impl WindowsReport {
+    /// True when every window fired, each with its true count only, and nothing else fired.
+    pub fn exact(&self) -> bool {
+        self.missing == 0 && self.wrong == 0 && self.unknown == 0
+    }
+}
+
+/// Every record of `stream`, read from TRIM_HORIZON on every shard (closed ones to their end,
+/// open ones up to their tip).
+async fn read_all(
+    client: &aws_sdk_kinesis::Client,
+    label: &str,
+    stream: &str,
+) -> anyhow::Result<Vec<aws_sdk_kinesis::types::Record>> {
+    let mut out = Vec::new();
+    for shard in crate::kinesis::list_shards(client, label, stream).await? {
+        let mut it = client
+            .get_shard_iterator()
+            .stream_name(stream)
+            .shard_id(&shard.shard_id)
+            .shard_iterator_type(aws_sdk_kinesis::types::ShardIteratorType::TrimHorizon)
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("GetShardIterator of stream {stream} shard {}: {e:?}", shard.shard_id))?
+            .shard_iterator;
+        while let Some(i) = it.take() {
+            let r = client
+                .get_records()
+                .shard_iterator(i)
+                .limit(10_000)
+                .send()
+                .await
+                .map_err(|e| anyhow::anyhow!("GetRecords of stream {stream} shard {}: {e:?}", shard.shard_id))?;
+            let caught_up = r.records().is_empty() && r.millis_behind_latest().unwrap_or(0) == 0;
+            out.extend(r.records().iter().cloned());
+            if caught_up {
+                break;
+            }
+            it = r.next_shard_iterator().map(String::from);
+        }
+    }
+    Ok(out)
+}
+
+/// The true per-window record counts of an input stream: `{partition key}@{window start}` by
+/// each record's approximate arrival time, as `examples/exactly_once_counts.rs --window-ms` keys
+/// its windows.
+pub async fn window_truth(
+    client: &aws_sdk_kinesis::Client,
+    label: &str,
+    stream: &str,
+    window_ms: u64,
+) -> anyhow::Result<BTreeMap<String, u64>> {
+    anyhow::ensure!(window_ms > 0, "--window-ms must be at least 1");
+    let mut out = BTreeMap::new();
+    for r in read_all(client, label, stream).await? {
+        let at = r.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
+        let at = u64::try_from(at).unwrap_or(0);
+        *out.entry(format!("{}@{}", r.partition_key(), at - at % window_ms)).or_default() += 1;
+    }
+    Ok(out)
+}
+
+/// The fired windows in a results stream (records of `exactly_once_counts --fire-to`: JSON with
+/// `fire_key` and `count`): window -> the counts of its copies. A record that is not such JSON is
+/// an error naming the stream, the shard and the sequence number.
+pub async fn fired_windows(
+    client: &aws_sdk_kinesis::Client,
+    label: &str,
+    stream: &str,
+) -> anyhow::Result<BTreeMap<String, Vec<u64>>> {
+    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for r in read_all(client, label, stream).await? {
+        let v: serde_json::Value = serde_json::from_slice(r.data().as_ref()).unwrap_or_default();
+        let (Some(key), Some(count)) = (v["fire_key"].as_str(), v["count"].as_u64()) else {
+            anyhow::bail!(
+                "record {} of stream {stream} is not a fired window (JSON with fire_key and count, as \
+                 exactly_once_counts --fire-to writes): check --fired",
+                r.sequence_number()
+            );
+        };
+        out.entry(key.to_string()).or_default().push(count);
+    }
+    Ok(out)
+}
+
+/// Compares true per-window counts with the fired windows.
+pub fn compare_windows(truth: &BTreeMap<String, u64>, fired: &BTreeMap<String, Vec<u64>>) -> WindowsReport {
+    let mut r = WindowsReport {
+        records: truth.values().sum(),
+        windows: truth.len(),
+        fired: fired.len(),
+        put_more_than_once: fired.values().filter(|c| c.len() > 1).count(),
+        ..WindowsReport::default()
+    };
+    for (w, n) in truth {
+        let bad = match fired.get(w) {
+            None => {
+                r.missing += 1;
+                true
+            }
+            Some(c) if c.iter().any(|c| c != n) => {
+                r.wrong += 1;
+                true
+            }
+            Some(_) => false,
+        };
+        if bad && r.examples.len() < 10 {
+            r.examples.push((w.clone(), *n, fired.get(w).cloned().unwrap_or_default()));
+        }
+    }
+    for (w, c) in fired {
+        if !truth.contains_key(w) {
+            r.unknown += 1;
+            if r.examples.len() < 10 {
+                r.examples.push((w.clone(), 0, c.clone()));
+            }
+        }
+    }
+    r
+}
+
+#[cfg(test)]
+mod windows_tests {
+    use super::*;
+
+    #[test]
+    fn missing_wrong_unknown_and_replayed_windows() {
+        let truth: BTreeMap<String, u64> =
+            [("a@0", 3), ("a@1000", 2), ("b@0", 1), ("c@0", 4)].map(|(k, n)| (k.to_string(), n)).into();
+        let fired: BTreeMap<String, Vec<u64>> = [
+            ("a@0", vec![3, 3]), // put twice, same count: fine
+            ("a@1000", vec![2]),
+            ("b@0", vec![1, 2]), // a copy with another count: wrong
+            ("x@0", vec![1]),    // unknown
+        ]
+        .map(|(k, n)| (k.to_string(), n))
+        .into();
+        let r = compare_windows(&truth, &fired);
+        assert_eq!((r.records, r.windows, r.fired), (10, 4, 4));
+        assert_eq!((r.missing, r.wrong, r.unknown, r.put_more_than_once), (1, 1, 1, 2));
+        assert!(!r.exact());
+        assert_eq!(r.examples.len(), 3, "{:?}", r.examples);
+        let ok: BTreeMap<String, Vec<u64>> = truth.iter().map(|(k, n)| (k.clone(), vec![*n])).collect();
+        assert!(compare_windows(&truth, &ok).exact());
+    }
+}

@@ -213,6 +213,20 @@ async fn windows_fire_soon_after_their_end_in_steady_state() {
     let exact: BTreeMap<String, u64> = got.iter().map(|(k, c)| (k.clone(), c[0])).collect();
     assert_eq!(exact, truth, "fired windows and their counts\n{}", cluster.logs());
     assert!(got.values().all(|c| c.iter().all(|n| *n == c[0])), "a window fired with two counts: {got:?}");
+    // the CLI audit agrees, and says so when the windows do not match (another window length)
+    let audit = |window: &str| {
+        support::ops::squall_run(
+            &cluster,
+            &["audit", "--windows", "--stream", &s.name, "--window-ms", window, "--fired", &results.name],
+        )
+    };
+    let (code, out, err) = audit("1000");
+    assert_eq!(code, 0, "squall audit --windows: {out}\n{err}");
+    let report: squall::audit::WindowsReport = serde_json::from_str(out.trim()).expect("the audit's JSON report");
+    assert!(report.exact() && report.records == manifest.total && report.windows == truth.len(), "{report:?}");
+    let (code, _, err) = audit("500");
+    assert_ne!(code, 0, "windows of 500 ms cannot match what fired for 1 s windows");
+    assert!(err.contains("missing") && err.contains(&results.name), "the error names what differs: {err}");
     let mut d: Vec<i64> = delay.values().copied().collect();
     d.sort_unstable();
     eprintln!(

@@ -144,11 +144,27 @@ pub enum Command {
     /// violations, as one JSON object. Exits non-zero when anything was lost.
     Audit {
         /// Manifest files written by `squall stream put --manifest`.
-        #[arg(long, num_args = 1.., required = true)]
+        #[arg(long, num_args = 1.., required_unless_present = "windows")]
         manifest: Vec<std::path::PathBuf>,
         /// Delivery logs written by `examples/audit.rs --deliveries`.
-        #[arg(long, num_args = 1.., required_unless_present = "counts")]
+        #[arg(long, num_args = 1.., required_unless_present_any = ["counts", "windows"])]
         deliveries: Vec<std::path::PathBuf>,
+        /// Instead, compare the windows an exactly-once window count fired into a results stream
+        /// (`exactly_once_counts --window-ms N --fire-to RESULTS`) with the true per-window counts
+        /// of the input stream (every record read back, windowed by its arrival time): every
+        /// window must have fired with its count, and nothing else. Copies of one window (a
+        /// replayed firing) are fine when their counts agree. Needs --stream, --window-ms, --fired.
+        #[arg(long, conflicts_with_all = ["deliveries", "counts"], requires_all = ["stream", "window_ms", "fired"])]
+        windows: bool,
+        /// The input stream (with --windows).
+        #[arg(long)]
+        stream: Option<String>,
+        /// The window length in ms (with --windows).
+        #[arg(long)]
+        window_ms: Option<u64>,
+        /// The results stream the windows were fired into (with --windows).
+        #[arg(long)]
+        fired: Option<String>,
         /// Instead of delivery logs, compare the per-key counts an exactly-once counting
         /// component (`examples/exactly_once_counts.rs`) keeps in the state table with the
         /// manifests' counts: every key must match exactly. Needs --topology and --component.
@@ -220,6 +236,28 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Checkpoints(CheckpointsCommand::Reset { topology, stream, to }) => {
             topology::reset(&cli, topology, stream, to).await
+        }
+        Command::Audit { windows: true, stream, window_ms, fired, .. } => {
+            let ep = cli.kinesis();
+            let (label, client) = (ep.label(), ep.client().await?);
+            let (stream, fired) = (stream.as_deref().unwrap_or(""), fired.as_deref().unwrap_or(""));
+            let truth = crate::audit::window_truth(&client, &label, stream, window_ms.unwrap_or(0)).await?;
+            let got = crate::audit::fired_windows(&client, &label, fired).await?;
+            let report = crate::audit::compare_windows(&truth, &got);
+            outln!("{}", serde_json::to_string(&report)?);
+            if !report.exact() {
+                anyhow::bail!(
+                    "{} of {} windows of stream {stream} differ from what fired into {fired}: {} missing, {} with \
+                     another count, {} unknown (e.g. {:?})",
+                    report.missing + report.wrong,
+                    report.windows,
+                    report.missing,
+                    report.wrong,
+                    report.unknown,
+                    report.examples
+                );
+            }
+            Ok(())
         }
         Command::Audit { manifest, counts: true, topology, component, state_endpoint, state_table, .. } => {
             let ep = crate::state::StateEndpoint {
