@@ -17,6 +17,11 @@
 //!   moved (assignment before vs after) and the time from the event (the task node's creation, the
 //!   SIGTERM) until every moved shard is leased by the task the assignment names.
 //!
+//! - `watermark` (d): the cost of the committed watermark (`committed_watermark_interval_ms`):
+//!   20 shards read by 10 tasks (2 workers x 5) on kinesis-local, idle and under a producer, with
+//!   the reports off, then on (every 1000 ms), one after the other: ZooKeeper requests per second
+//!   and per task, and the difference per task.
+//!
 //! Workers are this binary re-run with `--worker` and the standard worker flags (a no-op bolt).
 //! Needs ZooKeeper and kinesis-local on loopback (`make bench` starts them) with room for 200 more
 //! shards (`SQUALL_KINESIS_SHARD_LIMIT`, 1000 by default in `localstack/up`).
@@ -67,6 +72,9 @@ fn main() -> anyhow::Result<()> {
         }
         if want("scale") || want("moves") {
             scale_section(&env, want("scale"), want("moves")).await?;
+        }
+        if want("watermark") {
+            watermark_section(&env).await?;
         }
         Ok(())
     })
@@ -387,6 +395,74 @@ async fn kinesis_section(env: &Env) -> anyhow::Result<()> {
     .await;
     let _ = squall::kinesis::delete_stream(&client, &env.kinesis, &stream).await;
     result
+}
+
+/// (d) The committed watermark's ZooKeeper cost: the same cluster with the reports off, then on.
+async fn watermark_section(env: &Env) -> anyhow::Result<()> {
+    const SHARDS: i32 = 20;
+    const WORKERS: usize = 2;
+    const TASKS: usize = 5;
+    const INTERVAL_MS: u64 = 1000;
+    let tasks = WORKERS * TASKS;
+    println!(
+        "\n## (d) committed watermark: {SHARDS} shards x {tasks} tasks ({WORKERS} workers x {TASKS}), reports off vs \
+         every {INTERVAL_MS} ms\n"
+    );
+    let client = KinesisEndpoint::new(env.kinesis.clone(), REGION).client().await?;
+    let stream = unique("bench-wm");
+    squall::kinesis::create_stream(&client, &env.kinesis, &stream, SHARDS).await?;
+    let zk = zk_client(&env.zk).await?;
+    let mut rows = Vec::new();
+    let result = async {
+        for interval in [0, INTERVAL_MS] {
+            let cfg = spout_config(serde_json::json!({ "committed_watermark_interval_ms": interval }));
+            let mut c = Cluster::new(env, &stream, &env.kinesis, cfg)?;
+            for _ in 0..WORKERS {
+                c.start(TASKS)?;
+            }
+            settle(&zk, &c, tasks, SHARDS as usize, None, Duration::from_secs(120)).await?;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let idle = measure(&zk, &c, 20).await?;
+            let producer = {
+                let (client, endpoint, stream) = (client.clone(), env.kinesis.clone(), stream.clone());
+                tokio::spawn(async move {
+                    let opts = PutOptions { count: 6_000, keys: 200, rate: Some(200.0), ..PutOptions::default() };
+                    squall::kinesis::put_records(&client, &endpoint, &stream, &opts).await
+                })
+            };
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let loaded = measure(&zk, &c, 20).await?;
+            producer.abort();
+            let root = c.root.clone();
+            drop(c);
+            zk_delete_tree(&zk, &root).await;
+            rows.push((interval, idle, loaded));
+        }
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    let _ = squall::kinesis::delete_stream(&client, &env.kinesis, &stream).await;
+    result?;
+    println!("| committed_watermark_interval_ms | idle requests/s | idle per task/s | loaded (200 rec/s) requests/s | loaded per task/s |");
+    println!("|---:|---:|---:|---:|---:|");
+    for (interval, idle, loaded) in &rows {
+        println!(
+            "| {interval} | {:.1} | {:.2} | {:.1} | {:.2} |",
+            idle.per_s(),
+            idle.per_s() / tasks as f64,
+            loaded.per_s(),
+            loaded.per_s() / tasks as f64
+        );
+    }
+    if let [(_, i0, l0), (_, i1, l1)] = rows.as_slice() {
+        println!(
+            "\nThe reports cost {:.2} requests per task per second idle and {:.2} loaded (at most 1 per task per \
+             interval: one setData each time the task's watermark changed).",
+            (i1.per_s() - i0.per_s()) / tasks as f64,
+            (l1.per_s() - l0.per_s()) / tasks as f64
+        );
+    }
+    Ok(())
 }
 
 /// (b) and (c): 1000 simulated shards, 10 -> 100 tasks; then one task joins and leaves.

@@ -91,7 +91,7 @@ struct Args {
     /// partitioned by `fire_key` (`key@start`, unique per window: deduplicate by it). The spout
     /// must publish the committed watermark: `committed_watermark_interval_ms` > 0 in
     /// `--spout-config`.
-    #[arg(long, requires = "window_ms")]
+    #[arg(long, requires = "window_ms", conflicts_with_all = ["two_stages", "at_least_once", "pad_key"])]
     fire_to: Option<String>,
     /// Two stages across an intermediate Kinesis stream: per-key counts (stage `counts`) emit
     /// `{key, n: 1}` per record, summed per key exactly once by stage `totals`.

@@ -213,6 +213,11 @@ async fn windows_fire_soon_after_their_end_in_steady_state() {
     let exact: BTreeMap<String, u64> = got.iter().map(|(k, c)| (k.clone(), c[0])).collect();
     assert_eq!(exact, truth, "fired windows and their counts\n{}", cluster.logs());
     assert!(got.values().all(|c| c.iter().all(|n| *n == c[0])), "a window fired with two counts: {got:?}");
+    // `squall status` shows the stream's committed watermark
+    let (code, out, err) = support::ops::squall_run(&cluster, &["status", &cluster.topology]);
+    assert_eq!(code, 0, "squall status: {err}");
+    let line = out.lines().find(|l| l.trim_start().starts_with("committed watermark")).unwrap_or_default();
+    assert!(line.contains(" behind)"), "status shows the committed watermark and its lag: {line:?}\n{out}");
     // the CLI audit agrees, and says so when the windows do not match (another window length)
     let audit = |window: &str| {
         support::ops::squall_run(

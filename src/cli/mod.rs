@@ -13,7 +13,10 @@ mod status_text;
 mod stream;
 mod topology;
 
-pub use topology::{ResetTarget, ShardReport, StageReport, StatusReport, StreamReport, TopologySummary, WorkerReport};
+pub use topology::{
+    CommittedWatermarkReport, ResetTarget, ShardReport, StageReport, StatusReport, StreamReport, TopologySummary,
+    WorkerReport,
+};
 
 /// The topology operations of the CLI that the web UI ([`crate::ui`]) runs too: the same
 /// functions, reporting their messages to a [`Collected`](topology_ops::Collected) instead of

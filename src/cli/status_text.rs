@@ -5,7 +5,7 @@
 use comfy_table::presets::NOTHING;
 use comfy_table::{CellAlignment, Table};
 
-use super::topology::{ShardReport, StatusReport, StreamReport};
+use super::topology::{CommittedWatermarkReport, ShardReport, StatusReport, StreamReport};
 
 fn table(header: &[&str], right: &[usize]) -> Table {
     let mut t = Table::new();
@@ -85,6 +85,18 @@ fn stream_section(s: &StreamReport, heading: String, now_ms: i64, out: &mut Vec<
     out.push(format!("{heading}: {} shards ({open} open, {finished} finished)", s.shards.len()));
     if let Some(e) = &s.error {
         out.push(format!("  ERROR {e}"));
+    }
+    match &s.committed_watermark {
+        Some(CommittedWatermarkReport { watermark_ms: Some(w), .. }) => {
+            let at = aws_sdk_kinesis::primitives::DateTime::from_millis(*w)
+                .fmt(aws_sdk_kinesis::primitives::DateTimeFormat::DateTime)
+                .unwrap_or_else(|_| w.to_string());
+            out.push(format!("  committed watermark {at} ({} behind)", age(now_ms.saturating_sub(*w))));
+        }
+        Some(CommittedWatermarkReport { unavailable: Some(why), .. }) => {
+            out.push(format!("  committed watermark unknown: {why}"));
+        }
+        _ => {}
     }
     if !s.shards.is_empty() {
         out.push(shard_table(s));
@@ -238,6 +250,7 @@ mod tests {
                     ),
                     shard("shardId-000000000002", None, None),
                 ],
+                committed_watermark: None,
             }],
             stages: Vec::new(),
         };
@@ -258,6 +271,28 @@ mod tests {
             "{text}"
         );
         assert_eq!(max_lag(&r), Some((1500, "s", "shardId-000000000001")));
+        assert!(!text.contains("committed watermark"), "not shown when no task publishes one: {text}");
+    }
+
+    #[test]
+    fn committed_watermark_shows_its_lag_or_why_it_is_unknown() {
+        let stream = |w: Option<i64>, why: Option<&str>| StreamReport {
+            stream: "s".into(),
+            error: None,
+            tasks: Vec::new(),
+            shards: Vec::new(),
+            committed_watermark: Some(CommittedWatermarkReport {
+                watermark_ms: w,
+                unavailable: why.map(str::to_string),
+            }),
+        };
+        let mut out = Vec::new();
+        stream_section(&stream(Some(60_000), None), "stream s".into(), 62_500, &mut out);
+        assert_eq!(out[1], format!("  committed watermark 1970-01-01T00:01:00Z ({} behind)", age(2_500)));
+        out.clear();
+        let why = "stream s: task task-0000000001 reported for assignment generation 1, not the current generation 2";
+        stream_section(&stream(None, Some(why)), "stream s".into(), 62_500, &mut out);
+        assert_eq!(out[1], format!("  committed watermark unknown: {why}"));
     }
 
     #[test]

@@ -542,6 +542,19 @@ pub struct StreamReport {
     pub tasks: Vec<String>,
     /// Every shard in the stored shard list.
     pub shards: Vec<ShardReport>,
+    /// The stream's committed watermark, when its spout tasks publish one
+    /// (`committed_watermark_interval_ms` > 0): every record that arrived before it is acked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub committed_watermark: Option<CommittedWatermarkReport>,
+}
+
+/// The committed watermark of a stream in [`StatusReport`].
+#[derive(Debug, Serialize)]
+pub struct CommittedWatermarkReport {
+    /// The watermark (ms since the epoch), when every task of the current assignment reported.
+    pub watermark_ms: Option<i64>,
+    /// Why it is unknown now (which task has not reported for which generation).
+    pub unavailable: Option<String>,
 }
 
 /// A shard in [`StatusReport`].
@@ -672,7 +685,15 @@ async fn stream_report(
     }
     let error = assignment.and_then(|a| a.error).or(list_error);
     let tasks = store.task_names().await?;
-    Ok(StreamReport { stream: stream.to_string(), error, tasks, shards })
+    let committed_watermark = if store.has_watermark_reports().await? {
+        Some(match store.committed_watermark().await? {
+            Ok(w) => CommittedWatermarkReport { watermark_ms: Some(w), unavailable: None },
+            Err(why) => CommittedWatermarkReport { watermark_ms: None, unavailable: Some(why) },
+        })
+    } else {
+        None
+    };
+    Ok(StreamReport { stream: stream.to_string(), error, tasks, shards, committed_watermark })
 }
 
 /// The stages the live workers report, in stage order, their counters summed over workers
@@ -1066,6 +1087,7 @@ mod tests {
                 error: None,
                 tasks: registered.iter().map(|t| t.to_string()).collect(),
                 shards,
+                committed_watermark: None,
             }],
             stages: Vec::new(),
         }

@@ -557,6 +557,17 @@ impl ZkStore {
         self.delete_quietly(&self.paths.watermark(task)).await
     }
 
+    /// Whether any spout task of the stream publishes a committed watermark report (the
+    /// feature is on). One request.
+    pub async fn has_watermark_reports(&self) -> Result<bool, CoordError> {
+        let dir = self.paths.watermarks_dir();
+        match self.client().list_children(dir).await {
+            Ok(names) => Ok(!names.is_empty()),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(e) => Err(CoordError::zk(dir, "list", e)),
+        }
+    }
+
     /// The stream's committed watermark: Ok(Ok(ms)) when the current assignment (no error set) has a report
     /// of its own generation with Some(watermark) from every task it lists (tasks with no shards included),
     /// the minimum of those; Ok(Err(reason)) naming what is missing (which task, which generation) otherwise.

@@ -72,7 +72,9 @@ pub struct FirerConfig {
     /// ZooKeeper, where the committed watermark and the firers' registrations live.
     pub zk: ZkConfig,
     /// The source stream whose committed watermark drives the timers. Its spout must publish
-    /// it: `committed_watermark_interval_ms` > 0 in the Kinesis spout's config.
+    /// it: `committed_watermark_interval_ms` > 0 in the Kinesis spout's config. Timers fire by a
+    /// source stream's records' arrival times: a component of a later stage (reading an
+    /// intermediate stream, whose readers publish no committed watermark) cannot use them yet.
     pub stream: String,
     /// How often the firer looks for due timers (ms). Default 500.
     pub poll_interval_ms: u64,

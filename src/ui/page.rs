@@ -8,7 +8,9 @@ use std::fmt::Write as _;
 
 use aws_sdk_kinesis::primitives::{DateTime, DateTimeFormat};
 
-use crate::cli::{ShardReport, StageReport, StatusReport, StreamReport, TopologySummary, WorkerReport};
+use crate::cli::{
+    CommittedWatermarkReport, ShardReport, StageReport, StatusReport, StreamReport, TopologySummary, WorkerReport,
+};
 
 use super::Action;
 use super::live::{LiveView, WorkerMetrics};
@@ -389,6 +391,19 @@ fn stream(h: &mut String, s: &StreamReport, live: &LiveView) {
         "<div class=\"muted\">live tasks reading it: <span class=\"mono\">{}</span></div>",
         esc(&if s.tasks.is_empty() { "none".to_string() } else { s.tasks.join(", ") })
     );
+    match &s.committed_watermark {
+        Some(CommittedWatermarkReport { watermark_ms: Some(w), .. }) => {
+            let _ = write!(
+                h,
+                "<div class=\"muted\">committed watermark: <span class=\"mono\">{}</span></div>",
+                esc(&time(*w))
+            );
+        }
+        Some(CommittedWatermarkReport { unavailable: Some(why), .. }) => {
+            let _ = write!(h, "<div class=\"muted\">committed watermark unknown: {}</div>", esc(why));
+        }
+        _ => {}
+    }
     if s.shards.is_empty() {
         h.push_str("<p class=\"muted\">No shard list in ZooKeeper yet.</p>");
         return;
@@ -734,6 +749,7 @@ mod tests {
                 error: Some(evil.into()),
                 tasks: vec![evil.into()],
                 shards: vec![sh],
+                committed_watermark: Some(CommittedWatermarkReport { watermark_ms: None, unavailable: Some(evil.into()) }),
             }],
             stages: Vec::new(),
         };
@@ -787,6 +803,7 @@ mod tests {
                 shard("p", &[], Some("task-0")),
                 shard("m", &["c1", "c2"], None),
             ],
+            committed_watermark: None,
         };
         let mut h = String::new();
         lineage(&mut h, &s);
