@@ -443,7 +443,9 @@ async fn watermark_section(env: &Env) -> anyhow::Result<()> {
     .await;
     let _ = squall::kinesis::delete_stream(&client, &env.kinesis, &stream).await;
     result?;
-    println!("| committed_watermark_interval_ms | idle requests/s | idle per task/s | loaded (200 rec/s) requests/s | loaded per task/s |");
+    println!(
+        "| committed_watermark_interval_ms | idle requests/s | idle per task/s | loaded (200 rec/s) requests/s | loaded per task/s |"
+    );
     println!("|---:|---:|---:|---:|---:|");
     for (interval, idle, loaded) in &rows {
         println!(

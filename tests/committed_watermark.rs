@@ -157,12 +157,7 @@ async fn committed_watermark_waits_for_unacked_records_and_for_every_task_of_the
     let s = TestStream::create("cwm", 2).await;
     let root = support::unique_zk_root("cwm");
     let topology = support::unique_name("cwm");
-    let mut cfg = KinesisSpoutConfig::new(topology.clone(), s.name.clone());
-    cfg.kinesis = support::kinesis_endpoint();
-    cfg.zookeeper.connect = support::zk_connect();
-    cfg.zookeeper.root = root.clone();
-    cfg.zookeeper.session_timeout_ms = 6000;
-    cfg.idle_poll_interval_ms = 100;
+    let mut cfg = support::spout_config(&topology, &s.name, &root);
     cfg.checkpoint_interval_ms = 300;
     cfg.shard_discovery_interval_ms = 1000;
     cfg.resync_interval_ms = 2000;

@@ -107,13 +107,8 @@ async fn case(op: ZkOp, after: bool, nth: u64) {
     let s = TestStream::create("faults", 2).await;
     let root = support::unique_zk_root("faults");
     let topology = support::unique_name("topo");
-    let mut cfg = KinesisSpoutConfig::new(topology.clone(), s.name.clone());
-    cfg.kinesis = support::kinesis_endpoint();
-    cfg.zookeeper.connect = support::zk_connect();
-    cfg.zookeeper.root = root.clone();
-    cfg.zookeeper.session_timeout_ms = 6000;
+    let mut cfg = support::spout_config(&topology, &s.name, &root);
     cfg.checkpoint_interval_ms = 200;
-    cfg.idle_poll_interval_ms = 100;
     cfg.shard_discovery_interval_ms = 1000;
     cfg.handoff_timeout_ms = 5000;
     let stream_path = format!("{root}/topologies/{topology}/streams/{}", s.name);

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
-use squall::spout::{KinesisSpout, KinesisSpoutConfig, SpoutRegistry, WorkerIdentity};
+use squall::spout::{KinesisSpout, SpoutRegistry, WorkerIdentity};
 use squall::topology::window::{AckMode, Count, TumblingWindowConfig};
 use squall::topology::{Bolt, BoltOutput, ComponentError, TopologyBuilder, TopologyConfig, Tuple};
 use support::TestStream;
@@ -111,12 +111,7 @@ async fn run(what: &str, puts: Puts, idle_ms: u64) {
     let backlog = if what == "backlog" { Some(put(&s, puts).await) } else { None };
     let root = support::unique_zk_root("onfire");
     let topology = support::unique_name("onfire");
-    let mut cfg = KinesisSpoutConfig::new(topology.clone(), s.name.clone());
-    cfg.kinesis = support::kinesis_endpoint();
-    cfg.zookeeper.connect = support::zk_connect();
-    cfg.zookeeper.root = root.clone();
-    cfg.zookeeper.session_timeout_ms = 6000;
-    cfg.idle_poll_interval_ms = 100;
+    let mut cfg = support::spout_config(&topology, &s.name, &root);
     cfg.watermark_idle_timeout_ms = idle_ms;
 
     let windows = TumblingWindowConfig::new(WINDOW_MS, "arrival_ms", &["partition_key"])

@@ -324,16 +324,7 @@ impl ZkStore {
             Ok(_) => Ok(()),
             Err(zk::Error::NoNode) => {
                 let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
-                match self.client().create(&path, &data, &options).await {
-                    Ok(_) => Ok(()),
-                    Err(zk::Error::NodeExists) => self
-                        .client()
-                        .set_data(&path, &data, None)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| CoordError::zk(&path, "set", e)),
-                    Err(e) => Err(CoordError::zk(&path, "create", e)),
-                }
+                self.create_or_set(&path, &data, &options).await
             }
             Err(e) => Err(CoordError::zk(&path, "set", e)),
         }
@@ -539,15 +530,17 @@ impl ZkStore {
             Ok(_) | Err(zk::Error::NodeExists) => {}
             Err(e) => return Err(CoordError::zk(dir, "create", e)),
         }
-        match self.client().create(&path, &data, &options).await {
+        self.create_or_set(&path, &data, &options).await
+    }
+
+    /// Creates `path` with `data`, or sets its data when it exists already.
+    async fn create_or_set(&self, path: &str, data: &[u8], options: &zk::CreateOptions<'_>) -> Result<(), CoordError> {
+        match self.client().create(path, data, options).await {
             Ok(_) => Ok(()),
-            Err(zk::Error::NodeExists) => self
-                .client()
-                .set_data(&path, &data, None)
-                .await
-                .map(|_| ())
-                .map_err(|e| CoordError::zk(&path, "set", e)),
-            Err(e) => Err(CoordError::zk(&path, "create", e)),
+            Err(zk::Error::NodeExists) => {
+                self.client().set_data(path, data, None).await.map(|_| ()).map_err(|e| CoordError::zk(path, "set", e))
+            }
+            Err(e) => Err(CoordError::zk(path, "create", e)),
         }
     }
 

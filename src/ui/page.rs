@@ -749,7 +749,10 @@ mod tests {
                 error: Some(evil.into()),
                 tasks: vec![evil.into()],
                 shards: vec![sh],
-                committed_watermark: Some(CommittedWatermarkReport { watermark_ms: None, unavailable: Some(evil.into()) }),
+                committed_watermark: Some(CommittedWatermarkReport {
+                    watermark_ms: None,
+                    unavailable: Some(evil.into()),
+                }),
             }],
             stages: Vec::new(),
         };

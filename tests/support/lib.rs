@@ -73,6 +73,19 @@ pub fn unique_zk_root(prefix: &str) -> String {
     format!("/{}", unique_name(&format!("squall-test-{prefix}")))
 }
 
+/// A Kinesis spout configuration for an in-process test topology: `topology` reading `stream`
+/// on the local Kinesis engine, coordinated under `zk_root` on the local ZooKeeper, with a 6 s
+/// session and a 100 ms idle poll; tests set the rest.
+pub fn spout_config(topology: &str, stream: &str, zk_root: &str) -> squall::spout::KinesisSpoutConfig {
+    let mut cfg = squall::spout::KinesisSpoutConfig::new(topology.to_string(), stream.to_string());
+    cfg.kinesis = kinesis_endpoint();
+    cfg.zookeeper.connect = zk_connect();
+    cfg.zookeeper.root = zk_root.to_string();
+    cfg.zookeeper.session_timeout_ms = 6000;
+    cfg.idle_poll_interval_ms = 100;
+    cfg
+}
+
 /// A stream created for one test, deleted when the test calls [`TestStream::delete`] or, best effort,
 /// when it is dropped.
 pub struct TestStream {
