@@ -44,8 +44,8 @@ use serde::Serialize;
 use squall::sink::{FieldsEncoder, KinesisSink, KinesisSinkConfig};
 use squall::stage::{Boundary, Stages};
 use squall::state::{
-    ExactlyOnce, FIRE_FIELDS, FirerConfig, KeyedState, OnFire, StateConfig, StateEndpoint, StateStore, WindowFirer,
-    with_production_fields,
+    ExactlyOnce, FIRE_FIELDS, FirerConfig, KeyedState, StateConfig, StateEndpoint, StateStore, Tumbling, Window,
+    WindowAggregate, WindowFirer, with_production_fields,
 };
 use squall::topology::{AckHandle, Bolt, BoltOutput, ComponentError, TaskContext, Timer, Tuple};
 
@@ -164,43 +164,27 @@ impl KeyedState for SumTallies {
     }
 }
 
-/// Counts records per partition key, or with `window_ms` per partition key and tumbling
-/// event-time window (the record's arrival time, which a replay keeps): key `{key}@{start_ms}`.
-struct CountByKey {
-    window_ms: Option<u64>,
-}
+/// Counts records per partition key.
+struct CountByKey;
 
 impl KeyedState for CountByKey {
     type State = u64;
     type Out = ();
 
     fn key(&self, t: &Tuple) -> Result<String, ComponentError> {
-        let key = t.get_str("partition_key")?;
-        Ok(match self.window_ms {
-            None => key.to_string(),
-            Some(w) => {
-                let at = u64::try_from(t.get_i64("arrival_ms")?).unwrap_or(0);
-                format!("{key}@{}", at - at % w)
-            }
-        })
+        Ok(t.get_str("partition_key")?.to_string())
     }
 
     fn apply(&mut self, _key: &str, n: &mut u64, _t: &Tuple, _out: &mut Vec<()>) -> Result<(), ComponentError> {
         *n += 1;
         Ok(())
     }
-
-    /// A window fires at its end.
-    fn timer(&self, key: &str, _n: &u64) -> Option<i64> {
-        let (w, start) = (self.window_ms?, window_start(key)?);
-        i64::try_from(w).ok().map(|w| start + w)
-    }
 }
 
-/// The start of the window a windowed key `{key}@{start}` names.
-fn window_start(key: &str) -> Option<i64> {
-    key.rsplit_once('@').and_then(|(_, s)| s.parse().ok())
-}
+/// `--window-ms`: counts per partition key and tumbling window of arrival time (which a replay
+/// keeps), run as [`Tumbling`] windows: items `{key}@{window start}`, fired as a [`WindowCount`].
+#[derive(Clone)]
+struct CountPerWindow;
 
 /// A fired window: its final count.
 #[derive(Debug, Serialize)]
@@ -210,15 +194,21 @@ struct WindowCount {
     count: u64,
 }
 
-/// Makes a [`WindowCount`] of a fired window's state.
-struct FireCount;
-
-impl OnFire for FireCount {
-    type State = u64;
+impl WindowAggregate for CountPerWindow {
+    type Acc = u64;
     type Out = WindowCount;
-    fn fire(&mut self, key: &str, _fire_at: i64, count: u64) -> WindowCount {
-        let (k, start) = key.rsplit_once('@').unwrap_or((key, "0"));
-        WindowCount { key: k.to_string(), window_start: start.parse().unwrap_or(0), count }
+
+    fn key(&self, t: &Tuple) -> Result<String, ComponentError> {
+        Ok(t.get_str("partition_key")?.to_string())
+    }
+
+    fn add(&mut self, n: &mut u64, _t: &Tuple) -> Result<(), ComponentError> {
+        *n += 1;
+        Ok(())
+    }
+
+    fn result(&mut self, key: &str, w: Window, count: u64) -> WindowCount {
+        WindowCount { key: key.to_string(), window_start: w.start_ms, count }
     }
 }
 
@@ -235,7 +225,7 @@ impl KeyedState for PaddedCount {
     type Out = ();
 
     fn key(&self, t: &Tuple) -> Result<String, ComponentError> {
-        CountByKey { window_ms: None }.key(t)
+        CountByKey.key(t)
     }
 
     fn apply(
@@ -405,15 +395,20 @@ async fn main() -> anyhow::Result<()> {
                 ExactlyOnce::new(cfg.clone(), PaddedCount { pad_key: pad_key.clone(), pad_bytes })
             })
             .fields_grouping(spout, &["partition_key"]);
-        } else {
-            b.set_bolt("counts", counters, move |_| ExactlyOnce::new(cfg.clone(), CountByKey { window_ms }))
+        } else if let Some(w) = window_ms {
+            let windows = Tumbling::new(w, CountPerWindow);
+            let for_bolt = windows.clone();
+            b.set_bolt("counts", counters, move |_| ExactlyOnce::new(cfg.clone(), for_bolt.clone()))
                 .fields_grouping(spout, &["partition_key"]);
             if let Some((firer, sink)) = firing {
                 let fields: Vec<&str> = ["key", "window_start", "count"].into_iter().chain(FIRE_FIELDS).collect();
-                b.set_spout("fire", 1, move |_| WindowFirer::new(firer.clone(), FireCount)).fields(&fields);
+                b.set_spout("fire", 1, move |_| WindowFirer::new(firer.clone(), windows.clone())).fields(&fields);
                 b.set_bolt("fired", 1, move |_| KinesisSink::new(sink.clone(), FieldsEncoder::new(&["fire_key"])))
                     .shuffle_grouping("fire");
             }
+        } else {
+            b.set_bolt("counts", counters, move |_| ExactlyOnce::new(cfg.clone(), CountByKey))
+                .fields_grouping(spout, &["partition_key"]);
         }
     })
     .await

@@ -7,7 +7,7 @@
 //!    found, with the function it is in.
 //! 3. Each call is attributed to the roles that run it by following its function's callers up to
 //!    an entry point: worker code (`src/worker.rs`, `spout/`, `sink/`, `stage/`, `coord/`,
-//!    `state/bolt.rs`), the operator CLI (`src/cli/`, except `squall stream put`), or the producer
+//!    `state/bolt.rs`, `state/fire.rs`), the operator CLI (`src/cli/`, except `squall stream put`), or the producer
 //!    helper (`squall stream put`).
 //! 4. Each role's policy must allow exactly the actions its calls need: a call whose action is
 //!    missing fails the test (naming the call and the fix), and so does an allowed action no call
@@ -178,7 +178,15 @@ fn calls(sources: &[Source]) -> Vec<Call> {
 /// The roles of an entry point: a call of `callee` in `file`, or `None` when the file is shared
 /// code whose callers decide.
 fn entry_roles(file: &str, callee: &str) -> Option<BTreeSet<&'static str>> {
-    let worker = ["src/worker.rs", "src/spout/", "src/sink/", "src/stage/", "src/coord/", "src/state/bolt.rs"];
+    let worker = [
+        "src/worker.rs",
+        "src/spout/",
+        "src/sink/",
+        "src/stage/",
+        "src/coord/",
+        "src/state/bolt.rs",
+        "src/state/fire.rs",
+    ];
     if file == "src/cli/stream.rs" {
         // `squall stream put` is the producer helper; the other stream commands are operator tools
         return Some(BTreeSet::from([if callee == "put_records" { "producer" } else { "cli" }]));

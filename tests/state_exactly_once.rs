@@ -17,7 +17,7 @@ use squall::state::{StateEndpoint, StateStore};
 use support::TestStream;
 use support::faultproxy::{FaultPlan, FaultProxy};
 use support::reliability::spawn_producer;
-use support::state::{count_in, start_counts, wait_reading};
+use support::state::{ZOMBIE_COMMIT_INTERVAL_MS, count_in, start_counts, wait_committing, wait_reading};
 use support::workers::{Cluster, scratch};
 
 /// Polls the table until the counts match the manifest (or the timeout); the last report.
@@ -63,12 +63,12 @@ async fn counts_are_exact_after_abort_mid_commit_sigkill_zombie_store_faults_spl
     assert!(code.is_some(), "b never reached its 25th commit\n{}", cluster.logs());
     assert_eq!(count_in(&b.log, "abort_after_commits: aborting after a written commit"), 1, "{}", b.log_text());
     mark(&format!("b aborted after a written commit (exit {code:?})"));
-    // a commits slowly (inputs wait 400 ms), so it holds uncommitted inputs when it is frozen
-    let mut a = start_counts(&cluster, "a", &url, &table, &["--commit-interval-ms", "400"]);
+    // a commits slowly (inputs wait 3 s), so it holds uncommitted inputs when it is frozen
+    let mut a = start_counts(&cluster, "a", &url, &table, &["--commit-interval-ms", ZOMBIE_COMMIT_INTERVAL_MS]);
     let mut b2 = start_counts(&cluster, "b2", &url, &table, &[]);
     let mut c = start_counts(&cluster, "c", &url, &table, &[]);
     wait_reading(&a, &cluster).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_committing(&a, &cluster).await;
 
     // 2. split a shard
     let shards = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap();
@@ -156,10 +156,16 @@ async fn window_counts_are_exact_after_abort_zombie_sigkill_and_split() {
     assert!(code.is_some(), "b never reached its 20th commit\n{}", cluster.logs());
     assert_eq!(count_in(&b.log, "abort_after_commits: aborting after a written commit"), 1, "{}", b.log_text());
     mark("b aborted after a written commit");
-    let mut a = start_counts(&cluster, "a", &url, &table, &[&win[..], &["--commit-interval-ms", "400"]].concat());
+    let mut a = start_counts(
+        &cluster,
+        "a",
+        &url,
+        &table,
+        &[&win[..], &["--commit-interval-ms", ZOMBIE_COMMIT_INTERVAL_MS]].concat(),
+    );
     let mut c = start_counts(&cluster, "c", &url, &table, &win);
     wait_reading(&a, &cluster).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_committing(&a, &cluster).await;
     a.pause();
     mark("SIGSTOP a");
     let first = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap()[0].shard_id.clone();
@@ -185,6 +191,11 @@ async fn window_counts_are_exact_after_abort_zombie_sigkill_and_split() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     mark("window counts settled (or timed out)");
+    // the resumed zombie flushes what it held: its writes are refused (wait for them to be tried)
+    let start = Instant::now();
+    while count_in(&a.log, "state write refused") == 0 && start.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let refused = count_in(&a.log, "state write refused");
     let duplicates: usize =
         ["a", "b", "c", "c2"].iter().map(|n| count_in(&dir.join(format!("{n}.log")), "duplicate input skipped")).sum();

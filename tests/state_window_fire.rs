@@ -19,7 +19,7 @@ use squall::kinesis;
 use support::TestStream;
 use support::faultproxy::{FaultPlan, FaultProxy};
 use support::reliability::spawn_producer;
-use support::state::{count_in, start_counts, wait_reading};
+use support::state::{ZOMBIE_COMMIT_INTERVAL_MS, count_in, start_counts, wait_committing, wait_reading};
 use support::workers::{Cluster, scratch};
 
 const WINDOW_MS: u64 = 1000;
@@ -66,7 +66,7 @@ async fn windows_fire_once_with_exact_counts_after_abort_zombie_sigkill_store_fa
     let fire = ["--window-ms", "1000", "--fire-to", results.name.as_str()];
 
     let producer = spawn_producer(&s.client, &s.label(), &s.name, 3000, 20, 250.0);
-    // 1. b, alone (it reads every shard and is the first firer), aborts right after its 20th
+    // 1. b, alone (it reads every shard and fires every partition), aborts right after its 20th
     //    written commit, before acking its inputs
     let mut b = start_counts(&cluster, "b", &url, &table, &[&fire[..], &["--abort-after-commits", "20"]].concat());
     let code = b.wait_exit(Duration::from_secs(40));
@@ -74,16 +74,16 @@ async fn windows_fire_once_with_exact_counts_after_abort_zombie_sigkill_store_fa
     assert_eq!(count_in(&b.log, "abort_after_commits: aborting after a written commit"), 1, "{}", b.log_text());
     mark("b aborted after a written commit");
     // a commits slowly, so it holds uncommitted inputs when it is frozen
-    let mut a = start_counts(&cluster, "a", &url, &table, &[&fire[..], &["--commit-interval-ms", "400"]].concat());
+    let mut a = start_counts(
+        &cluster,
+        "a",
+        &url,
+        &table,
+        &[&fire[..], &["--commit-interval-ms", ZOMBIE_COMMIT_INTERVAL_MS]].concat(),
+    );
     let mut c = start_counts(&cluster, "c", &url, &table, &fire);
     wait_reading(&a, &cluster).await;
-    // a zombie must hold inputs it has not committed: wait until a commits, then freeze it
-    // within its 400 ms commit interval
-    let start = Instant::now();
-    while count_in(&a.log, "state commit round written") < 2 && start.elapsed() < Duration::from_secs(20) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_committing(&a, &cluster).await;
 
     // 2. split, 3. a zombie past its session (4 s)
     let first = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap()[0].shard_id.clone();
@@ -218,6 +218,32 @@ async fn windows_fire_soon_after_their_end_in_steady_state() {
     assert_eq!(code, 0, "squall status: {err}");
     let line = out.lines().find(|l| l.trim_start().starts_with("committed watermark")).unwrap_or_default();
     assert!(line.contains(" behind)"), "status shows the committed watermark and its lag: {line:?}\n{out}");
+    // both workers' firers fired: the timer partitions are shared (read from the workers'
+    // published counters)
+    let start = Instant::now();
+    let per_worker = loop {
+        let (_, out, _) = support::ops::squall_run(&cluster, &["status", &cluster.topology, "--json"]);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
+        let per_worker: Vec<u64> = v["workers"]
+            .as_array()
+            .map(|ws| {
+                ws.iter().map(|w| w["components"]["fire"]["counters"]["fire_emitted"].as_u64().unwrap_or(0)).collect()
+            })
+            .unwrap_or_default();
+        // the workers publish their counters when they change: wait until they show every window
+        let all = per_worker.iter().sum::<u64>() >= truth.len() as u64;
+        if (per_worker.len() == 2 && all) || start.elapsed() > Duration::from_secs(40) {
+            break per_worker;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    eprintln!("windows fired per worker: {per_worker:?}");
+    assert!(
+        per_worker.len() == 2
+            && per_worker.iter().all(|n| *n > 0)
+            && per_worker.iter().sum::<u64>() >= truth.len() as u64,
+        "both workers fire their share of the windows: {per_worker:?}"
+    );
     // the CLI audit agrees, and says so when the windows do not match (another window length)
     let audit = |window: &str| {
         support::ops::squall_run(

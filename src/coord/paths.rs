@@ -6,7 +6,7 @@
 //!   drain                              drain notification JSON {deployment_id, requested_at_ms}
 //!   tasks/task-NNNNNNNNNN              EPHEMERAL_SEQUENTIAL, one per live spout task
 //!   workers/{workerId}                 EPHEMERAL, one per live worker process: its status JSON
-//!   firers/{component}/task-NNNNNNNNNN EPHEMERAL_SEQUENTIAL, one per window firer; the lowest fires
+//!   firers/{component}/task-NNNNNNNNNN EPHEMERAL_SEQUENTIAL, one per window firer; they share the timer partitions by sequence
 //!   streams/{stream}/
 //!     shards                           the shard list JSON (leader only; versioned writes; < 900 KB)
 //!     assignment                       which task reads which shard (leader only, fenced); watched

@@ -258,7 +258,7 @@ impl ZkStore {
 
     /// Registers a window firer of `component` ([`crate::state::WindowFirer`]): an
     /// EPHEMERAL_SEQUENTIAL `firers/{component}/task-N` znode (its parent created when missing).
-    /// Returns its node name. The firer with the lowest sequence fires; the others wait.
+    /// Returns its node name. The live firers share the timer partitions in sequence order.
     pub async fn register_firer(&self, component: &str) -> Result<String, CoordError> {
         validate_name("component name", component)?;
         let dir = self.paths.firers(component);
@@ -277,7 +277,7 @@ impl ZkStore {
         Ok(format!("{TASK_PREFIX}{seq}"))
     }
 
-    /// The live window firers of `component`, sorted by sequence (the first fires). One request.
+    /// The live window firers of `component`, sorted by sequence (the order their timer partitions are shared in). One request.
     pub async fn firers(&self, component: &str) -> Result<Vec<String>, CoordError> {
         validate_name("component name", component)?;
         let dir = self.paths.firers(component);

@@ -4,38 +4,43 @@
 //! # How a key fires
 //! An [`super::ExactlyOnce`] bolt whose [`super::KeyedState::timer`] gives a key a fire time
 //! writes it with its item: attributes `tpart` (`{scope}#{n}`) and `fire_at`, which put the item
-//! in the table's sparse index [`super::store::TIMER_INDEX`]. The firer, one task per worker of
-//! which only the first registered in ZooKeeper (`firers/{component}/`) works, polls every
-//! `poll_interval_ms`:
+//! in the table's sparse index [`super::store::TIMER_INDEX`]. The firers, one task per worker,
+//! register in ZooKeeper (`firers/{component}/`, ephemeral sequential) and share the timer
+//! partitions: the i-th of n live firers (by sequence) takes the partitions p with p mod n = i, so
+//! firing scales out with the workers (set `timer_partitions` to at least the number of workers).
+//! Each polls every `poll_interval_ms`:
 //! 1. It reads the stream's *committed* watermark W from ZooKeeper
 //!    ([`crate::coord::ZkStore::committed_watermark`]): every record that arrived before W has
 //!    been acked, which for an `ExactlyOnce` bolt means committed. Records are windowed by their
 //!    arrival time, so no input of a key whose timer is at or below W is still to come.
-//! 2. It queries each timer partition for timers at or below W, reads the items (strongly
-//!    consistent) and *freezes* each unfired one: one conditional UpdateItem sets `fired` and
+//! 2. It queries each of its timer partitions for timers at or below W, reads the items (strongly
+//!    consistent) and *freezes* each unfired one (`write_concurrency` at a time): one conditional UpdateItem sets `fired` and
 //!    raises the version, so a write of the key that raced it conflicts, reads it again and
 //!    finds it fired (such inputs are *late*: acked, counted, not applied).
 //! 3. It emits the frozen state through [`OnFire::fire`] as a tracked tuple, with the key and
 //!    the fire time ([`FIRE_FIELDS`]).
-//! 4. When that tuple's tree completes, it takes the timer out of the index (UpdateItem REMOVE).
+//! 4. When that tuple's tree completes, it takes the timer out of the index (UpdateItem REMOVE,
+//!    in bulk at the next poll).
 //!    A failed tuple, or a firer that died before the ack, leaves the timer in the index: the
 //!    key is found and emitted again, with the same frozen state. Downstream, `fire_key`
 //!    identifies a firing exactly; a consumer that must count each once deduplicates by it.
 //!
-//! A zombie firer (one whose ZooKeeper session expired while it was stopped) can only emit a
-//! frozen state again: freezing is conditional on the version, and a frozen state never
-//! changes.
+//! While the firers change (one joins, or one's session expires), two may briefly take the same
+//! partition, and a zombie firer (its session expired while it was stopped) may go on with its
+//! round: either can only emit a frozen state again, since freezing is conditional on the
+//! version and a frozen state never changes.
 //!
 //! # Costs
-//! Per poll while it fires: one ZooKeeper read of the watermark (an assignment read, a list and
-//! one read per spout task), one list of the firers, and one Query per timer partition when the
-//! watermark moved (none otherwise). Per fired key: one BatchGetItem share (100 keys per call),
+//! Per poll and firer: one ZooKeeper read of the watermark (an assignment read, a list and one
+//! read per spout task), one list of the firers, and one Query per timer partition of its share
+//! when the watermark moved (none otherwise). Per fired key: one BatchGetItem share (100 keys per call),
 //! one UpdateItem to freeze and one to confirm. Nothing per record.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use squall_topology::metrics::Counter;
@@ -114,8 +119,8 @@ struct Open {
 }
 
 /// The spout that fires timers of an [`super::ExactlyOnce`] component (see the module docs).
-/// Run one task per worker; only one fires at a time, and another takes over when its worker
-/// goes away. Its message ids are item keys.
+/// Run one task per worker: the live firers share the timer partitions, and take over those of
+/// a worker that goes away. Its message ids are item keys.
 pub struct WindowFirer<F: OnFire> {
     cfg: FirerConfig,
     logic: F,
@@ -125,10 +130,11 @@ pub struct WindowFirer<F: OnFire> {
     next_poll: Instant,
     /// Emitted and not yet acked or failed.
     in_flight: HashSet<Arc<str>>,
-    /// Acked, but the timer's removal failed: retried at the next polls.
+    /// Acked, the timer still to be taken out of the index (at the next poll).
     unconfirmed: Vec<Arc<str>>,
-    /// The watermark of the last complete query round, and whether a failure asks for another.
-    last_round: Option<i64>,
+    /// The watermark and share of the last complete query round, and whether a failure asks
+    /// for another.
+    last_round: Option<(i64, (usize, usize))>,
     rescan: bool,
     /// Keys whose state does not deserialize (logged once each).
     unreadable: HashSet<Arc<str>>,
@@ -175,22 +181,25 @@ impl<F: OnFire> WindowFirer<F> {
         }
     }
 
-    /// Whether this task is the first live firer (registering first when it is not
-    /// registered: at start, and after its ZooKeeper session was lost).
-    async fn leading(&mut self, o: &Open) -> Result<bool, crate::coord::CoordError> {
+    /// This task's share of the timer partitions: its place among the live firers and their
+    /// number (registering first when it is not registered: at start, and after its ZooKeeper
+    /// session was lost). `None` while it is not registered.
+    async fn share(&mut self, o: &Open) -> Result<Option<(usize, usize)>, crate::coord::CoordError> {
         if self.node.is_none() {
             self.node = Some(o.zk.register_firer(&self.cfg.component).await?);
         }
         let firers = o.zk.firers(&self.cfg.component).await?;
         let me = self.node.as_deref().unwrap_or_default();
-        if !firers.iter().any(|f| f == me) {
-            // the registration went with an expired session: register again next poll
-            tracing::warn!(component = %self.cfg.component, node = %me,
-                "window firer registration is gone (ZooKeeper session lost); registering again");
-            self.node = None;
-            return Ok(false);
+        match firers.iter().position(|f| f == me) {
+            Some(i) => Ok(Some((i, firers.len()))),
+            None => {
+                // the registration went with an expired session: register again next poll
+                tracing::warn!(component = %self.cfg.component, node = %me,
+                    "window firer registration is gone (ZooKeeper session lost); registering again");
+                self.node = None;
+                Ok(None)
+            }
         }
-        Ok(firers.first().map(String::as_str) == Some(me))
     }
 
     /// The committed watermark, the highest read so far (a reading can be lower after a handoff,
@@ -218,23 +227,43 @@ impl<F: OnFire> WindowFirer<F> {
         None
     }
 
-    /// Removes the timers of acked firings whose removal failed before.
+    /// Takes the timers of acked firings out of the index, `write_concurrency` at a time; those
+    /// that fail stay for the next poll.
     async fn confirm_pending(&mut self, o: &Open) {
-        let mut left = Vec::new();
-        for pk in std::mem::take(&mut self.unconfirmed) {
-            match o.store.clear_timer(&pk).await {
+        let acked = std::mem::take(&mut self.unconfirmed);
+        let results: Vec<(Arc<str>, Result<(), StateError>)> = futures::stream::iter(acked.into_iter().map(|pk| {
+            let store = o.store.clone();
+            async move {
+                let r = store.clear_timer(&pk).await;
+                (pk, r)
+            }
+        }))
+        .buffer_unordered(self.cfg.state.write_concurrency.max(1))
+        .collect()
+        .await;
+        for (pk, r) in results {
+            match r {
                 Ok(()) => o.m.confirmed.incr(),
-                Err(_) => left.push(pk),
+                Err(e) => {
+                    tracing::debug!(item = %pk, error = %e, "removing a fired timer failed; retrying at the next poll");
+                    self.unconfirmed.push(pk);
+                }
             }
         }
-        self.unconfirmed = left;
     }
 
     /// One round: every due timer not in flight, frozen and emitted (up to the spout's room).
-    async fn fire_due(&mut self, o: &Open, w: i64, out: &mut SpoutOutput<Arc<str>>) -> Result<(), StateError> {
+    async fn fire_due(
+        &mut self,
+        o: &Open,
+        w: i64,
+        (me, firers): (usize, usize),
+        out: &mut SpoutOutput<Arc<str>>,
+    ) -> Result<(), StateError> {
         let mut room = out.pending_room();
         let mut complete = true;
-        for n in 0..self.cfg.state.timer_partitions.max(1) {
+        let partitions = self.cfg.state.timer_partitions.max(1) as usize;
+        for n in (0..partitions).filter(|n| n % firers.max(1) == me) {
             if room == 0 {
                 complete = false;
                 break;
@@ -250,8 +279,40 @@ impl<F: OnFire> WindowFirer<F> {
             for chunk in due.chunks(MAX_BATCH_GET) {
                 let pks: Vec<String> = chunk.iter().map(|(pk, _)| pk.clone()).collect();
                 let items = o.store.get_many(&pks).await?;
+                // freeze the unfired ones, write_concurrency at a time
+                let to_freeze: Vec<(String, u64)> = chunk
+                    .iter()
+                    .filter_map(|(pk, _)| items.get(pk).filter(|i| !i.fired).map(|i| (pk.clone(), i.version)))
+                    .collect();
+                let frozen: Vec<(String, Result<WriteOutcome, StateError>)> =
+                    futures::stream::iter(to_freeze.into_iter().map(|(pk, version)| {
+                        let store = o.store.clone();
+                        async move {
+                            let r = store.freeze(&pk, version).await;
+                            (pk, r)
+                        }
+                    }))
+                    .buffer_unordered(self.cfg.state.write_concurrency.max(1))
+                    .collect()
+                    .await;
+                let mut outcome = std::collections::HashMap::with_capacity(frozen.len());
+                for (pk, r) in frozen {
+                    outcome.insert(pk, r?);
+                }
                 for (pk, fire_at) in chunk {
                     let Some(item) = items.get(pk) else { continue };
+                    match outcome.get(pk) {
+                        // frozen by this round
+                        Some(WriteOutcome::Written) => {}
+                        Some(WriteOutcome::Conflict) => {
+                            // written since the read: the next round reads it again
+                            o.m.conflicts.incr();
+                            complete = false;
+                            continue;
+                        }
+                        // frozen before: a firing not confirmed, emitted again
+                        None => o.m.replayed.incr(),
+                    }
                     let pk: Arc<str> = Arc::from(pk.as_str());
                     let key = pk.strip_prefix(&format!("{}/", o.scope)).unwrap_or(&pk).to_string();
                     let state = match serde_json::from_slice::<F::State>(&item.state) {
@@ -268,19 +329,6 @@ impl<F: OnFire> WindowFirer<F> {
                             continue;
                         }
                     };
-                    if !item.fired {
-                        match o.store.freeze(&pk, item.version).await? {
-                            WriteOutcome::Written => {}
-                            WriteOutcome::Conflict => {
-                                // written since the read: the next round reads it again
-                                o.m.conflicts.incr();
-                                complete = false;
-                                continue;
-                            }
-                        }
-                    } else {
-                        o.m.replayed.incr();
-                    }
                     let produced = self.logic.fire(&key, *fire_at, state);
                     let mut values = match to_values(&produced) {
                         Ok(v) => v,
@@ -302,7 +350,7 @@ impl<F: OnFire> WindowFirer<F> {
             }
         }
         if complete {
-            self.last_round = Some(w);
+            self.last_round = Some((w, (me, firers)));
             self.rescan = false;
         }
         Ok(())
@@ -348,15 +396,9 @@ impl<F: OnFire> Spout for WindowFirer<F> {
     }
 
     async fn ack(&mut self, pk: Arc<str>) {
+        // confirmed (taken out of the index) in bulk at the next poll
         self.in_flight.remove(&pk);
-        let Some(o) = self.open.as_ref() else { return };
-        match o.store.clear_timer(&pk).await {
-            Ok(()) => o.m.confirmed.incr(),
-            Err(e) => {
-                tracing::warn!(item = %pk, error = %e, "removing a fired timer failed; retrying at the next poll");
-                self.unconfirmed.push(pk);
-            }
-        }
+        self.unconfirmed.push(pk);
     }
 
     async fn fail(&mut self, pk: Arc<str>) {
@@ -377,9 +419,9 @@ impl<F: OnFire> WindowFirer<F> {
         if !self.unconfirmed.is_empty() {
             self.confirm_pending(o).await;
         }
-        match self.leading(o).await {
-            Ok(true) => {}
-            Ok(false) => return Ok(()),
+        let share = match self.share(o).await {
+            Ok(Some(share)) => share,
+            Ok(None) => return Ok(()),
             Err(e) if e.is_session_lost() => {
                 // its registration went with the session: a new session, registered again
                 tracing::warn!(component = %self.cfg.component, error = %e,
@@ -396,12 +438,12 @@ impl<F: OnFire> WindowFirer<F> {
                 tracing::warn!(component = %self.cfg.component, error = %e, "window firer cannot reach ZooKeeper");
                 return Ok(());
             }
-        }
+        };
         let Some(w) = self.watermark(o).await else { return Ok(()) };
-        if self.last_round == Some(w) && !self.rescan {
+        if self.last_round == Some((w, share)) && !self.rescan {
             return Ok(());
         }
-        if let Err(e) = self.fire_due(o, w, out).await {
+        if let Err(e) = self.fire_due(o, w, share, out).await {
             o.m.errors.incr();
             tracing::warn!(component = %self.cfg.component, error = %e, "firing timers failed; retrying at the next poll");
         }

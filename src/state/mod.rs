@@ -51,7 +51,9 @@
 //! on the version), emits the state through [`OnFire`] with [`FIRE_FIELDS`] as a tracked tuple, and
 //! takes the timer out of the index once that tuple's tree completed. Inputs of a fired key are
 //! late: acked, counted (`state_late`), not applied. A firing that fails, or whose firer dies, is
-//! emitted again with the same frozen state: consumers deduplicate by `fire_key`.
+//! emitted again with the same frozen state: consumers deduplicate by `fire_key`. [`Tumbling`]
+//! windows of a [`WindowAggregate`] are both halves at once (the bolt's keyed state with a timer
+//! at each window's end, and the firer's output).
 //!
 //! The store unreachable, throttling or failing with 5xx means back-pressure: the bolt retries
 //! with a back-off and takes no new input meanwhile; a commit is never skipped. State over
@@ -89,6 +91,7 @@ mod bolt;
 pub mod dedup;
 mod fire;
 pub mod store;
+mod window;
 
 pub use bolt::{
     ExactlyOnce, KeyedState, PRODUCTION_FIELDS, StateConfig, scope, timer_partition, with_production_fields,
@@ -98,3 +101,4 @@ pub use fire::{EmitState, FIRE_FIELDS, FiredState, FirerConfig, OnFire, WindowFi
 pub use store::{
     MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, StoredItem, TIMER_INDEX, TimerAt, WriteOutcome,
 };
+pub use window::{Tumbling, Window, WindowAggregate};

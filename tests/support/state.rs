@@ -25,6 +25,30 @@ pub async fn wait_reading(p: &Proc, cluster: &Cluster) {
     }
 }
 
+/// The commit interval of a worker that a test freezes into a zombie (ms): long enough that it
+/// always holds applied, uncommitted inputs a moment after a commit (see [`wait_committing`]).
+pub const ZOMBIE_COMMIT_INTERVAL_MS: &str = "3000";
+
+/// Waits (30 s at most) until worker `p` of `cluster`, running with a commit interval of
+/// [`ZOMBIE_COMMIT_INTERVAL_MS`], commits in steady state (a commit round after its first), then
+/// 1.2 s more: it has read records since (its reader polls at least every second) and holds them
+/// uncommitted for another ~2 s. Call before freezing it, so that the zombie has late writes to
+/// be refused.
+pub async fn wait_committing(p: &Proc, cluster: &Cluster) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let written = || count_in(&p.log, "state commit round written");
+    while written() == 0 {
+        assert!(Instant::now() < deadline, "{} never committed\n{}", p.name, cluster.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = written();
+    while written() == first {
+        assert!(Instant::now() < deadline, "{} committed only once\n{}", p.name, cluster.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+}
+
 /// The component id of the counting bolt in the example.
 pub const COMPONENT: &str = "counts";
 
