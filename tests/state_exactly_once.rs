@@ -151,21 +151,8 @@ async fn window_counts_are_exact_after_abort_zombie_sigkill_and_split() {
     let win = ["--window-ms", "1000"];
 
     let producer = spawn_producer(&s.client, &s.label(), &s.name, 3000, 20, 250.0);
-    let mut b = start_counts(&cluster, "b", &url, &table, &[&win[..], &["--abort-after-commits", "20"]].concat());
-    let code = b.wait_exit(Duration::from_secs(40));
-    assert!(code.is_some(), "b never reached its 20th commit\n{}", cluster.logs());
-    assert_eq!(count_in(&b.log, "abort_after_commits: aborting after a written commit"), 1, "{}", b.log_text());
-    mark("b aborted after a written commit");
-    let mut a = start_counts(
-        &cluster,
-        "a",
-        &url,
-        &table,
-        &[&win[..], &["--commit-interval-ms", ZOMBIE_COMMIT_INTERVAL_MS]].concat(),
-    );
-    let mut c = start_counts(&cluster, "c", &url, &table, &win);
-    wait_reading(&a, &cluster).await;
-    wait_committing(&a, &cluster).await;
+    let (_b, mut a, mut c) = support::state::abort_then_start_zombie(&cluster, &url, &table, &win, "20").await;
+    mark("b aborted after a written commit; a holds uncommitted inputs");
     a.pause();
     mark("SIGSTOP a");
     let first = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap()[0].shard_id.clone();

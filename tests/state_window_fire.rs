@@ -19,7 +19,7 @@ use squall::kinesis;
 use support::TestStream;
 use support::faultproxy::{FaultPlan, FaultProxy};
 use support::reliability::spawn_producer;
-use support::state::{ZOMBIE_COMMIT_INTERVAL_MS, count_in, start_counts, wait_committing, wait_reading};
+use support::state::{abort_then_start_zombie, count_in, start_counts, wait_reading};
 use support::workers::{Cluster, scratch};
 
 const WINDOW_MS: u64 = 1000;
@@ -67,23 +67,9 @@ async fn windows_fire_once_with_exact_counts_after_abort_zombie_sigkill_store_fa
 
     let producer = spawn_producer(&s.client, &s.label(), &s.name, 3000, 20, 250.0);
     // 1. b, alone (it reads every shard and fires every partition), aborts right after its 20th
-    //    written commit, before acking its inputs
-    let mut b = start_counts(&cluster, "b", &url, &table, &[&fire[..], &["--abort-after-commits", "20"]].concat());
-    let code = b.wait_exit(Duration::from_secs(40));
-    assert!(code.is_some(), "b never reached its 20th commit\n{}", cluster.logs());
-    assert_eq!(count_in(&b.log, "abort_after_commits: aborting after a written commit"), 1, "{}", b.log_text());
-    mark("b aborted after a written commit");
-    // a commits slowly, so it holds uncommitted inputs when it is frozen
-    let mut a = start_counts(
-        &cluster,
-        "a",
-        &url,
-        &table,
-        &[&fire[..], &["--commit-interval-ms", ZOMBIE_COMMIT_INTERVAL_MS]].concat(),
-    );
-    let mut c = start_counts(&cluster, "c", &url, &table, &fire);
-    wait_reading(&a, &cluster).await;
-    wait_committing(&a, &cluster).await;
+    //    written commit, before acking its inputs; a (to be frozen) and c start
+    let (_b, mut a, mut c) = abort_then_start_zombie(&cluster, &url, &table, &fire, "20").await;
+    mark("b aborted after a written commit; a holds uncommitted inputs");
 
     // 2. split, 3. a zombie past its session (4 s)
     let first = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap()[0].shard_id.clone();

@@ -49,6 +49,30 @@ pub async fn wait_committing(p: &Proc, cluster: &Cluster) {
     tokio::time::sleep(Duration::from_millis(1200)).await;
 }
 
+/// The opening of the window chaos tests: worker `b`, alone (it reads every shard), aborts right
+/// after its `abort_after`-th written commit, before acking its inputs (asserted); then worker
+/// `a` (commit interval [`ZOMBIE_COMMIT_INTERVAL_MS`], to be frozen into a zombie) and worker `c`
+/// start, and this returns once `a` holds uncommitted inputs ([`wait_committing`]). `flags` go to
+/// every worker. Returns (b, a, c).
+pub async fn abort_then_start_zombie(
+    cluster: &Cluster,
+    url: &str,
+    table: &str,
+    flags: &[&str],
+    abort_after: &str,
+) -> (Proc, Proc, Proc) {
+    let mut b = start_counts(cluster, "b", url, table, &[flags, &["--abort-after-commits", abort_after]].concat());
+    let code = b.wait_exit(Duration::from_secs(40));
+    assert!(code.is_some(), "b never reached its {abort_after}th commit\n{}", cluster.logs());
+    assert_eq!(count_in(&b.log, "abort_after_commits: aborting after a written commit"), 1, "{}", b.log_text());
+    let a =
+        start_counts(cluster, "a", url, table, &[flags, &["--commit-interval-ms", ZOMBIE_COMMIT_INTERVAL_MS]].concat());
+    let c = start_counts(cluster, "c", url, table, flags);
+    wait_reading(&a, cluster).await;
+    wait_committing(&a, cluster).await;
+    (b, a, c)
+}
+
 /// The component id of the counting bolt in the example.
 pub const COMPONENT: &str = "counts";
 
