@@ -105,7 +105,7 @@ async fn counts_are_exact_after_abort_mid_commit_sigkill_zombie_store_faults_spl
     let faults = proxy.counters();
     eprintln!("store proxy: {faults:?}");
     assert!(faults.throttled > 0 && faults.server_errors > 0, "no store faults injected: {faults:?}");
-    let refused = count_in(&a.log, "state write refused");
+    let refused = support::state::wait_refused(&a).await;
     eprintln!("refused writes of the zombie a: {refused}");
     assert!(refused > 0, "the zombie's late writes were not refused\n{}", a.log_text());
     let listed = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap();
@@ -179,11 +179,7 @@ async fn window_counts_are_exact_after_abort_zombie_sigkill_and_split() {
     };
     mark("window counts settled (or timed out)");
     // the resumed zombie flushes what it held: its writes are refused (wait for them to be tried)
-    let start = Instant::now();
-    while count_in(&a.log, "state write refused") == 0 && start.elapsed() < Duration::from_secs(15) {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let refused = count_in(&a.log, "state write refused");
+    let refused = support::state::wait_refused(&a).await;
     let duplicates: usize =
         ["a", "b", "c", "c2"].iter().map(|n| count_in(&dir.join(format!("{n}.log")), "duplicate input skipped")).sum();
     eprintln!("{} windows over {} keys; refused {refused}; duplicates skipped {duplicates}", truth.len(), 20);

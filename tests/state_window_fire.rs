@@ -107,7 +107,7 @@ async fn windows_fire_once_with_exact_counts_after_abort_zombie_sigkill_store_fa
     let faults = proxy.counters();
     eprintln!("store proxy: {faults:?}");
     assert!(faults.throttled > 0 && faults.server_errors > 0, "no store faults injected: {faults:?}");
-    let refused = count_in(&a.log, "state write refused");
+    let refused = support::state::wait_refused(&a).await;
     assert!(refused > 0, "the zombie's late writes were not refused\n{}", a.log_text());
     let listed = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap();
     assert_eq!(listed.len(), 2 + 2 + 1, "the split and the merge not seen in the shard list: {listed:?}");

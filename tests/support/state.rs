@@ -49,6 +49,16 @@ pub async fn wait_committing(p: &Proc, cluster: &Cluster) {
     tokio::time::sleep(Duration::from_millis(1200)).await;
 }
 
+/// Waits (15 s at most) until the resumed zombie `p` has had a write refused (it flushes what
+/// it held when it resumes, which may come after the other workers finished); returns how many.
+pub async fn wait_refused(p: &Proc) -> usize {
+    let start = Instant::now();
+    while count_in(&p.log, "state write refused") == 0 && start.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    count_in(&p.log, "state write refused")
+}
+
 /// The opening of the window chaos tests: worker `b`, alone (it reads every shard), aborts right
 /// after its `abort_after`-th written commit, before acking its inputs (asserted); then worker
 /// `a` (commit interval [`ZOMBIE_COMMIT_INTERVAL_MS`], to be frozen into a zombie) and worker `c`
