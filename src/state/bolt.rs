@@ -481,8 +481,8 @@ impl<K: KeyedState> ExactlyOnce<K> {
         for input in inputs {
             dedup.promote(&input.id);
             match dedup.judge(&input.id) {
-                Verdict::Fenced { .. } => {
-                    run.m.refused.incr();
+                Verdict::Fenced { stored } => {
+                    refuse(run, key, &input, stored);
                     fates.push((input, Fate::Fail));
                 }
                 Verdict::Duplicate(p) => {
@@ -522,12 +522,7 @@ impl<K: KeyedState> ExactlyOnce<K> {
             dedup.promote(&input.id);
             match dedup.judge(&input.id) {
                 Verdict::Fenced { stored } => {
-                    run.m.refused.incr();
-                    tracing::warn!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
-                        token = input.id.lease_token, stored,
-                        "state write refused: the record was read under lease token {} of shard {}, and a later owner \
-                         (token {stored}) already wrote this key; this task is a zombie for that shard",
-                        input.id.lease_token, input.id.shard);
+                    refuse(run, key, &input, stored);
                     fates.push((input, Fate::Fail));
                 }
                 Verdict::Duplicate(p) => {
@@ -645,6 +640,16 @@ impl<K: KeyedState> ExactlyOnce<K> {
             }
         }
     }
+}
+
+/// Counts and logs an input refused by the lease-token fence (its reader is a zombie).
+fn refuse(run: &Running, key: &str, input: &Input, stored: u64) {
+    run.m.refused.incr();
+    tracing::warn!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
+        token = input.id.lease_token, stored,
+        "state write refused: the record was read under lease token {} of shard {}, and a later owner \
+         (token {stored}) already wrote this key; this task is a zombie for that shard",
+        input.id.lease_token, input.id.shard);
 }
 
 /// The timer index partition of `key` in `scope`: `{scope}#{n}`, n a stable hash of the key
