@@ -1330,50 +1330,27 @@ impl Written {
 async fn read_intermediate(client: &Client, endpoint: &str, stream: &str) -> anyhow::Result<Written> {
     use squall::stage::codec::{Payload, decode};
     let mut w = Written::default();
-    for s in squall::kinesis::list_shards(client, endpoint, stream).await? {
-        let mut it = client
-            .get_shard_iterator()
-            .stream_name(stream)
-            .shard_id(&s.shard_id)
-            .shard_iterator_type(ShardIteratorType::TrimHorizon)
-            .send()
-            .await
-            .map_err(|e| anyhow::anyhow!("{}", aws_sdk_kinesis::error::DisplayErrorContext(e)))?
-            .shard_iterator;
-        while let Some(i) = it.take() {
-            let out = client
-                .get_records()
-                .shard_iterator(i)
-                .limit(10_000)
-                .send()
-                .await
-                .map_err(|e| anyhow::anyhow!("{}", aws_sdk_kinesis::error::DisplayErrorContext(e)))?;
-            for r in out.records() {
-                let rec = decode(&bytes::Bytes::copy_from_slice(r.data().as_ref()), 2)
-                    .map_err(|e| anyhow::anyhow!("record of {stream} does not decode: {e}"))?;
-                let arrival = r.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
-                match rec.payload {
-                    Payload::Data(t) => {
-                        w.data_records += 1;
-                        w.tuples += t.len() as u64;
-                        for v in &t {
-                            if let Some(Value::Int(put)) = v.get(1) {
-                                w.transit.push((*put, arrival - put));
-                            }
-                        }
-                    }
-                    Payload::Watermark => {
-                        w.watermarks += 1;
-                        w.control_arrivals.push(arrival);
-                    }
-                    Payload::Drain => {
-                        w.drains += 1;
-                        w.control_arrivals.push(arrival);
+    for r in squall::audit::read_stream(client, endpoint, stream).await? {
+        let rec = decode(&bytes::Bytes::copy_from_slice(r.data().as_ref()), 2)
+            .map_err(|e| anyhow::anyhow!("record of {stream} does not decode: {e}"))?;
+        let arrival = r.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
+        match rec.payload {
+            Payload::Data(t) => {
+                w.data_records += 1;
+                w.tuples += t.len() as u64;
+                for v in &t {
+                    if let Some(Value::Int(put)) = v.get(1) {
+                        w.transit.push((*put, arrival - put));
                     }
                 }
             }
-            if !out.records().is_empty() || out.millis_behind_latest().unwrap_or(0) > 0 {
-                it = out.next_shard_iterator().map(str::to_string);
+            Payload::Watermark => {
+                w.watermarks += 1;
+                w.control_arrivals.push(arrival);
+            }
+            Payload::Drain => {
+                w.drains += 1;
+                w.control_arrivals.push(arrival);
             }
         }
     }

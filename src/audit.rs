@@ -380,8 +380,8 @@ impl WindowsReport {
 }
 
 /// Every record of `stream`, read from TRIM_HORIZON on every shard (closed ones to their end,
-/// open ones up to their tip).
-async fn read_all(
+/// open ones up to their tip), shard after shard. For audits, tests and tools, not the data path.
+pub async fn read_stream(
     client: &aws_sdk_kinesis::Client,
     label: &str,
     stream: &str,
@@ -427,7 +427,7 @@ pub async fn window_truth(
 ) -> anyhow::Result<BTreeMap<String, u64>> {
     anyhow::ensure!(window_ms > 0, "--window-ms must be at least 1");
     let mut out = BTreeMap::new();
-    for r in read_all(client, label, stream).await? {
+    for r in read_stream(client, label, stream).await? {
         let at = r.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
         let at = u64::try_from(at).unwrap_or(0);
         *out.entry(format!("{}@{}", r.partition_key(), at - at % window_ms)).or_default() += 1;
@@ -444,7 +444,7 @@ pub async fn fired_windows(
     stream: &str,
 ) -> anyhow::Result<BTreeMap<String, Vec<u64>>> {
     let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for r in read_all(client, label, stream).await? {
+    for r in read_stream(client, label, stream).await? {
         let v: serde_json::Value = serde_json::from_slice(r.data().as_ref()).unwrap_or_default();
         let (Some(key), Some(count)) = (v["fire_key"].as_str(), v["count"].as_u64()) else {
             anyhow::bail!(

@@ -685,14 +685,10 @@ async fn stream_report(
     }
     let error = assignment.and_then(|a| a.error).or(list_error);
     let tasks = store.task_names().await?;
-    let committed_watermark = if store.has_watermark_reports().await? {
-        Some(match store.committed_watermark().await? {
-            Ok(w) => CommittedWatermarkReport { watermark_ms: Some(w), unavailable: None },
-            Err(why) => CommittedWatermarkReport { watermark_ms: None, unavailable: Some(why) },
-        })
-    } else {
-        None
-    };
+    let committed_watermark = store.published_committed_watermark().await?.map(|w| match w {
+        Ok(w) => CommittedWatermarkReport { watermark_ms: Some(w), unavailable: None },
+        Err(why) => CommittedWatermarkReport { watermark_ms: None, unavailable: Some(why) },
+    });
     Ok(StreamReport { stream: stream.to_string(), error, tasks, shards, committed_watermark })
 }
 

@@ -550,17 +550,6 @@ impl ZkStore {
         self.delete_quietly(&self.paths.watermark(task)).await
     }
 
-    /// Whether any spout task of the stream publishes a committed watermark report (the
-    /// feature is on). One request.
-    pub async fn has_watermark_reports(&self) -> Result<bool, CoordError> {
-        let dir = self.paths.watermarks_dir();
-        match self.client().list_children(dir).await {
-            Ok(names) => Ok(!names.is_empty()),
-            Err(zk::Error::NoNode) => Ok(false),
-            Err(e) => Err(CoordError::zk(dir, "list", e)),
-        }
-    }
-
     /// The stream's committed watermark: Ok(Ok(ms)) when the current assignment (no error set) has a report
     /// of its own generation with Some(watermark) from every task it lists (tasks with no shards included),
     /// the minimum of those; Ok(Err(reason)) naming what is missing (which task, which generation) otherwise.
@@ -573,17 +562,34 @@ impl ZkStore {
     /// `getChildren` of `watermarks/`, and one `getData` per task the assignment lists that has a
     /// report (pipelined); no watch, no write.
     pub async fn committed_watermark(&self) -> Result<Result<i64, String>, CoordError> {
+        Ok(self.read_committed_watermark(false).await?.unwrap_or_else(|| Err("no report".into())))
+    }
+
+    /// [`ZkStore::committed_watermark`], or `None` when no spout task of the stream publishes a
+    /// report (the feature is off: `squall status` then shows nothing). Same cost.
+    pub async fn published_committed_watermark(&self) -> Result<Option<Result<i64, String>>, CoordError> {
+        self.read_committed_watermark(true).await
+    }
+
+    /// The committed watermark; `None` only with `none_unpublished` when no report exists.
+    async fn read_committed_watermark(
+        &self,
+        none_unpublished: bool,
+    ) -> Result<Option<Result<i64, String>>, CoordError> {
         let stream = self.paths.stream_name();
-        let Some(assignment) = self.read_assignment().await? else {
-            return Ok(Err(format!("stream {stream}: no assignment yet")));
-        };
-        let assignment = assignment.value;
         let dir = self.paths.watermarks_dir();
         let published: BTreeSet<String> = match self.client().list_children(dir).await {
             Ok(names) => names.into_iter().collect(),
             Err(zk::Error::NoNode) => BTreeSet::new(),
             Err(e) => return Err(CoordError::zk(dir, "list", e)),
         };
+        if none_unpublished && published.is_empty() {
+            return Ok(None);
+        }
+        let Some(assignment) = self.read_assignment().await? else {
+            return Ok(Some(Err(format!("stream {stream}: no assignment yet"))));
+        };
+        let assignment = assignment.value;
         // Requests are sent when the futures are created, so these reads are pipelined.
         let reads: Vec<_> = assignment
             .tasks
@@ -605,7 +611,7 @@ impl ZkStore {
                 Err(e) => return Err(CoordError::zk(&path, "get", e)),
             }
         }
-        Ok(committed_watermark(&assignment, &reports).map_err(|why| format!("stream {stream}: {why}")))
+        Ok(Some(committed_watermark(&assignment, &reports).map_err(|why| format!("stream {stream}: {why}"))))
     }
 
     // ----- topology state -----

@@ -479,17 +479,9 @@ impl<K: KeyedState> ExactlyOnce<K> {
     fn late(&mut self, run: &Running, key: &str, dedup: &mut Dedup, inputs: Vec<Input>, out: &mut BoltOutput) {
         let mut fates = Vec::with_capacity(inputs.len());
         for input in inputs {
-            dedup.promote(&input.id);
-            match dedup.judge(&input.id) {
-                Verdict::Fenced { stored } => {
-                    refuse(run, key, &input, stored);
-                    fates.push((input, Fate::Fail));
-                }
-                Verdict::Duplicate(p) => {
-                    run.m.duplicates.incr();
-                    fates.push((input, Fate::Duplicate(p)));
-                }
-                Verdict::Fresh => {
+            match judge_seen(run, key, dedup, input) {
+                Judged::Seen(input, fate) => fates.push((input, fate)),
+                Judged::Fresh(input) => {
                     run.m.late.incr();
                     tracing::warn!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
                         "late input: key `{key}` already fired (its state is frozen); the input is acked and not \
@@ -519,27 +511,9 @@ impl<K: KeyedState> ExactlyOnce<K> {
         let mut fates: Fates<K::Out> = Vec::with_capacity(inputs.len());
         let mut fresh = 0usize;
         for (n, input) in inputs.into_iter().enumerate() {
-            dedup.promote(&input.id);
-            match dedup.judge(&input.id) {
-                Verdict::Fenced { stored } => {
-                    refuse(run, key, &input, stored);
-                    fates.push((input, Fate::Fail));
-                }
-                Verdict::Duplicate(p) => {
-                    run.m.duplicates.incr();
-                    match &input.id.production {
-                        Some(pid) => {
-                            tracing::debug!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
-                            source_shard = %pid.shard, production = %pid.id,
-                            "duplicate production skipped: it was already applied to this key")
-                        }
-                        None => tracing::debug!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
-                            "duplicate input skipped: the record was already applied to this key"),
-                    }
-                    dedup.advance(&input.id);
-                    fates.push((input, Fate::Duplicate(p)));
-                }
-                Verdict::Fresh => {
+            match judge_seen(run, key, dedup, input) {
+                Judged::Seen(input, fate) => fates.push((input, fate)),
+                Judged::Fresh(input) => {
                     let before = state.clone();
                     let dedup_before = limit.as_ref().map(|_| dedup.clone());
                     let mut produced = Vec::new();
@@ -642,14 +616,43 @@ impl<K: KeyedState> ExactlyOnce<K> {
     }
 }
 
-/// Counts and logs an input refused by the lease-token fence (its reader is a zombie).
-fn refuse(run: &Running, key: &str, input: &Input, stored: u64) {
-    run.m.refused.incr();
-    tracing::warn!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
-        token = input.id.lease_token, stored,
-        "state write refused: the record was read under lease token {} of shard {}, and a later owner \
-         (token {stored}) already wrote this key; this task is a zombie for that shard",
-        input.id.lease_token, input.id.shard);
+/// What [`judge_seen`] made of an input.
+enum Judged<O> {
+    /// Fenced or a duplicate: its fate.
+    Seen(Input, Fate<O>),
+    /// Not applied yet.
+    Fresh(Input),
+}
+
+/// Judges one input against `dedup`. One refused by the lease-token fence (its reader is a
+/// zombie) fails, and one already applied is a duplicate (its productions re-sent): both counted
+/// and logged, with their fate. A fresh input is handed back.
+fn judge_seen<O>(run: &Running, key: &str, dedup: &mut Dedup, input: Input) -> Judged<O> {
+    dedup.promote(&input.id);
+    match dedup.judge(&input.id) {
+        Verdict::Fenced { stored } => {
+            run.m.refused.incr();
+            tracing::warn!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
+                token = input.id.lease_token, stored,
+                "state write refused: the record was read under lease token {} of shard {}, and a later owner \
+                 (token {stored}) already wrote this key; this task is a zombie for that shard",
+                input.id.lease_token, input.id.shard);
+            Judged::Seen(input, Fate::Fail)
+        }
+        Verdict::Duplicate(p) => {
+            run.m.duplicates.incr();
+            match &input.id.production {
+                Some(pid) => tracing::debug!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
+                    source_shard = %pid.shard, production = %pid.id,
+                    "duplicate production skipped: it was already applied to this key"),
+                None => tracing::debug!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
+                    "duplicate input skipped: the record was already applied to this key"),
+            }
+            dedup.advance(&input.id);
+            Judged::Seen(input, Fate::Duplicate(p))
+        }
+        Verdict::Fresh => Judged::Fresh(input),
+    }
 }
 
 /// The timer index partition of `key` in `scope`: `{scope}#{n}`, n a stable hash of the key

@@ -263,6 +263,7 @@ impl<F: OnFire> WindowFirer<F> {
         let mut room = out.pending_room();
         let mut complete = true;
         let partitions = self.cfg.state.timer_partitions.max(1) as usize;
+        let prefix = format!("{}/", o.scope);
         for n in (0..partitions).filter(|n| n % firers.max(1) == me) {
             if room == 0 {
                 complete = false;
@@ -314,7 +315,7 @@ impl<F: OnFire> WindowFirer<F> {
                         None => o.m.replayed.incr(),
                     }
                     let pk: Arc<str> = Arc::from(pk.as_str());
-                    let key = pk.strip_prefix(&format!("{}/", o.scope)).unwrap_or(&pk).to_string();
+                    let key = pk.strip_prefix(prefix.as_str()).unwrap_or(&pk).to_string();
                     let state = match serde_json::from_slice::<F::State>(&item.state) {
                         Ok(s) => s,
                         Err(e) => {
@@ -448,29 +449,5 @@ impl<F: OnFire> WindowFirer<F> {
             tracing::warn!(component = %self.cfg.component, error = %e, "firing timers failed; retrying at the next poll");
         }
         Ok(())
-    }
-}
-
-/// The default `Out` of a firer that emits the state as it is: one field, `state`.
-#[derive(Debug, Serialize)]
-pub struct FiredState<S> {
-    /// The key's final state.
-    pub state: S,
-}
-
-/// Emits each fired key's state as it is ([`FiredState`]).
-pub struct EmitState<S>(std::marker::PhantomData<fn() -> S>);
-
-impl<S> Default for EmitState<S> {
-    fn default() -> Self {
-        Self(std::marker::PhantomData)
-    }
-}
-
-impl<S: DeserializeOwned + Serialize + Send + 'static> OnFire for EmitState<S> {
-    type State = S;
-    type Out = FiredState<S>;
-    fn fire(&mut self, _key: &str, _fire_at: i64, state: S) -> FiredState<S> {
-        FiredState { state }
     }
 }

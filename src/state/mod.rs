@@ -97,7 +97,7 @@ pub use bolt::{
     ExactlyOnce, KeyedState, PRODUCTION_FIELDS, StateConfig, scope, timer_partition, with_production_fields,
 };
 pub use dedup::{Dedup, ProductionId, RecordId, Verdict};
-pub use fire::{EmitState, FIRE_FIELDS, FiredState, FirerConfig, OnFire, WindowFirer};
+pub use fire::{FIRE_FIELDS, FirerConfig, OnFire, WindowFirer};
 pub use store::{
     MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, StoredItem, TIMER_INDEX, TimerAt, WriteOutcome,
 };

@@ -108,11 +108,6 @@ impl<A> Tumbling<A> {
         let start: i64 = start.parse().ok()?;
         Some((key, Window { start_ms: start, end_ms: start.saturating_add(self.size_ms) }))
     }
-
-    /// The aggregate.
-    pub fn aggregate(&self) -> &A {
-        &self.agg
-    }
 }
 
 impl<A: WindowAggregate> KeyedState for Tumbling<A> {

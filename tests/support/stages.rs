@@ -15,30 +15,9 @@ pub async fn read_json_records(stream: &TestStream) -> Vec<serde_json::Value> {
 
 /// Every record of `stream`, read from TRIM_HORIZON on each shard (closed ones too).
 pub async fn read_records(stream: &TestStream) -> Vec<aws_sdk_kinesis::types::Record> {
-    let shards =
-        squall::kinesis::list_shards(&stream.client, &stream.label(), &stream.name).await.expect("list shards");
-    let mut out = Vec::new();
-    for s in shards {
-        let mut it = stream
-            .client
-            .get_shard_iterator()
-            .stream_name(&stream.name)
-            .shard_id(&s.shard_id)
-            .shard_iterator_type(aws_sdk_kinesis::types::ShardIteratorType::TrimHorizon)
-            .send()
-            .await
-            .expect("iterator")
-            .shard_iterator;
-        while let Some(i) = it.take() {
-            let r = stream.client.get_records().shard_iterator(i).limit(10_000).send().await.expect("get records");
-            if r.records().is_empty() {
-                break;
-            }
-            it = r.next_shard_iterator().map(String::from);
-            out.extend(r.records().iter().cloned());
-        }
-    }
-    out
+    squall::audit::read_stream(&stream.client, &stream.label(), &stream.name)
+        .await
+        .unwrap_or_else(|e| panic!("reading stream {} back: {e}", stream.name))
 }
 
 /// Starts worker `name` of `word_count_global` writing its count deltas to `output`
