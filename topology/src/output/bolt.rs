@@ -668,15 +668,18 @@ impl Inputs {
 
     /// Runs `f` on the inputs in order until the batch ends (`false`) or full output batches
     /// wait to be sent (`true`). Synchronous, so the loop keeps its state in registers rather
-    /// than in the future of `for_each`.
-    #[inline(always)]
+    /// than in the future of `for_each`; and a function of its own (not inlined into that
+    /// future's large poll function), so the compiler inlines the caller's closure and what it
+    /// calls (the emit path, the user's own helpers) into one compact loop.
+    #[inline(never)]
     fn run_until_ready(
         &mut self,
         out: &mut BoltOutput,
         f: &mut impl FnMut(&Tuple, &mut BoltOutput) -> Result<(), ComponentError>,
     ) -> bool {
-        // by reference: the tuple stays in the batch and is dropped with it
-        while let Some(Some(t)) = self.batch.get(self.next) {
+        // by reference, then dropped in place once executed
+        while let Some(slot) = self.batch.get_mut(self.next) {
+            let Some(t) = slot else { break };
             self.next += 1;
             out.begin(t);
             match f(t, out) {
@@ -686,6 +689,7 @@ impl Inputs {
                     out.finish(false);
                 }
             }
+            *slot = None;
             if !out.outbox.ready.is_empty() {
                 return true;
             }
