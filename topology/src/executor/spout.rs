@@ -33,6 +33,15 @@ pub(crate) struct SpoutTask<S: Spout> {
     pub(crate) errors: u64,
 }
 
+/// What a burst of `next_tuple` calls did ([`SpoutTask::call_burst`]).
+struct Burst {
+    calls: u64,
+    any_emitted: bool,
+    last_emitted: bool,
+    /// The last call failed with a retryable error.
+    retry: bool,
+}
+
 pub(crate) async fn run<S: Spout>(spout: S, ctx: TaskContext, w: SpoutWiring) -> Result<(), TaskFailure> {
     let mut task = SpoutTask::new(spout, ctx, w);
     if !task.open().await? {
@@ -106,6 +115,47 @@ impl<S: Spout> SpoutTask<S> {
         }
     }
 
+    /// Calls `next_tuple` up to `max` times under one panic guard, as long as each call emits
+    /// and nothing needs the executor: no full batch waits to be sent, no completion waits to
+    /// be delivered, max pending is not reached and the spout has not finished. A retryable
+    /// error ends the burst (counted, `retry`); a fatal error or a panic fails the task, as with
+    /// [`SpoutTask::call_next_tuple`].
+    async fn call_burst(&mut self, max: u64, max_pending: usize) -> Result<Burst, TaskFailure> {
+        let mut b = Burst { calls: 0, any_emitted: false, last_emitted: false, retry: false };
+        let (spout, out) = (&mut self.spout, &mut self.out);
+        let r = AssertUnwindSafe(async {
+            loop {
+                let before = out.outbox.emitted;
+                b.calls += 1;
+                spout.next_tuple(out).await?;
+                b.last_emitted = out.outbox.emitted != before;
+                b.any_emitted |= b.last_emitted;
+                if !b.last_emitted
+                    || out.finished
+                    || b.calls >= max
+                    || out.acks.pending.len() >= max_pending
+                    || !out.outbox.ready.is_empty()
+                    || out.acks.has_completions()
+                {
+                    return Ok::<(), crate::component::ComponentError>(());
+                }
+            }
+        })
+        .catch_unwind()
+        .await;
+        match r {
+            Ok(Ok(())) => Ok(b),
+            Ok(Err(e)) if e.is_retryable() => {
+                self.errors += 1;
+                tracing::warn!(component = %self.ctx.component, task = self.ctx.task_index, error = %e, "next_tuple failed; retrying after the idle sleep");
+                b.retry = true;
+                Ok(b)
+            }
+            Ok(Err(e)) => Err(TopologyError::failed(&self.ctx, "next_tuple", &e)),
+            Err(p) => Err(TopologyError::panicked(&self.ctx, &*p)),
+        }
+    }
+
     /// Polls `Spout::low_watermark` (panics isolated) and sends the watermark if it advanced.
     pub(crate) async fn poll_low_watermark(&mut self) -> Result<(), Cancelled> {
         match std::panic::catch_unwind(AssertUnwindSafe(|| self.spout.low_watermark())) {
@@ -118,7 +168,7 @@ impl<S: Spout> SpoutTask<S> {
 
     async fn main_loop(&mut self) -> Result<(), TaskFailure> {
         let cfg = self.ctx.config.clone();
-        let burst = cfg.batch_size.max(1);
+        let burst = cfg.batch_size.max(1) as u64;
         let max_pending = self.out.max_pending;
         let max_delay = cfg.max_batch_delay();
         let idle_sleep = cfg.idle_sleep();
@@ -135,13 +185,14 @@ impl<S: Spout> SpoutTask<S> {
                 // completions applied while waiting reach the spout before it is called
                 self.deliver().await;
                 let mut calls = 0u64;
-                for _ in 0..burst {
+                while calls < burst {
                     if self.out.acks.pending.len() >= max_pending {
                         break;
                     }
-                    let before = self.out.outbox.emitted;
-                    calls += 1;
-                    if self.call_next_tuple().await? {
+                    let b = self.call_burst(burst - calls, max_pending).await?;
+                    calls += b.calls;
+                    emitted_any |= b.any_emitted;
+                    if b.retry {
                         retry_later = true;
                     }
                     if self.out.finished {
@@ -150,10 +201,9 @@ impl<S: Spout> SpoutTask<S> {
                         }
                         break;
                     }
-                    if self.out.outbox.emitted == before || retry_later {
+                    if !b.last_emitted || retry_later {
                         break;
                     }
-                    emitted_any = true;
                     if !self.out.outbox.ready.is_empty() && self.out.send_ready().await.is_err() {
                         return Ok(());
                     }

@@ -292,6 +292,7 @@ impl<M: Send> SpoutOutput<M> {
         self.outbox.broadcast(&mut self.acks, Control::Drain).await
     }
 
+    #[inline]
     fn emit_inner(
         &mut self,
         stream: usize,
