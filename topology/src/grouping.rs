@@ -62,6 +62,7 @@ pub struct BuiltinRouter(AnyRouter);
 
 /// The router of one subscription as the engine holds it: the built-in single-target routers
 /// without a virtual call, everything else boxed.
+#[repr(u8)]
 pub(crate) enum AnyRouter {
     RoundRobin(RoundRobin),
     Fields(ByFields),
