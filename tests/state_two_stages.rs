@@ -4,10 +4,11 @@
 //! applies into an intermediate Kinesis stream; stage `totals` sums them per key. One worker
 //! aborts right after a `totals` commit is written (before its inputs are acked: the
 //! intermediate records come back), one right after a `counts` commit, one is SIGSTOPped past
-//! its ZooKeeper session and resumed (a zombie in both stages), one is SIGKILLed, and `totals`
-//! fails the first attempt of ~5% of the productions (replayed after later ones). The
-//! intermediate stream must really hold productions twice (read back from it), and both stages'
-//! counts must still equal the producer's manifest: none lost, none counted twice.
+//! its ZooKeeper session and resumed (a zombie in both stages: its late writes must be refused),
+//! one is SIGKILLed, and `totals` fails the first attempt of ~5% of the productions (replayed
+//! after later ones). The intermediate stream must really hold productions twice (read back from
+//! it), and both stages' counts must still equal the producer's manifest: none lost, none
+//! counted twice.
 
 use squall_test_support as support;
 
@@ -21,7 +22,7 @@ use squall::state::{StateEndpoint, StateStore};
 use squall::topology::Value;
 use support::TestStream;
 use support::reliability::spawn_producer;
-use support::state::{count_in, start_counts, wait_reading};
+use support::state::{ZOMBIE_COMMIT_INTERVAL_MS, count_in, start_counts, wait_committing, wait_reading, wait_refused};
 use support::workers::{Cluster, scratch};
 
 /// Polls until both stages' counts match the manifest (or the timeout); the last reports.
@@ -96,13 +97,13 @@ async fn counts_are_exact_through_two_stages_after_aborts_zombie_and_sigkill() {
     assert!(code.is_some(), "d never reached its 20th counts commit\n{}", cluster.logs());
     assert_eq!(count_in(&d.log, "abort_after_commits: aborting after a written commit"), 1, "{}", d.log_text());
     mark(&format!("d aborted after a written counts commit (exit {code:?})"));
-    // 3. a commits slowly (inputs wait 400 ms), so it holds uncommitted inputs when frozen
-    let mut a = start("a", &["--commit-interval-ms", "400"]);
+    // 3. a commits slowly, and is frozen a moment after a commit round in steady state: past
+    //    the replays of the aborted workers' records (duplicates write nothing, so a zombie
+    //    holding only those would have nothing to be refused), holding fresh, uncommitted inputs
+    let mut a = start("a", &["--commit-interval-ms", ZOMBIE_COMMIT_INTERVAL_MS]);
     let mut c = start("c", &[]);
     wait_reading(&a, &cluster).await;
-    // past the replays of the aborted workers' records (duplicates write nothing, so a zombie
-    // holding only those has nothing to be refused): a holds fresh inputs when it freezes
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_committing(&a, &cluster).await;
     a.pause();
     mark("SIGSTOP a");
     tokio::time::sleep(Duration::from_secs(9)).await;
@@ -123,7 +124,8 @@ async fn counts_are_exact_through_two_stages_after_aborts_zombie_and_sigkill() {
     eprintln!("counts: {first:?}\ntotals: {second:?}");
     // ---- the faults really happened ----
     let logs = ["a", "b", "c", "c2", "d"].map(|n| dir.join(format!("{n}.log")));
-    let refused = count_in(&a.log, "state write refused");
+    // the resumed zombie flushes what it held: its writes are refused (wait for them to be tried)
+    let refused = wait_refused(&a).await;
     let injected: usize = logs.iter().map(|l| count_in(l, "fault injection: failing the first attempt")).sum();
     let dup_productions: usize = logs.iter().map(|l| count_in(l, "duplicate production skipped")).sum();
     let inter = TestStream::existing(&format!("{}-tally", cluster.topology)).await;
@@ -136,15 +138,12 @@ async fn counts_are_exact_through_two_stages_after_aborts_zombie_and_sigkill() {
         copies.len()
     );
     assert!(injected > 0, "no production failed on its first attempt\n{}", cluster.logs());
-    // The zombie fault is that a was frozen past its session and resumed: asserted from its log.
-    // Whether it then attempts writes a newer owner already superseded (and has them refused)
-    // depends on what it held at the freeze; state_exactly_once asserts refusals, here they are
-    // reported (0 to 1067 over 7 runs).
     assert!(
         count_in(&a.log, "this process was paused") > 0 && count_in(&a.log, "ZooKeeper session ended") > 0,
         "the zombie was not frozen past its session\n{}",
         a.log_text()
     );
+    assert!(refused > 0, "the zombie's late writes were not refused\n{}", a.log_text());
     assert!(dup_productions > 0, "no production was recognized as already applied\n{}", cluster.logs());
     assert!(repeated > 0, "no production was put twice into the intermediate stream: the test proves nothing");
     assert_eq!(copies.len(), 4000, "one production per source record, each with its id");
