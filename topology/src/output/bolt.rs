@@ -585,6 +585,24 @@ impl BoltOutput {
     }
 }
 
+/// Drops an executed input where it lies. A tuple whose values and anchors are stored inline
+/// (the usual case) owns nothing but its values: they are dropped in place here, inline in the
+/// loop, and the emptied tuple is forgotten (it owns nothing more: no leak), instead of going
+/// through `SmallVec`'s out-of-line drop (a call with register saves and restores per tuple).
+#[inline(always)]
+fn drop_input(slot: &mut Option<Tuple>) {
+    if let Some(t) = slot {
+        if !t.values.0.spilled() && !t.anchors.spilled() {
+            for v in t.values.0.iter_mut() {
+                *v = crate::value::Value::Null;
+            }
+            std::mem::forget(slot.take());
+            return;
+        }
+    }
+    *slot = None;
+}
+
 /// The inputs of one batch, handed to [`crate::Bolt::execute_batch`]. Taking an input with
 /// [`Inputs::next`] ends the previous one: it is acked, unless it was failed with
 /// [`Inputs::fail_current`] or held with [`BoltOutput::defer_ack`]. Emits between two `next`
@@ -689,7 +707,7 @@ impl Inputs {
                     out.finish(false);
                 }
             }
-            *slot = None;
+            drop_input(slot);
             if !out.outbox.ready.is_empty() {
                 return true;
             }
