@@ -8,7 +8,9 @@
 //! input stream is split and merged. At the end, the results stream, deduplicated by `fire_key`,
 //! must hold every window of the input stream with its true count: none missing, none fired
 //! early (a window fired before all its records were committed would freeze a smaller count, and
-//! its later records would be late), none with another count.
+//! its later records would be late), none with another count. In steady state, a planted key
+//! whose stored state no state type reads must be reported once (log, `fire_errors`) and never
+//! fired, while every other window fires.
 
 use squall_test_support as support;
 
@@ -16,6 +18,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use squall::kinesis;
+use squall::state::{TimerAt, WriteOutcome, timer_partition};
 use support::TestStream;
 use support::faultproxy::{FaultPlan, FaultProxy};
 use support::reliability::spawn_producer;
@@ -185,6 +188,17 @@ async fn windows_fire_soon_after_their_end_in_steady_state() {
     let mut a = start_counts(&cluster, "a", &url, &table, &fire);
     let mut b = start_counts(&cluster, "b", &url, &table, &fire);
     wait_reading(&a, &cluster).await;
+    // a key of the windows whose stored state no state type reads, with a timer due at once:
+    // it must be reported (logged, counted) and never fired, and must not hold back the others
+    let scope = squall::state::scope(&cluster.topology, support::state::COMPONENT);
+    let corrupt = "corrupt@0";
+    let timer = TimerAt { partition: timer_partition(&scope, corrupt, 8), fire_at: 1 };
+    let store = support::state::open(&url, &table).await;
+    let planted = store
+        .put(&format!("{scope}/{corrupt}"), &scope, corrupt, None, b"not json".to_vec(), b"{}".to_vec(), Some(&timer))
+        .await
+        .expect("plant an unreadable key");
+    assert_eq!(planted, WriteOutcome::Written);
     let manifest = spawn_producer(&s.client, &s.label(), &s.name, 2000, 20, 250.0).await.unwrap();
     let truth = support::state::window_truth(&s, WINDOW_MS).await;
     assert_eq!(truth.values().sum::<u64>(), manifest.total);
@@ -199,6 +213,13 @@ async fn windows_fire_soon_after_their_end_in_steady_state() {
     let exact: BTreeMap<String, u64> = got.iter().map(|(k, c)| (k.clone(), c[0])).collect();
     assert_eq!(exact, truth, "fired windows and their counts\n{}", cluster.logs());
     assert!(got.values().all(|c| c.iter().all(|n| *n == c[0])), "a window fired with two counts: {got:?}");
+    // the unreadable key: reported once by the firer that owns its partition, never fired
+    let reports: usize = [&a, &b]
+        .iter()
+        .map(|p| count_in(&p.log, &format!("timer of key `{corrupt}` in table `{table}` cannot fire")))
+        .sum();
+    assert_eq!(reports, 1, "the unreadable key is logged once, naming it and the table\n{}", cluster.logs());
+    assert!(!got.contains_key(corrupt), "a key whose state does not read was fired");
     // `squall status` shows the stream's committed watermark
     let (code, out, err) = support::ops::squall_run(&cluster, &["status", &cluster.topology]);
     assert_eq!(code, 0, "squall status: {err}");
@@ -210,15 +231,17 @@ async fn windows_fire_soon_after_their_end_in_steady_state() {
     let per_worker = loop {
         let (_, out, _) = support::ops::squall_run(&cluster, &["status", &cluster.topology, "--json"]);
         let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
-        let per_worker: Vec<u64> = v["workers"]
-            .as_array()
-            .map(|ws| {
-                ws.iter().map(|w| w["components"]["fire"]["counters"]["fire_emitted"].as_u64().unwrap_or(0)).collect()
-            })
-            .unwrap_or_default();
+        let counter = |name: &str| -> Vec<u64> {
+            v["workers"]
+                .as_array()
+                .map(|ws| ws.iter().map(|w| w["components"]["fire"]["counters"][name].as_u64().unwrap_or(0)).collect())
+                .unwrap_or_default()
+        };
+        let (per_worker, errors) = (counter("fire_emitted"), counter("fire_errors").iter().sum::<u64>());
         // the workers publish their counters when they change: wait until they show every window
         let all = per_worker.iter().sum::<u64>() >= truth.len() as u64;
-        if (per_worker.len() == 2 && all) || start.elapsed() > Duration::from_secs(40) {
+        if (per_worker.len() == 2 && all && errors == 1) || start.elapsed() > Duration::from_secs(40) {
+            assert_eq!(errors, 1, "the unreadable key is counted once in fire_errors: {v}");
             break per_worker;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -343,7 +343,7 @@ pub struct KinesisSpoutConfig {
     #[serde(default = "default_idle_poll_ms")]
     pub idle_poll_interval_ms: u64,
     /// GetRecords calls per shard in any one second (1..=5: Kinesis allows 5 per second per
-    /// shard). After a full batch the next call goes at once while the last second has room.
+    /// shard), spread evenly: `1020 / n` ms apart (204 ms at 5).
     #[serde(default = "default_max_gets_per_second")]
     pub max_get_calls_per_second: u32,
     /// How often a moved checkpoint is written (ms); at most one write per shard per interval.

@@ -54,6 +54,9 @@ use crate::coord::{ZkConfig, ZkStore};
 /// component: a window's key names the window) and its fire time (ms since the epoch).
 pub const FIRE_FIELDS: [&str; 2] = ["fire_key", "fire_at"];
 
+/// How often keys whose state did not deserialize are read again.
+const UNREADABLE_RETRY: Duration = Duration::from_secs(60);
+
 /// What a key's state becomes when its timer fires.
 pub trait OnFire: Send + 'static {
     /// The key's state, as the [`super::KeyedState`] stores it.
@@ -136,8 +139,10 @@ pub struct WindowFirer<F: OnFire> {
     /// for another.
     last_round: Option<(i64, (usize, usize))>,
     rescan: bool,
-    /// Keys whose state does not deserialize (logged once each).
+    /// Keys whose state does not deserialize (logged once each), left out of the rounds until
+    /// `unreadable_retry`, when they are read again (a fixed item then fires).
     unreadable: HashSet<Arc<str>>,
+    unreadable_retry: Instant,
     /// Since when the watermark has been unavailable, and whether that was logged.
     stalled_since: Option<(Instant, bool)>,
     /// The highest committed watermark read.
@@ -176,6 +181,7 @@ impl<F: OnFire> WindowFirer<F> {
             last_round: None,
             rescan: false,
             unreadable: HashSet::new(),
+            unreadable_retry: Instant::now() + UNREADABLE_RETRY,
             stalled_since: None,
             highest: None,
         }
@@ -260,6 +266,10 @@ impl<F: OnFire> WindowFirer<F> {
         (me, firers): (usize, usize),
         out: &mut SpoutOutput<Arc<str>>,
     ) -> Result<(), StateError> {
+        if Instant::now() >= self.unreadable_retry {
+            self.unreadable.clear();
+            self.unreadable_retry = Instant::now() + UNREADABLE_RETRY;
+        }
         let mut room = out.pending_room();
         let mut complete = true;
         let partitions = self.cfg.state.timer_partitions.max(1) as usize;
@@ -270,10 +280,15 @@ impl<F: OnFire> WindowFirer<F> {
                 break;
             }
             let partition = format!("{}#{n}", o.scope);
-            // ask for more than the room: some may be in flight already
-            let due = o.store.due_timers(&partition, w, room + self.in_flight.len()).await?;
-            let due: Vec<(String, i64)> =
-                due.into_iter().filter(|(pk, _)| !self.in_flight.contains(pk.as_str())).take(room).collect();
+            // ask for more than the room: some may be in flight already, and keys whose state
+            // cannot be read stay due (logged once) without taking the room of the others
+            let skipped = self.in_flight.len() + self.unreadable.len();
+            let due = o.store.due_timers(&partition, w, room + skipped).await?;
+            let due: Vec<(String, i64)> = due
+                .into_iter()
+                .filter(|(pk, _)| !self.in_flight.contains(pk.as_str()) && !self.unreadable.contains(pk.as_str()))
+                .take(room)
+                .collect();
             if due.len() == room {
                 complete = false;
             }
@@ -324,8 +339,8 @@ impl<F: OnFire> WindowFirer<F> {
                                 let table = o.store.table();
                                 tracing::error!(key = %key, table = %table, error = %e,
                                     "timer of key `{key}` in table `{table}` cannot fire: its state does not \
-                                     deserialize into the firer's state type ({e}); it stays pending. Deploy a state \
-                                     type that reads it, or fix the item");
+                                     deserialize into the firer's state type ({e}); it stays pending (read again \
+                                     every minute). Deploy a state type that reads it, or fix the item");
                             }
                             continue;
                         }
