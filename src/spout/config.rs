@@ -343,7 +343,8 @@ pub struct KinesisSpoutConfig {
     #[serde(default = "default_idle_poll_ms")]
     pub idle_poll_interval_ms: u64,
     /// GetRecords calls per shard in any one second (1..=5: Kinesis allows 5 per second per
-    /// shard), spread evenly: `1020 / n` ms apart (204 ms at 5).
+    /// shard). A reader catching up calls again at once while the second has room; at the
+    /// shard's tip its calls go `1020 / n` ms apart (204 ms at 5).
     #[serde(default = "default_max_gets_per_second")]
     pub max_get_calls_per_second: u32,
     /// How often a moved checkpoint is written (ms); at most one write per shard per interval.

@@ -7,11 +7,11 @@
 //!   its bounds and the tracker count user records; the call's Limit counts Kinesis records, sized
 //!   from the running estimate of user records per Kinesis record.
 //! - Call budget: at most `max_gets_per_second` GetRecords calls in any one second (Kinesis allows
-//!   5 per shard), spread evenly ([`CallPacer`]: 204 ms apart at 5), and `idle_poll_interval`
-//!   after a read that returned nothing, so an idle shard costs one call per interval. Evenly
-//!   spread, not as a sliding window: a window lets a few quick polls that find nothing use up
-//!   the second's calls, and the shard then goes unread for the rest of it (measured: p99 lag
-//!   ~650 ms at 12 records/s per shard with a 100 ms idle poll, against ~400 ms spread).
+//!   5 per shard; [`CallPacer`]): a reader catching up calls again at once while the second has
+//!   room; a reader at the shard's tip spaces its calls 204 ms apart (at 5), so a few quick
+//!   polls that find nothing never use up a second's calls and leave the shard unread for the
+//!   rest of it; and `idle_poll_interval` after a read that returned nothing, so an idle shard
+//!   costs one call per interval.
 //! - Errors, by [`ErrorKind`]:
 //!   - throttled, transport or server errors: the same iterator is used again after a capped
 //!     exponential back-off with jitter (`call_min_backoff`..`call_max_backoff`). An iterator
@@ -36,6 +36,7 @@
 //!   fetched (`max_read_bytes_in_flight`): a call reserves its expected size first, so many shards
 //!   starting together do not hold dozens of large responses (and their decoded copies) at once.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,28 +60,53 @@ pub(crate) const TRANSIENT_RUN_RESET: u32 = 5;
 /// that the first read of a shard of large records stays well inside the queue's byte budget.
 const INITIAL_RECORD_SIZE_GUESS: usize = 16 * 1024;
 
-/// Spaces one shard's GetRecords calls evenly: `1020 / max_per_second` ms apart from start to
-/// start (204 ms at Kinesis's 5 per second), so no second ever holds more than `max_per_second`
-/// calls (the 20 ms spare absorbs timer jitter) and none stays without a call for long.
+/// Paces one shard's GetRecords calls: never more than `max_per_second` in any one second (a
+/// sliding window of 1020 ms, the 20 ms spare absorbing timer jitter), and after a call that
+/// found the shard's tip (it returned fewer records than asked and no backlog), the next waits
+/// `1020 / max_per_second` ms (204 ms at 5). A reader catching up calls again at once while the
+/// window has room (full throughput); a reader at the tip calls evenly spaced, so quick polls
+/// that find nothing never use up a second's calls and leave the shard unread for the rest of it.
 #[derive(Debug, Clone)]
 pub(crate) struct CallPacer {
+    max: usize,
     gap: Duration,
-    last: Option<Instant>,
+    /// Start times of the calls of the last window.
+    starts: VecDeque<Instant>,
+    /// The last call found the tip: the next one waits `gap` after it.
+    at_tip: bool,
 }
 
 impl CallPacer {
+    const WINDOW: Duration = Duration::from_millis(1_020);
+
     pub(crate) fn new(max_per_second: u32) -> Self {
-        CallPacer { gap: Duration::from_millis(1_020 / u64::from(max_per_second.max(1))), last: None }
+        let max = max_per_second.max(1);
+        CallPacer {
+            max: max as usize,
+            gap: Self::WINDOW / max,
+            starts: VecDeque::with_capacity(max as usize + 1),
+            at_tip: false,
+        }
     }
 
     /// When the next call may start, if later than `now`.
     pub(crate) fn wait_until(&self, now: Instant) -> Option<Instant> {
-        self.last.map(|last| last + self.gap).filter(|at| *at > now)
+        let window = (self.starts.len() >= self.max).then(|| self.starts[self.starts.len() - self.max] + Self::WINDOW);
+        let spaced = self.starts.back().filter(|_| self.at_tip).map(|last| *last + self.gap);
+        window.max(spaced).filter(|at| *at > now)
     }
 
     /// A call started at `at`.
     pub(crate) fn called(&mut self, at: Instant) {
-        self.last = Some(at);
+        self.starts.push_back(at);
+        while self.starts.len() > self.max {
+            self.starts.pop_front();
+        }
+    }
+
+    /// What the call found: `at_tip` when it returned fewer records than asked and no backlog.
+    pub(crate) fn read(&mut self, at_tip: bool) {
+        self.at_tip = at_tip;
     }
 }
 
@@ -433,6 +459,7 @@ impl ReaderCtx {
             }
             backoffs = self.backoffs();
             let behind = out.millis_behind_latest;
+            pacer.read(out.records.len() < limit.max(1) as usize && behind.is_none_or(|b| b == 0));
             let next_iterator = out.next_iterator;
             let children = out.children;
             let n = out.records.len();
@@ -608,39 +635,60 @@ mod tests {
         assert_eq!(get_limit(10_000, mb, room(0, 2 * mb), &est), 1);
     }
 
-    #[test]
-    fn calls_are_spread_evenly_and_never_more_than_the_limit_in_a_second() {
+    /// Calls as fast as `pacer` lets a reader that takes 10 ms per call, for 10 s of virtual
+    /// time; `full(i)` says whether call `i` found a backlog.
+    fn paced_calls(max: u32, full: impl Fn(usize) -> bool) -> Vec<Instant> {
         let t0 = Instant::now();
-        for max in 1..=5u32 {
-            let mut pacer = CallPacer::new(max);
-            // a reader that would call every 10 ms (quick polls that find nothing, a short idle
-            // poll): it is held to the spacing
-            let (mut now, mut starts) = (t0, Vec::new());
-            while now < t0 + Duration::from_secs(10) {
-                if let Some(at) = pacer.wait_until(now) {
-                    now = at;
-                }
-                pacer.called(now);
-                starts.push(now);
-                now += Duration::from_millis(10);
+        let mut pacer = CallPacer::new(max);
+        let (mut now, mut starts) = (t0, Vec::new());
+        while now < t0 + Duration::from_secs(10) {
+            if let Some(at) = pacer.wait_until(now) {
+                assert!(at > now);
+                now = at;
             }
-            let gap = Duration::from_millis(1_020 / u64::from(max));
-            assert!(starts.windows(2).all(|w| w[1] - w[0] >= gap), "max {max}: calls closer than {gap:?}");
-            // any one-second window holds at most `max` calls (Kinesis's per-shard limit)
-            for (i, s) in starts.iter().enumerate() {
-                let in_window = starts[i..].iter().take_while(|t| **t < *s + Duration::from_secs(1)).count();
-                assert!(in_window <= max as usize, "max {max}: {in_window} calls within a second of {s:?}");
-            }
-            // and the budget is used: about `max` calls a second, none skipped
-            let per_second = starts.len() as f64 / 10.0;
-            assert!(per_second > f64::from(max) * 0.95, "max {max}: only {per_second} calls a second");
+            pacer.called(now);
+            pacer.read(!full(starts.len()));
+            starts.push(now);
+            now += Duration::from_millis(10);
         }
-        // nothing to wait for before the first call, or long after the last
+        starts
+    }
+
+    fn max_in_a_second(starts: &[Instant]) -> usize {
+        (0..starts.len())
+            .map(|i| starts[i..].iter().take_while(|t| **t < starts[i] + Duration::from_secs(1)).count())
+            .max()
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn calls_never_exceed_the_limit_catch_up_at_full_rate_and_are_spread_at_the_tip() {
+        for max in 1..=5u32 {
+            let gap = Duration::from_millis(1_020 / u64::from(max));
+            // catching up (every call full): bursts while the window has room, never more than
+            // `max` in any second, and the whole budget used
+            let backlog = paced_calls(max, |_| true);
+            assert!(max_in_a_second(&backlog) <= max as usize, "max {max}: over the limit catching up");
+            assert!(backlog.len() as f64 / 10.0 > f64::from(max) * 0.95, "max {max}: budget unused catching up");
+            // at the tip (no call full): evenly spaced, never a burst
+            let tip = paced_calls(max, |_| false);
+            assert!(tip.windows(2).all(|w| w[1] - w[0] >= gap), "max {max}: calls at the tip closer than {gap:?}");
+            assert!(max_in_a_second(&tip) <= max as usize);
+            assert!(tip.len() as f64 / 10.0 > f64::from(max) * 0.95, "max {max}: budget unused at the tip");
+            // mixed: still within the limit
+            let mixed = paced_calls(max, |i| i % 3 == 0);
+            assert!(max_in_a_second(&mixed) <= max as usize, "max {max}: over the limit, mixed");
+        }
+        // after a call at the tip the next waits the spacing; after a full one it goes at once
+        let t0 = Instant::now();
         let mut pacer = CallPacer::new(5);
-        assert_eq!(pacer.wait_until(t0), None);
+        assert_eq!(pacer.wait_until(t0), None, "the first call goes at once");
         pacer.called(t0);
+        pacer.read(true);
         assert_eq!(pacer.wait_until(t0 + Duration::from_millis(100)), Some(t0 + Duration::from_millis(204)));
         assert_eq!(pacer.wait_until(t0 + Duration::from_millis(300)), None);
+        pacer.read(false);
+        assert_eq!(pacer.wait_until(t0 + Duration::from_millis(10)), None, "a backlog is read at once");
     }
 
     #[test]
