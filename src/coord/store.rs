@@ -277,7 +277,8 @@ impl ZkStore {
         Ok(format!("{TASK_PREFIX}{seq}"))
     }
 
-    /// The live window firers of `component`, sorted by sequence (the order their timer partitions are shared in). One request.
+    /// The live window firers of `component`, sorted by sequence (the order their timer
+    /// partitions are shared in). One request.
     pub async fn firers(&self, component: &str) -> Result<Vec<String>, CoordError> {
         validate_name("component name", component)?;
         let dir = self.paths.firers(component);

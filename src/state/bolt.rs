@@ -4,7 +4,6 @@ use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use futures::StreamExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use squall_topology::metrics::Counter;
@@ -275,12 +274,10 @@ impl<K: KeyedState> ExactlyOnce<K> {
             // 1. read every key's item (strongly consistent), 100 per call
             let pks: Vec<String> = work.iter().map(|(k, _)| Self::item_key(&run.scope, k)).collect();
             let chunks: Vec<Vec<String>> = pks.chunks(MAX_BATCH_GET).map(<[String]>::to_vec).collect();
-            let reads = futures::stream::iter(chunks.into_iter().map(|c| {
+            let reads = super::concurrently(chunks, self.cfg.write_concurrency, |c| {
                 let store = run.store.clone();
                 async move { store.get_many(&c).await }
-            }))
-            .buffer_unordered(self.cfg.write_concurrency.max(1))
-            .collect::<Vec<_>>()
+            })
             .await;
             run.m.reads.add(reads.len() as u64);
             let mut items = HashMap::with_capacity(pks.len());
@@ -319,7 +316,7 @@ impl<K: KeyedState> ExactlyOnce<K> {
                 }
             }
             // 3. write, each key one conditional PutItem
-            let results = futures::stream::iter(writes.into_iter().map(|mut w| {
+            let results = super::concurrently(writes, self.cfg.write_concurrency, |mut w| {
                 let store = run.store.clone();
                 let scope = run.scope.clone();
                 async move {
@@ -327,9 +324,7 @@ impl<K: KeyedState> ExactlyOnce<K> {
                     let r = store.put(&w.pk, &scope, &w.key, w.expected, state, dedup, w.timer.as_ref()).await;
                     (w, r)
                 }
-            }))
-            .buffer_unordered(self.cfg.write_concurrency.max(1))
-            .collect::<Vec<_>>()
+            })
             .await;
             let mut retry = false;
             tracing::debug!(writes = results.len(), "state commit round written");

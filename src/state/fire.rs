@@ -14,9 +14,10 @@
 //!    been acked, which for an `ExactlyOnce` bolt means committed. Records are windowed by their
 //!    arrival time, so no input of a key whose timer is at or below W is still to come.
 //! 2. It queries each of its timer partitions for timers at or below W, reads the items (strongly
-//!    consistent) and *freezes* each unfired one (`write_concurrency` at a time): one conditional UpdateItem sets `fired` and
-//!    raises the version, so a write of the key that raced it conflicts, reads it again and
-//!    finds it fired (such inputs are *late*: acked, counted, not applied).
+//!    consistent) and *freezes* each unfired one (`write_concurrency` at a time): one
+//!    conditional UpdateItem sets `fired` and raises the version, so a write of the key that
+//!    raced it conflicts, reads it again and finds it fired (such inputs are *late*: acked,
+//!    counted, not applied).
 //! 3. It emits the frozen state through [`OnFire::fire`] as a tracked tuple, with the key and
 //!    the fire time ([`FIRE_FIELDS`]).
 //! 4. When that tuple's tree completes, it takes the timer out of the index (UpdateItem REMOVE,
@@ -33,14 +34,13 @@
 //! # Costs
 //! Per poll and firer: one ZooKeeper read of the watermark (an assignment read, a list and one
 //! read per spout task), one list of the firers, and one Query per timer partition of its share
-//! when the watermark moved (none otherwise). Per fired key: one BatchGetItem share (100 keys per call),
-//! one UpdateItem to freeze and one to confirm. Nothing per record.
+//! when the watermark moved (none otherwise). Per fired key: one BatchGetItem share (100 keys
+//! per call), one UpdateItem to freeze and one to confirm. Nothing per record.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use squall_topology::metrics::Counter;
@@ -237,15 +237,13 @@ impl<F: OnFire> WindowFirer<F> {
     /// that fail stay for the next poll.
     async fn confirm_pending(&mut self, o: &Open) {
         let acked = std::mem::take(&mut self.unconfirmed);
-        let results: Vec<(Arc<str>, Result<(), StateError>)> = futures::stream::iter(acked.into_iter().map(|pk| {
+        let results = super::concurrently(acked, self.cfg.state.write_concurrency, |pk| {
             let store = o.store.clone();
             async move {
                 let r = store.clear_timer(&pk).await;
                 (pk, r)
             }
-        }))
-        .buffer_unordered(self.cfg.state.write_concurrency.max(1))
-        .collect()
+        })
         .await;
         for (pk, r) in results {
             match r {
@@ -300,17 +298,14 @@ impl<F: OnFire> WindowFirer<F> {
                     .iter()
                     .filter_map(|(pk, _)| items.get(pk).filter(|i| !i.fired).map(|i| (pk.clone(), i.version)))
                     .collect();
-                let frozen: Vec<(String, Result<WriteOutcome, StateError>)> =
-                    futures::stream::iter(to_freeze.into_iter().map(|(pk, version)| {
-                        let store = o.store.clone();
-                        async move {
-                            let r = store.freeze(&pk, version).await;
-                            (pk, r)
-                        }
-                    }))
-                    .buffer_unordered(self.cfg.state.write_concurrency.max(1))
-                    .collect()
-                    .await;
+                let frozen = super::concurrently(to_freeze, self.cfg.state.write_concurrency, |(pk, version)| {
+                    let store = o.store.clone();
+                    async move {
+                        let r = store.freeze(&pk, version).await;
+                        (pk, r)
+                    }
+                })
+                .await;
                 let mut outcome = std::collections::HashMap::with_capacity(frozen.len());
                 for (pk, r) in frozen {
                     outcome.insert(pk, r?);

@@ -102,3 +102,14 @@ pub use store::{
     MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, StoredItem, TIMER_INDEX, TimerAt, WriteOutcome,
 };
 pub use window::{Tumbling, Window, WindowAggregate};
+
+/// Runs `call` on every item, at most `limit` at a time (the state store's
+/// `write_concurrency`); the results in the order the calls finish.
+async fn concurrently<T, R, F: std::future::Future<Output = R>>(
+    items: impl IntoIterator<Item = T>,
+    limit: usize,
+    call: impl FnMut(T) -> F,
+) -> Vec<R> {
+    use futures::StreamExt;
+    futures::stream::iter(items.into_iter().map(call)).buffer_unordered(limit.max(1)).collect().await
+}

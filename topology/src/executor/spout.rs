@@ -103,23 +103,13 @@ impl<S: Spout> SpoutTask<S> {
     /// One `next_tuple` call. `Ok(true)`: it failed with a retryable error (counted), call again
     /// after the idle sleep; a fatal error or a panic fails the task.
     pub(crate) async fn call_next_tuple(&mut self) -> Result<bool, TaskFailure> {
-        match AssertUnwindSafe(self.spout.next_tuple(&mut self.out)).catch_unwind().await {
-            Ok(Ok(())) => Ok(false),
-            Ok(Err(e)) if e.is_retryable() => {
-                self.errors += 1;
-                tracing::warn!(component = %self.ctx.component, task = self.ctx.task_index, error = %e, "next_tuple failed; retrying after the idle sleep");
-                Ok(true)
-            }
-            Ok(Err(e)) => Err(TopologyError::failed(&self.ctx, "next_tuple", &e)),
-            Err(p) => Err(TopologyError::panicked(&self.ctx, &*p)),
-        }
+        Ok(self.call_burst(1, usize::MAX).await?.retry)
     }
 
     /// Calls `next_tuple` up to `max` times under one panic guard, as long as each call emits
     /// and nothing needs the executor: no full batch waits to be sent, no completion waits to
     /// be delivered, max pending is not reached and the spout has not finished. A retryable
-    /// error ends the burst (counted, `retry`); a fatal error or a panic fails the task, as with
-    /// [`SpoutTask::call_next_tuple`].
+    /// error ends the burst (counted, `retry`); a fatal error or a panic fails the task.
     async fn call_burst(&mut self, max: u64, max_pending: usize) -> Result<Burst, TaskFailure> {
         let mut b = Burst { calls: 0, any_emitted: false, last_emitted: false, retry: false };
         let (spout, out) = (&mut self.spout, &mut self.out);
