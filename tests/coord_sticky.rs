@@ -3,7 +3,8 @@
 //!   ends up owned by the task the leader's assignment names;
 //! - a task leaving moves only its own shards;
 //! - a parent shard finishing after a split moves nothing but where its children go;
-//! - `squall rebalance` recomputes from scratch: round-robin over the sorted tasks and shards;
+//! - `squall rebalance` recomputes from scratch: round-robin over the sorted tasks and shards, in
+//!   one assignment once the tasks are back (or the gathering time ran out);
 //! - nothing is lost, nothing delivered twice, per-key order holds, through all of it.
 //!
 //! Moves are counted on the leader's `assignment` znode (before and after), and the ownership
@@ -15,7 +16,7 @@ use squall_test_support as support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use squall::coord::{Assignment, assign, moved, now_ms};
+use squall::coord::{Assignment, RebalanceRequest, assign, moved, now_ms};
 use squall::kinesis::{self, PutOptions};
 use support::TestStream;
 use support::workers::{Cluster, live_tasks, owners, scratch};
@@ -140,18 +141,59 @@ async fn join_leave_and_split_move_only_what_they_must() {
     );
 
     // `squall rebalance`: from scratch, round-robin over the sorted live tasks and readable shards.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_squall"))
-        .args(["rebalance", &cluster.topology])
-        .env("SQUALL_ZK", support::zk_connect())
-        .env("SQUALL_ZK_ROOT", &cluster.zk_root)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "rebalance: {}", String::from_utf8_lossy(&out.stderr));
+    // The tasks unregister while deactivated and register again one by one: the leader waits for
+    // all 3 (the CLI's request names them), so the first assignment after the request is already
+    // round-robin over all of them, whatever the spread of the re-registrations.
+    let squall = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_squall"))
+            .args(args)
+            .env("SQUALL_ZK", support::zk_connect())
+            .env("SQUALL_ZK_ROOT", &cluster.zk_root)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let before = assignment(&zk, &cluster).await.expect("an assignment");
+    squall(&["rebalance", &cluster.topology]);
     let (a4, _) = settled(&zk, &cluster, 3, N + 1, "rebalance").await;
     let tasks: Vec<String> = a4.tasks.keys().cloned().collect();
     let shards: Vec<String> = a4.tasks.values().flatten().cloned().collect();
     assert_eq!(a4.tasks, assign(&tasks, &shards), "rebalance is round-robin from scratch: {a4:?}");
-    eprintln!("STICKY rebalance: round-robin over {} tasks", tasks.len());
+    assert_eq!(
+        a4.generation,
+        before.generation + 2,
+        "the request (generation {}) is followed by ONE assignment, over every task: {a4:?}",
+        before.generation + 1
+    );
+    eprintln!("STICKY rebalance: round-robin over {} tasks, in one assignment after the request", tasks.len());
+    manifests.push(put(300).await);
+
+    // A rebalance whose tasks do not all come back (the request names 4, 3 register): the leader
+    // waits for the gathering time, then assigns from scratch over those that did.
+    squall(&["deactivate", &cluster.topology]);
+    let start = Instant::now();
+    while !owners(&zk, &cluster).await.is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(60), "shards never handed back: {}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cfg = squall::coord::ZkConfig::new(support::zk_connect()).with_root(&cluster.zk_root);
+    let store = squall::coord::ZkStore::connect(&cfg, &cluster.topology, &s.name).await.unwrap();
+    const GATHER_MS: u64 = 2000;
+    let request = store.request_rebalance(&RebalanceRequest { tasks: 4, gather_ms: GATHER_MS }).await.unwrap();
+    let activated = now_ms();
+    squall(&["activate", &cluster.topology]);
+    let (a5, _) = settled(&zk, &cluster, 3, N + 1, "rebalance with a task missing").await;
+    let tasks: Vec<String> = a5.tasks.keys().cloned().collect();
+    assert_eq!(a5.tasks, assign(&tasks, &shards), "from scratch over the tasks that came back: {a5:?}");
+    assert_eq!(a5.generation, request + 1, "one assignment after the request: {a5:?}");
+    let waited = a5.updated_at_ms - activated;
+    assert!(
+        waited >= GATHER_MS as i64,
+        "assigned {waited} ms after the activation, before the {GATHER_MS} ms gathering ran out"
+    );
+    eprintln!(
+        "STICKY rebalance missing a task: assigned over 3 of 4 tasks {waited} ms after the activation (gathering {GATHER_MS} ms)"
+    );
     manifests.push(put(300).await);
 
     let report = cluster.wait_delivered(&manifests, Duration::from_secs(90)).await;

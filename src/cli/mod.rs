@@ -23,7 +23,8 @@ pub use topology::{
 /// stdout.
 pub(crate) mod topology_ops {
     pub(crate) use super::topology::{
-        Collected, StatusReader, drain_topology, kill_topology, reader_survives, rebalance_topology, set_active,
+        Collected, REBALANCE_GATHER_SECS, StatusReader, drain_topology, kill_topology, reader_survives,
+        rebalance_topology, set_active,
     };
 }
 
@@ -81,6 +82,10 @@ pub enum Command {
         /// Seconds to wait for shards to be handed back.
         #[arg(long, default_value_t = 30)]
         wait: u64,
+        /// Seconds the leader waits for the tasks that were registered before to register again,
+        /// before it assigns from scratch over those that did.
+        #[arg(long, default_value_t = topology::REBALANCE_GATHER_SECS)]
+        gather: u64,
     },
     /// Deactivate, wait for in-flight tuples (up to --wait or the message timeout), checkpoint,
     /// and stop every worker (exit 0).
@@ -225,7 +230,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Topology(TopologyCommand::List) => topology::list(&cli).await,
         Command::Activate { topology } => topology::activate(&cli, topology, true).await,
         Command::Deactivate { topology } => topology::activate(&cli, topology, false).await,
-        Command::Rebalance { topology, wait } => topology::rebalance(&cli, topology, *wait).await,
+        Command::Rebalance { topology, wait, gather } => topology::rebalance(&cli, topology, *wait, *gather).await,
         Command::Kill { topology, wait } => topology::kill(&cli, topology, *wait).await,
         Command::Drain { topology, wait } => topology::drain(&cli, topology, *wait).await,
         Command::Status { topology, json, watch } => topology::status(&cli, topology, *json, *watch).await,

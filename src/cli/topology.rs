@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use super::Cli;
 use crate::coord::{
-    Admin, CheckpointPosition, CoordError, DrainRequest, Lifecycle, StageRuntime, TopologyState, WorkerStatus, ZkAuth,
-    ZkConfig, ZkSession, ZkStore, now_ms,
+    Admin, CheckpointPosition, CoordError, DrainRequest, Lifecycle, RebalanceRequest, StageRuntime, TopologyState,
+    WorkerStatus, ZkAuth, ZkConfig, ZkSession, ZkStore, now_ms,
 };
 
 /// Where `checkpoints reset` rewinds to.
@@ -248,26 +248,38 @@ async fn wait_no_leases(
     }
 }
 
-pub(super) async fn rebalance(cli: &Cli, topology: &str, wait: u64) -> anyhow::Result<()> {
-    rebalance_topology(&zk_config(cli), topology, wait, &mut Print::default()).await
+/// How long (s) the leader waits, by default, for the tasks to register again after a rebalance.
+pub(crate) const REBALANCE_GATHER_SECS: u64 = 10;
+
+pub(super) async fn rebalance(cli: &Cli, topology: &str, wait: u64, gather: u64) -> anyhow::Result<()> {
+    rebalance_topology(&zk_config(cli), topology, wait, gather, &mut Print::default()).await
 }
 
-/// `squall rebalance`.
+/// `squall rebalance`: deactivates, waits up to `wait` s for every shard to be handed back, then
+/// replaces each stream's assignment with a [`RebalanceRequest`] naming how many tasks were
+/// registered before, and restores the previous state. The leader gathers the tasks (up to
+/// `gather` s) and assigns from scratch, round-robin.
 pub(crate) async fn rebalance_topology(
     cfg: &ZkConfig,
     topology: &str,
     wait: u64,
+    gather: u64,
     progress: &mut dyn Progress,
 ) -> anyhow::Result<()> {
     let admin = admin(cfg).await?;
     let store = admin.any_store(topology).await?;
     let start = Instant::now();
+    let mut before = Vec::new();
+    for stream in admin.streams(topology).await? {
+        let tasks = admin.store(topology, &stream).await?.task_names().await?.len();
+        before.push((stream, tasks));
+    }
     let prev = set_state(&store, topology, to(Lifecycle::Inactive, topology)).await?;
     let released = wait_no_leases(&admin, topology, Duration::from_secs(wait), progress).await?;
     if released {
-        // The leader computes the next assignment from scratch (round-robin), not sticky.
-        for stream in admin.streams(topology).await? {
-            admin.store(topology, &stream).await?.delete_assignment().await?;
+        for (stream, tasks) in &before {
+            let request = RebalanceRequest { tasks: *tasks, gather_ms: gather.saturating_mul(1000) };
+            admin.store(topology, stream).await?.request_rebalance(&request).await?;
         }
     }
     let restore = prev.state;

@@ -520,6 +520,7 @@ mod tests {
             .collect(),
             updated_at_ms: 0,
             error: None,
+            rebalance: None,
         };
         let report = |generation, w| WatermarkReport { generation, watermark_ms: w, updated_at_ms: 0 };
         let mut reports: BTreeMap<String, WatermarkReport> = BTreeMap::new();

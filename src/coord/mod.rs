@@ -51,8 +51,9 @@ pub use logic::{
     assign, committed_watermark, leader, moved, readable, readable_shards, sequence_cmp, sticky_assign, task_cmp,
 };
 pub use model::{
-    Assignment, Checkpoint, CheckpointPosition, DrainRequest, EfoRuntime, KplRuntime, LeaseInfo, Lifecycle, ShardList,
-    ShardRecord, ShardRuntime, StageRuntime, TaskInfo, TopologyState, Versioned, WatermarkReport, WorkerStatus, now_ms,
+    Assignment, Checkpoint, CheckpointPosition, DrainRequest, EfoRuntime, KplRuntime, LeaseInfo, Lifecycle,
+    RebalanceRequest, ShardList, ShardRecord, ShardRuntime, StageRuntime, TaskInfo, TopologyState, Versioned,
+    WatermarkReport, WorkerStatus, now_ms,
 };
 pub use paths::TopologyPaths;
 pub use session::{

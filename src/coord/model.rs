@@ -345,8 +345,9 @@ pub struct LeaseInfo {
     pub task: Option<String>,
 }
 
-/// The `assignment` znode: which live task reads which readable shard. Only the leader writes
-/// it (fenced on its task node); every worker watches it. Tasks missing from `tasks` read nothing.
+/// The `assignment` znode: which live task reads which readable shard. The leader writes it
+/// (fenced on its task node); `squall rebalance` replaces it with a [`RebalanceRequest`] once
+/// every shard was handed back. Every worker watches it. Tasks missing from `tasks` read nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assignment {
     /// Bumped on every write.
@@ -360,6 +361,24 @@ pub struct Assignment {
     /// same name); says what to do. Every task stops reading while it is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Set by `squall rebalance` (with no task named): the next assignment is computed from
+    /// scratch, once the tasks are back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebalance: Option<RebalanceRequest>,
+}
+
+/// A `squall rebalance` waiting for the tasks to register again. The leader assigns nothing
+/// until `tasks` tasks are registered, or `gather_ms` passed since it first saw the request;
+/// then it assigns round-robin over the sorted tasks and shards, not sticky. Gathering first
+/// makes the result the same however the re-registrations are spread in time: a from-scratch
+/// assignment over the first task back, then sticky joins of the others, is balanced but not
+/// round-robin.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebalanceRequest {
+    /// The tasks registered on the stream before the rebalance deactivated the topology.
+    pub tasks: usize,
+    /// How long the leader waits for them, from when it first sees the request.
+    pub gather_ms: u64,
 }
 
 impl Assignment {

@@ -20,8 +20,8 @@ use super::config::ZkConfig;
 use super::error::{CoordError, is_transient};
 use super::logic::{committed_watermark, task_cmp};
 use super::model::{
-    Assignment, Checkpoint, CheckpointPosition, DrainRequest, LeaseInfo, ShardList, TaskInfo, TopologyState, Versioned,
-    WatermarkReport, WorkerStatus, decode, encode, now_ms,
+    Assignment, Checkpoint, CheckpointPosition, DrainRequest, LeaseInfo, RebalanceRequest, ShardList, TaskInfo,
+    TopologyState, Versioned, WatermarkReport, WorkerStatus, decode, encode, now_ms,
 };
 use super::paths::{LEASE_PREFIX, TASK_PREFIX, TopologyPaths, lease_holder, sequence_of, validate_name};
 use super::session::{InjectedFault, ZkOp, ZkSession, short_backoff};
@@ -706,10 +706,40 @@ impl ZkStore {
         }
     }
 
-    /// Deletes the assignment, so that the leader computes the next one from scratch
-    /// (round-robin): what `squall rebalance` does once no shard is leased.
-    pub async fn delete_assignment(&self) -> Result<(), CoordError> {
-        self.delete_quietly(self.paths.assignment()).await
+    /// Replaces the assignment with `request` (no task named), so that the leader computes the
+    /// next one from scratch once the tasks are back: what `squall rebalance` does once no shard
+    /// is leased. Compare-and-set against the stored version (an unreadable assignment is
+    /// overwritten too); retried when a leader wrote in between. Returns the generation written.
+    pub async fn request_rebalance(&self, request: &RebalanceRequest) -> Result<u64, CoordError> {
+        let path = self.paths.assignment().to_string();
+        let mut attempts = 0;
+        loop {
+            let (generation, version) = match self.read_assignment().await {
+                Ok(Some(a)) => (a.value.generation, Some(a.version)),
+                Ok(None) => (0, None),
+                Err(CoordError::Malformed { .. }) => (
+                    0,
+                    self.client()
+                        .check_stat(&path)
+                        .await
+                        .map_err(|e| CoordError::zk(&path, "stat", e))?
+                        .map(|s| s.version),
+                ),
+                Err(e) => return Err(e),
+            };
+            let next = Assignment {
+                generation: generation + 1,
+                leader: "squall rebalance".into(),
+                updated_at_ms: now_ms(),
+                rebalance: Some(request.clone()),
+                ..Assignment::default()
+            };
+            match self.cas_write(&path, &encode(&path, &next)?, version).await {
+                Ok(_) => return Ok(next.generation),
+                Err(CoordError::VersionConflict { .. }) if attempts < 5 => attempts += 1,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     // ----- finished markers -----

@@ -119,6 +119,9 @@ struct Leader {
     /// The stream was re-created under the same name: nothing is assigned.
     refused: Option<String>,
     recompute: bool,
+    /// A `squall rebalance` request being gathered for: (its generation, when this leader first
+    /// saw it, how long it waits for the tasks).
+    gathering: Option<(u64, Instant, Duration)>,
 }
 
 struct StreamCoordinator {
@@ -469,6 +472,7 @@ impl StreamCoordinator {
             discovery_wanted: true,
             refused: None,
             recompute: true,
+            gathering: None,
         })
     }
 
@@ -515,6 +519,12 @@ impl StreamCoordinator {
                 };
                 Ok((shards?, created))
             }));
+        }
+        if let Some((generation, since, gather)) = l.gathering
+            && since.elapsed() >= gather
+            && self.assignment.as_ref().is_some_and(|a| a.value.generation == generation && a.value.rebalance.is_some())
+        {
+            l.recompute = true;
         }
         if std::mem::take(&mut l.recompute) {
             self.assign(store, l).await?;
@@ -638,18 +648,51 @@ impl StreamCoordinator {
     async fn assign(&mut self, store: &ZkStore, l: &mut Leader) -> Result<(), CoordError> {
         let Some(list) = l.list.as_ref().filter(|_| !l.list_broken) else { return Ok(()) };
         let previous = self.assignment.as_ref().map(|a| &a.value);
+        // After `squall rebalance`: from scratch, once the tasks are back (or the gathering ran out).
+        let rebalance = previous.and_then(|p| p.rebalance.as_ref().map(|r| (p.generation, r)));
+        if let Some((generation, request)) = rebalance {
+            let gather = Duration::from_millis(request.gather_ms);
+            let since = match l.gathering {
+                Some((g, since, _)) if g == generation => since,
+                _ => {
+                    tracing::info!(
+                        generation,
+                        tasks = request.tasks,
+                        gather_ms = request.gather_ms,
+                        "rebalance requested: waiting for the tasks to register again"
+                    );
+                    l.gathering = Some((generation, Instant::now(), gather));
+                    Instant::now()
+                }
+            };
+            let back = self.tasks.len();
+            if back < request.tasks {
+                if since.elapsed() < gather {
+                    tracing::debug!(back, of = request.tasks, "rebalance: waiting for more tasks");
+                    return Ok(());
+                }
+                tracing::warn!(
+                    back,
+                    of = request.tasks,
+                    gather_ms = request.gather_ms,
+                    "rebalance: only {back} of {} tasks registered again in time; assigning over those (later ones join sticky)",
+                    request.tasks
+                );
+            }
+        }
         let mut next = Assignment {
             generation: previous.map_or(1, |p| p.generation + 1),
             leader: l.task.clone(),
             tasks: BTreeMap::new(),
             updated_at_ms: now_ms(),
             error: l.refused.clone(),
+            rebalance: None,
         };
         if l.refused.is_none() {
             let ready: Vec<String> =
                 readable(&list.value, &l.finished).into_iter().filter(|s| l.checkpointed.contains(s)).collect();
             let empty = BTreeMap::new();
-            let prev_tasks = previous.map_or(&empty, |p| &p.tasks);
+            let prev_tasks = previous.filter(|_| rebalance.is_none()).map_or(&empty, |p| &p.tasks);
             // A child goes to its parent's reader when that one has room.
             let owner_of = previous.map(|p| p.owner_of()).unwrap_or_default();
             let mut hints = BTreeMap::new();
@@ -664,7 +707,9 @@ impl StreamCoordinator {
         } else {
             next.tasks = self.tasks.iter().map(|t| (t.clone(), Vec::new())).collect();
         }
-        if !self.assignment_broken && previous.is_some_and(|p| p.tasks == next.tasks && p.error == next.error) {
+        if !self.assignment_broken
+            && previous.is_some_and(|p| p.rebalance.is_none() && p.tasks == next.tasks && p.error == next.error)
+        {
             tracing::debug!(finished = l.finished.len(), "assignment unchanged");
             return Ok(());
         }
@@ -676,8 +721,10 @@ impl StreamCoordinator {
                     tasks = next.tasks.len(),
                     shards = next.tasks.values().map(Vec::len).sum::<usize>(),
                     moved,
+                    from_scratch = rebalance.is_some(),
                     "assignment written"
                 );
+                l.gathering = None;
                 self.assignment = Some(Versioned { value: next, version });
                 self.assignment_broken = false;
                 self.publish_assignment();

@@ -513,7 +513,9 @@ async fn act(
     let res = match action {
         Action::Activate => ops::set_active(&st.zk, &name, true, &mut out).await,
         Action::Deactivate => ops::set_active(&st.zk, &name, false, &mut out).await,
-        Action::Rebalance => ops::rebalance_topology(&st.zk, &name, wait.unwrap_or(30), &mut out).await,
+        Action::Rebalance => {
+            ops::rebalance_topology(&st.zk, &name, wait.unwrap_or(30), ops::REBALANCE_GATHER_SECS, &mut out).await
+        }
         Action::Drain => ops::drain_topology(&st.zk, &name, wait, &mut out).await,
         Action::Kill => ops::kill_topology(&st.zk, &name, wait, &mut out).await,
     };
