@@ -9,14 +9,14 @@
 //!   [`records_put_while_running_are_counted_in_windows_that_fire`].
 //! - (a) the spout sent watermarks only from `next_tuple`, which the engine stops calling at
 //!   `max_spout_pending` (now also from `Spout::low_watermark`, which the engine polls while it
-//!   does not call `next_tuple`). Bursts show it: a burst of 14 records per window, while the
-//!   previous window's 14 are held, fills the spout's 20 pending tuples, and the previous window
-//!   fires only by a watermark sent at max pending:
-//!   [`bursts_at_max_pending_are_counted_in_windows_that_fire`].
+//!   does not call `next_tuple`). Bursts show it: a burst of exactly `MAX_PENDING` records, put
+//!   in the middle of a window, fills the spout's pending tuples, all held by that window; with
+//!   nothing queued behind them, only a watermark sent at max pending (once the shard is idle)
+//!   fires it: [`bursts_at_max_pending_are_counted_in_windows_that_fire`].
 //!
 //! A window holding more inputs than `max_spout_pending` can never fire (its later records stay
 //! queued, and queued records must hold the watermark; see the window module's docs), so records
-//! are put at fewer than `MAX_PENDING` per window, spanning several windows, while the topology
+//! are put at no more than `MAX_PENDING` per window, spanning several windows, while the topology
 //! runs. The message timeout is 60 s, longer than the tests wait: a pass cannot come from
 //! timeouts.
 
@@ -63,17 +63,25 @@ impl Bolt for Collect {
 /// How records are put.
 #[derive(Debug, Clone, Copy)]
 enum Puts {
-    /// `batches` PutRecords calls of `per_batch` records (over three keys), `every` apart.
-    Paced { batches: usize, per_batch: usize, every: Duration },
+    /// `batches` PutRecords calls of `per_batch` records (over three keys), `every` apart; with
+    /// `mid_window`, each call waits until the clock is in the middle of a window, so that the
+    /// records of one call (arrival times a few ms apart) fall in one window.
+    Paced { batches: usize, per_batch: usize, every: Duration, mid_window: bool },
 }
 
 /// Puts the records; returns how many, and when the last was put.
 async fn put(s: &TestStream, puts: Puts) -> (usize, Instant) {
-    let Puts::Paced { batches, per_batch, every } = puts;
+    let Puts::Paced { batches, per_batch, every, mid_window } = puts;
     let started = Instant::now();
     for b in 0..batches {
         if b > 0 {
             tokio::time::sleep(every).await;
+        }
+        if mid_window {
+            let phase = squall::coord::now_ms().rem_euclid(WINDOW_MS as i64) as u64;
+            if !(WINDOW_MS / 4..WINDOW_MS / 2).contains(&phase) {
+                tokio::time::sleep(Duration::from_millis((WINDOW_MS + WINDOW_MS / 4 - phase) % WINDOW_MS)).await;
+            }
         }
         let entries = (0..per_batch)
             .map(|i| {
@@ -199,10 +207,14 @@ async fn run(what: &str, puts: Puts, idle_ms: u64) {
     assert_eq!(spout.emitted, records as u64);
     assert!(per_window.len() >= 4, "records span several windows: {per_window:?}");
     assert!(
-        per_window.values().all(|n| *n < MAX_PENDING as u64),
-        "fewer records per window than max pending (else no window can fire): {per_window:?}"
+        per_window.values().all(|n| *n <= MAX_PENDING as u64),
+        "no more records per window than max pending (else no window can fire): {per_window:?}"
     );
     if what == "bursts" {
+        assert!(
+            per_window.values().all(|n| *n == MAX_PENDING as u64),
+            "each burst in one window of its own: {per_window:?}"
+        );
         assert_eq!(max_pending, MAX_PENDING as u64, "the spout sat at max pending");
     }
     assert_eq!(windows.stats().held(), 0, "nothing held any more");
@@ -216,16 +228,25 @@ async fn run(what: &str, puts: Puts, idle_ms: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_put_while_running_are_counted_in_windows_that_fire() {
     // One record every 125 ms: about 8 per window, over 6 windows.
-    run("trickle", Puts::Paced { batches: 48, per_batch: 1, every: Duration::from_millis(125) }, 1000).await;
+    run(
+        "trickle",
+        Puts::Paced { batches: 48, per_batch: 1, every: Duration::from_millis(125), mid_window: false },
+        1000,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bursts_at_max_pending_are_counted_in_windows_that_fire() {
-    // 14 records every 1.1 s: one burst per window (never two), 6 windows. Each burst arrives
-    // while the previous one is held, so the spout reaches max pending with records of the new
-    // window queued. The idle timeout (3 s) is longer than the gap: the spout's watermark passes
-    // a window only by the next burst (the last window fires by the idle timeout).
-    run("bursts", Puts::Paced { batches: 6, per_batch: 14, every: Duration::from_millis(1100) }, 3000).await;
+    // 4 bursts of MAX_PENDING records, each put in the middle of a window, 2.6 s apart: the
+    // spout emits the whole burst and sits at max pending, every tuple held by that window, and
+    // nothing queued. The window fires only when the spout's watermark passes its end, which,
+    // with no later record, happens once the shard has been idle for the idle timeout (1.5 s):
+    // a watermark the engine can only get from `low_watermark` at max pending. (Smaller bursts,
+    // one window after the other, would reach max pending only by a race: the next burst's
+    // queued records move the watermark past the held window as soon as they are read.)
+    let puts = Puts::Paced { batches: 4, per_batch: MAX_PENDING, every: Duration::from_millis(2600), mid_window: true };
+    run("bursts", puts, 1500).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,5 +254,10 @@ async fn a_backlog_read_at_start_is_counted_not_late() {
     // About 12 records per window over 5 windows, all put before the topology starts: the
     // task's watermark stays unknown until it has taken its shard (a task that owns nothing yet
     // must not report "now minus the idle timeout", which would make the whole backlog late).
-    run("backlog", Puts::Paced { batches: 10, per_batch: 6, every: Duration::from_millis(500) }, 1000).await;
+    run(
+        "backlog",
+        Puts::Paced { batches: 10, per_batch: 6, every: Duration::from_millis(500), mid_window: false },
+        1000,
+    )
+    .await;
 }
