@@ -103,6 +103,11 @@ struct Args {
     /// Fault injection (tests): like `--abort-after-commits`, for a task of the `totals` stage.
     #[arg(long, hide = true)]
     abort_totals_after_commits: Option<u64>,
+    /// Fault injection (tests): the boundary's writer aborts once it has put this many records
+    /// into the intermediate stream, before their inputs are acked (they are replayed and their
+    /// productions put again).
+    #[arg(long, hide = true)]
+    abort_after_puts: Option<u64>,
     /// Fault injection (tests): the `totals` stage fails the first attempt of about this percent
     /// of the productions (by production id), so they are replayed after later ones.
     #[arg(long, hide = true, default_value_t = 0)]
@@ -364,7 +369,11 @@ async fn main() -> anyhow::Result<()> {
                 .fields(&out_fields.iter().map(String::as_str).collect::<Vec<_>>());
         })
         .then(
-            Boundary::new("tally", "counts", &["key", "n"]).key(&["key"]).shards(args.boundary_shards).exactly_once(),
+            Boundary::new("tally", "counts", &["key", "n"])
+                .key(&["key"])
+                .shards(args.boundary_shards)
+                .exactly_once()
+                .abort_after_puts(args.abort_after_puts),
             "totals",
             move |b, input| {
                 b.set_bolt("totals", counters, move |_| {

@@ -458,7 +458,10 @@ impl Engines {
             // the writer, in the previous stage
             let registrar = ProducerRegistrar::new(session.clone(), &args.zk_root, &args.topology, &stream, deployment);
             let prev = built.last_mut().expect("the first stage is built");
-            let sink_cfg = KinesisSinkConfig::new(stream.clone(), spout_cfg.kinesis.clone());
+            let sink_cfg = KinesisSinkConfig {
+                abort_after_puts: boundary.abort_after_puts,
+                ..KinesisSinkConfig::new(stream.clone(), spout_cfg.kinesis.clone())
+            };
             sink_cfg.validate().map_err(|e| anyhow::anyhow!("boundary {}: {e}", boundary.name))?;
             let (key, dep, reg) = (boundary.key.clone(), deployment.to_string(), registrar.clone());
             let interval = Duration::from_millis(boundary.watermark_interval_ms);

@@ -3,7 +3,8 @@
 //! stage `counts`, which emits a production `{key, n: 1}` with its production id per record it
 //! applies into an intermediate Kinesis stream; stage `totals` sums them per key. One worker
 //! aborts right after a `totals` commit is written (before its inputs are acked: the
-//! intermediate records come back), one right after a `counts` commit, one is SIGSTOPped past
+//! intermediate records come back), one right after a `counts` commit, one right after its
+//! writer put an intermediate record (its productions are put again), one is SIGSTOPped past
 //! its ZooKeeper session and resumed (a zombie in both stages: its late writes must be refused),
 //! one is SIGKILLed, and `totals` fails the first attempt of ~5% of the productions (replayed
 //! after later ones). The intermediate stream must really hold productions twice (read back from
@@ -97,6 +98,15 @@ async fn counts_are_exact_through_two_stages_after_aborts_zombie_and_sigkill() {
     assert!(code.is_some(), "d never reached its 20th counts commit\n{}", cluster.logs());
     assert_eq!(count_in(&d.log, "abort_after_commits: aborting after a written commit"), 1, "{}", d.log_text());
     mark(&format!("d aborted after a written counts commit (exit {code:?})"));
+    // 2b. e, alone, aborts right after its writer put its 10th record into the intermediate
+    //     stream, before that record's inputs are acked: their source records are read again by
+    //     the next owner, which finds them applied and sends their productions again, so the
+    //     intermediate stream holds those productions twice (what `totals` must apply once)
+    let mut e = start("e", &["--abort-after-puts", "10"]);
+    let code = e.wait_exit(Duration::from_secs(60));
+    assert!(code.is_some(), "e never put its 10th intermediate record\n{}", cluster.logs());
+    assert_eq!(count_in(&e.log, "abort_after_puts: aborting after a record was put"), 1, "{}", e.log_text());
+    mark(&format!("e aborted after putting an intermediate record (exit {code:?})"));
     // 3. a commits slowly, and is frozen a moment after a commit round in steady state: past
     //    the replays of the aborted workers' records (duplicates write nothing, so a zombie
     //    holding only those would have nothing to be refused), holding fresh, uncommitted inputs
@@ -123,7 +133,7 @@ async fn counts_are_exact_through_two_stages_after_aborts_zombie_and_sigkill() {
 
     eprintln!("counts: {first:?}\ntotals: {second:?}");
     // ---- the faults really happened ----
-    let logs = ["a", "b", "c", "c2", "d"].map(|n| dir.join(format!("{n}.log")));
+    let logs = ["a", "b", "c", "c2", "d", "e"].map(|n| dir.join(format!("{n}.log")));
     // the resumed zombie flushes what it held: its writes are refused (wait for them to be tried)
     let refused = wait_refused(&a).await;
     let injected: usize = logs.iter().map(|l| count_in(l, "fault injection: failing the first attempt")).sum();

@@ -192,6 +192,8 @@ pub struct KinesisSink<E: SinkEncoder> {
     encode_log: LogGate,
     /// The most bytes buffered plus in flight so far.
     peak_bytes: usize,
+    /// Records put so far (for `abort_after_puts`).
+    puts: u64,
 }
 
 impl<E: SinkEncoder> std::fmt::Debug for KinesisSink<E> {
@@ -244,6 +246,7 @@ impl<E: SinkEncoder> KinesisSink<E> {
             error_log: LogGate::default(),
             encode_log: LogGate::default(),
             peak_bytes: 0,
+            puts: 0,
         }
     }
 
@@ -444,6 +447,15 @@ impl<E: SinkEncoder> KinesisSink<E> {
                         None => {
                             self.queue.release(&e);
                             run.m.records_put.incr();
+                            self.puts += 1;
+                            if self.cfg.abort_after_puts.is_some_and(|n| self.puts >= n) {
+                                tracing::warn!(
+                                    stream,
+                                    puts = self.puts,
+                                    "abort_after_puts: aborting after a record was put, before its inputs are acked"
+                                );
+                                std::process::abort();
+                            }
                             for h in e.tag {
                                 out.ack(h);
                             }

@@ -47,6 +47,11 @@ pub struct KinesisSinkConfig {
     /// Cap of the back-off, which doubles with each failed call in a row, with jitter
     /// (default 5000 ms).
     pub retry_max_backoff_ms: u64,
+    /// Fault injection (tests): abort the process once this many records were put, before the
+    /// last one's inputs are acked (so they are replayed, and put again). `None` in production;
+    /// not part of the JSON configuration.
+    #[serde(skip)]
+    pub abort_after_puts: Option<u64>,
 }
 
 impl Default for KinesisSinkConfig {
@@ -60,6 +65,7 @@ impl Default for KinesisSinkConfig {
             linger_ms: 50,
             retry_min_backoff_ms: 100,
             retry_max_backoff_ms: 5_000,
+            abort_after_puts: None,
         }
     }
 }

@@ -55,6 +55,7 @@ pub struct Boundary {
     pub(crate) kinesis_stream: Option<String>,
     pub(crate) watermark_interval_ms: u64,
     pub(crate) exactly_once: bool,
+    pub(crate) abort_after_puts: Option<u64>,
 }
 
 impl Boundary {
@@ -74,6 +75,7 @@ impl Boundary {
             kinesis_stream: None,
             watermark_interval_ms: 1_000,
             exactly_once: false,
+            abort_after_puts: None,
         }
     }
 
@@ -112,6 +114,14 @@ impl Boundary {
     /// default 1000).
     pub fn watermark_interval_ms(mut self, ms: u64) -> Self {
         self.watermark_interval_ms = ms;
+        self
+    }
+
+    /// Fault injection (tests): each writer task aborts the process once it has put `n` records
+    /// into the intermediate stream, before their inputs are acked
+    /// ([`crate::sink::KinesisSinkConfig::abort_after_puts`]). Never in production.
+    pub fn abort_after_puts(mut self, n: Option<u64>) -> Self {
+        self.abort_after_puts = n;
         self
     }
 
