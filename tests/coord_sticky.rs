@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use squall::coord::{Assignment, RebalanceRequest, assign, moved, now_ms};
 use squall::kinesis::{self, PutOptions};
 use support::TestStream;
+use support::ops::{squall_ok, wait_for};
 use support::workers::{Cluster, live_tasks, owners, scratch};
 
 async fn assignment(zk: &zookeeper_client::Client, cluster: &Cluster) -> Option<Assignment> {
@@ -144,17 +145,8 @@ async fn join_leave_and_split_move_only_what_they_must() {
     // The tasks unregister while deactivated and register again one by one: the leader waits for
     // all 3 (the CLI's request names them), so the first assignment after the request is already
     // round-robin over all of them, whatever the spread of the re-registrations.
-    let squall = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_squall"))
-            .args(args)
-            .env("SQUALL_ZK", support::zk_connect())
-            .env("SQUALL_ZK_ROOT", &cluster.zk_root)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
     let before = assignment(&zk, &cluster).await.expect("an assignment");
-    squall(&["rebalance", &cluster.topology]);
+    squall_ok(&cluster, &["rebalance", &cluster.topology]);
     let (a4, _) = settled(&zk, &cluster, 3, N + 1, "rebalance").await;
     let tasks: Vec<String> = a4.tasks.keys().cloned().collect();
     let shards: Vec<String> = a4.tasks.values().flatten().cloned().collect();
@@ -170,18 +162,17 @@ async fn join_leave_and_split_move_only_what_they_must() {
 
     // A rebalance whose tasks do not all come back (the request names 4, 3 register): the leader
     // waits for the gathering time, then assigns from scratch over those that did.
-    squall(&["deactivate", &cluster.topology]);
-    let start = Instant::now();
-    while !owners(&zk, &cluster).await.is_empty() {
-        assert!(start.elapsed() < Duration::from_secs(60), "shards never handed back: {}", cluster.logs());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    squall_ok(&cluster, &["deactivate", &cluster.topology]);
+    wait_for(&cluster, "every shard handed back after `squall deactivate`", Duration::from_secs(60), || async {
+        owners(&zk, &cluster).await.is_empty().then_some(())
+    })
+    .await;
     let cfg = squall::coord::ZkConfig::new(support::zk_connect()).with_root(&cluster.zk_root);
     let store = squall::coord::ZkStore::connect(&cfg, &cluster.topology, &s.name).await.unwrap();
     const GATHER_MS: u64 = 2000;
     let request = store.request_rebalance(&RebalanceRequest { tasks: 4, gather_ms: GATHER_MS }).await.unwrap();
     let activated = now_ms();
-    squall(&["activate", &cluster.topology]);
+    squall_ok(&cluster, &["activate", &cluster.topology]);
     let (a5, _) = settled(&zk, &cluster, 3, N + 1, "rebalance with a task missing").await;
     let tasks: Vec<String> = a5.tasks.keys().cloned().collect();
     assert_eq!(a5.tasks, assign(&tasks, &shards), "from scratch over the tasks that came back: {a5:?}");

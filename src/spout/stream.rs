@@ -120,8 +120,8 @@ struct Leader {
     refused: Option<String>,
     recompute: bool,
     /// A `squall rebalance` request being gathered for: (its generation, when this leader first
-    /// saw it, how long it waits for the tasks).
-    gathering: Option<(u64, Instant, Duration)>,
+    /// saw it).
+    gathering: Option<(u64, Instant)>,
 }
 
 struct StreamCoordinator {
@@ -520,9 +520,10 @@ impl StreamCoordinator {
                 Ok((shards?, created))
             }));
         }
-        if let Some((generation, since, gather)) = l.gathering
-            && since.elapsed() >= gather
-            && self.assignment.as_ref().is_some_and(|a| a.value.generation == generation && a.value.rebalance.is_some())
+        if let Some((generation, since)) = l.gathering
+            && let Some(a) = &self.assignment
+            && a.value.generation == generation
+            && a.value.rebalance.as_ref().is_some_and(|r| since.elapsed() >= Duration::from_millis(r.gather_ms))
         {
             l.recompute = true;
         }
@@ -652,19 +653,16 @@ impl StreamCoordinator {
         let rebalance = previous.and_then(|p| p.rebalance.as_ref().map(|r| (p.generation, r)));
         if let Some((generation, request)) = rebalance {
             let gather = Duration::from_millis(request.gather_ms);
-            let since = match l.gathering {
-                Some((g, since, _)) if g == generation => since,
-                _ => {
-                    tracing::info!(
-                        generation,
-                        tasks = request.tasks,
-                        gather_ms = request.gather_ms,
-                        "rebalance requested: waiting for the tasks to register again"
-                    );
-                    l.gathering = Some((generation, Instant::now(), gather));
-                    Instant::now()
-                }
-            };
+            if l.gathering.is_none_or(|(g, _)| g != generation) {
+                tracing::info!(
+                    generation,
+                    tasks = request.tasks,
+                    gather_ms = request.gather_ms,
+                    "rebalance requested: waiting for the tasks to register again"
+                );
+                l.gathering = Some((generation, Instant::now()));
+            }
+            let since = l.gathering.map_or_else(Instant::now, |(_, since)| since);
             let back = self.tasks.len();
             if back < request.tasks {
                 if since.elapsed() < gather {
