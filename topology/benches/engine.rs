@@ -46,11 +46,42 @@ fn corpus() -> Arc<Vec<Arc<str>>> {
     Arc::new(sentences)
 }
 
+/// The words of a sentence (split at each space), as `str::split(' ')` yields them. Every
+/// pipeline splits with this iterator, inlined into its loop: whether the compiler inlines
+/// `str::split`'s iterator into a loop depends on how many loops in the binary use it, and that
+/// differed between the pipelines (by ~28 instructions per word).
+#[inline(always)]
+fn words(sentence: &str) -> Words<'_> {
+    Words(Some(sentence))
+}
+
+struct Words<'a>(Option<&'a str>);
+
+impl<'a> Iterator for Words<'a> {
+    type Item = &'a str;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<&'a str> {
+        let s = self.0?;
+        match s.as_bytes().iter().position(|&b| b == b' ') {
+            Some(i) => {
+                self.0 = Some(&s[i + 1..]);
+                Some(&s[..i])
+            }
+            None => {
+                self.0 = None;
+                Some(s)
+            }
+        }
+    }
+}
+
 struct SentenceSpout {
     corpus: Arc<Vec<Arc<str>>>,
     next: u64,
     limit: u64,
     tracked: bool,
+    records: bool,
 }
 
 impl Spout for SentenceSpout {
@@ -60,7 +91,17 @@ impl Spout for SentenceSpout {
             out.finish();
             return Ok(());
         }
-        let s = Value::Str(self.corpus[(self.next % 1024) as usize].clone());
+        let sentence = self.corpus[(self.next % 1024) as usize].clone();
+        if self.records {
+            if self.tracked {
+                out.emit_record_tracked(records::Sentence { sentence }, self.next)?;
+            } else {
+                out.emit_record(records::Sentence { sentence })?;
+            }
+            self.next += 1;
+            return Ok(());
+        }
+        let s = Value::Str(sentence);
         if self.tracked {
             out.emit_tracked(Values::from(s), self.next)?;
         } else {
@@ -77,7 +118,7 @@ struct Split;
 // `Inputs::for_each`'s documentation shows; `execute` (the one-by-one fallback) repeats it.
 impl Bolt for Split {
     async fn execute(&mut self, t: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
-        for w in t.get_str("sentence")?.split(' ') {
+        for w in words(t.get_str("sentence")?) {
             out.emit(Value::Str(Arc::from(w)))?;
         }
         Ok(())
@@ -86,7 +127,7 @@ impl Bolt for Split {
     async fn execute_batch(&mut self, inputs: &mut Inputs, out: &mut BoltOutput) -> Result<(), ComponentError> {
         inputs
             .for_each(out, |t, out| {
-                for w in t.get_str("sentence")?.split(' ') {
+                for w in words(t.get_str("sentence")?) {
                     out.emit(Value::Str(Arc::from(w)))?;
                 }
                 Ok(())
@@ -130,13 +171,100 @@ impl Bolt for Count {
     }
 }
 
-fn topology(tracked: bool, limit: u64) -> Topology {
+/// The records pipeline's types and bolts, in a module of their own: the compiler then places
+/// their code apart from the other pipelines' (what it inlines of `str::split` depends on how
+/// many functions around it call it).
+mod records {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use squall_topology::*;
+
+    /// The record types of the records pipeline (`emit_record` / `for_each_record`).
+    #[derive(serde::Serialize, serde::Deserialize)]
+    pub(crate) struct Sentence {
+        pub(crate) sentence: Arc<str>,
+    }
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    pub(crate) struct Word {
+        pub(crate) word: Arc<str>,
+    }
+
+    /// The split and count bolts of the records pipeline: the same work, on the user's own types.
+    pub(crate) struct SplitRecords;
+
+    impl Bolt for SplitRecords {
+        async fn execute(&mut self, t: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
+            for w in super::words(&t.decode::<Sentence>()?.sentence) {
+                out.emit_record(Word { word: Arc::from(w) })?;
+            }
+            Ok(())
+        }
+
+        async fn execute_batch(&mut self, inputs: &mut Inputs, out: &mut BoltOutput) -> Result<(), ComponentError> {
+            inputs
+                .for_each_record(out, |s: &Sentence, out| {
+                    for w in super::words(&s.sentence) {
+                        out.emit_record(Word { word: Arc::from(w) })?;
+                    }
+                    Ok(())
+                })
+                .await;
+            Ok(())
+        }
+    }
+
+    #[derive(Default)]
+    pub(crate) struct CountRecords(HashMap<Arc<str>, u64>);
+
+    impl Bolt for CountRecords {
+        async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+            *self.0.entry(t.decode::<Word>()?.word).or_default() += 1;
+            Ok(())
+        }
+
+        async fn execute_batch(&mut self, inputs: &mut Inputs, out: &mut BoltOutput) -> Result<(), ComponentError> {
+            let counts = &mut self.0;
+            inputs
+                .for_each_record(out, |w: &Word, _| {
+                    match counts.get_mut(&*w.word) {
+                        Some(n) => *n += 1,
+                        None => {
+                            counts.insert(w.word.clone(), 1);
+                        }
+                    }
+                    Ok(())
+                })
+                .await;
+            Ok(())
+        }
+    }
+}
+
+/// How the engine pipeline emits and reads: dynamic values, or the user's own record types.
+#[derive(Clone, Copy, PartialEq)]
+enum Api {
+    Values,
+    Records,
+}
+
+fn topology(tracked: bool, limit: u64, api: Api) -> Topology {
     let corpus = corpus();
+    let records = api == Api::Records;
     let mut b = TopologyBuilder::new("bench");
-    b.set_spout("spout", 1, move |_| SentenceSpout { corpus: corpus.clone(), next: 0, limit, tracked })
+    b.set_spout("spout", 1, move |_| SentenceSpout { corpus: corpus.clone(), next: 0, limit, tracked, records })
         .fields(&["sentence"]);
-    b.set_bolt("split", 2, |_| Split).shuffle_grouping("spout").fields(&["word"]);
-    b.set_bolt("count", 2, |_| Count::default()).fields_grouping("split", &["word"]);
+    match api {
+        Api::Values => {
+            b.set_bolt("split", 2, |_| Split).shuffle_grouping("spout").fields(&["word"]);
+            b.set_bolt("count", 2, |_| Count::default()).fields_grouping("split", &["word"]);
+        }
+        Api::Records => {
+            b.set_bolt("split", 2, |_| records::SplitRecords).shuffle_grouping("spout").fields(&["word"]);
+            b.set_bolt("count", 2, |_| records::CountRecords::default()).fields_grouping("split", &["word"]);
+        }
+    }
     b.build().expect("valid")
 }
 
@@ -146,9 +274,9 @@ fn bench_config(acking: bool) -> TopologyConfig {
 
 /// Runs the engine from start until every task has finished (the spout finishes its stream after
 /// `sentences`, the bolts drain behind it); returns words/s.
-async fn run_engine(acking: bool, sentences: u64) -> f64 {
+async fn run_engine(acking: bool, sentences: u64, api: Api) -> f64 {
     let start = Instant::now();
-    let running = run_local(topology(acking, sentences), bench_config(acking)).expect("config");
+    let running = run_local(topology(acking, sentences, api), bench_config(acking)).expect("config");
     running.wait().await.expect("clean run");
     let secs = start.elapsed().as_secs_f64();
     let target = sentences * WORDS_PER_SENTENCE;
@@ -202,7 +330,7 @@ async fn run_bare(sentences: u64) -> f64 {
             let mut bufs: Vec<Vec<Arc<str>>> = vec![Vec::with_capacity(BATCH); outs.len()];
             while let Some(batch) = rx.recv().await {
                 for s in batch {
-                    for w in s.split(' ') {
+                    for w in words(&s) {
                         // the engine's fields grouping hash
                         let v = Value::Str(Arc::from(w));
                         let t = grouping::fields_task(&[&v], outs.len());
@@ -267,46 +395,56 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Interleaved A/B/C rounds, medians and ratios (printed as a Markdown table).
+/// Interleaved rounds of the five pipelines (the order rotates each round), medians and ratios
+/// (printed as a Markdown table).
 fn interleaved_comparison() {
+    const NAMES: [&str; 5] = [
+        "bare tokio channels (64/msg)",
+        "engine, values, acking off",
+        "engine, values, acking on (max pending 4096)",
+        "engine, records, acking off",
+        "engine, records, acking on (max pending 4096)",
+    ];
     let rt = runtime();
     let rounds = 7;
-    let (mut bare, mut unacked, mut acked) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut r_un, mut r_ack) = (Vec::new(), Vec::new());
+    let mut wps: [Vec<f64>; 5] = Default::default();
+    let mut ratios: [Vec<f64>; 5] = Default::default();
     rt.block_on(run_bare(20_000)); // warm-up
-    rt.block_on(run_engine(true, 20_000));
+    rt.block_on(run_engine(true, 20_000, Api::Values));
+    rt.block_on(run_engine(true, 20_000, Api::Records));
     for round in 0..rounds {
-        // rotate the order each round
-        let mut results = [0.0; 3];
-        for k in 0..3 {
-            let which = (k + round) % 3;
+        let mut results = [0.0; 5];
+        for k in 0..5 {
+            let which = (k + round) % 5;
             results[which] = match which {
                 0 => rt.block_on(run_bare(SENTENCES)),
-                1 => rt.block_on(run_engine(false, SENTENCES)),
-                _ => rt.block_on(run_engine(true, SENTENCES)),
+                1 => rt.block_on(run_engine(false, SENTENCES, Api::Values)),
+                2 => rt.block_on(run_engine(true, SENTENCES, Api::Values)),
+                3 => rt.block_on(run_engine(false, SENTENCES, Api::Records)),
+                _ => rt.block_on(run_engine(true, SENTENCES, Api::Records)),
             };
         }
-        bare.push(results[0]);
-        unacked.push(results[1]);
-        acked.push(results[2]);
-        r_un.push(results[1] / results[0]);
-        r_ack.push(results[2] / results[0]);
+        for i in 0..5 {
+            wps[i].push(results[i]);
+            ratios[i].push(results[i] / results[0]);
+        }
     }
     // per-round ratios in round order, before the medians sort them
     let per_round = |r: &[f64]| r.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" / ");
-    let (pr_un, pr_ack) = (per_round(&r_un), per_round(&r_ack));
-    let (b, u, a) = (median(&mut bare), median(&mut unacked), median(&mut acked));
+    let per_round: Vec<String> = ratios.iter().map(|r| per_round(r)).collect();
     println!(
         "\n## Engine: interleaved comparison ({rounds} rounds, {} words per run, medians)\n",
         SENTENCES * WORDS_PER_SENTENCE
     );
     println!("| pipeline | words/s | ratio to bare (median of per-round ratios) |");
     println!("| --- | ---: | ---: |");
-    println!("| bare tokio channels (64/msg) | {:.2}M | 1.00 |", b / 1e6);
-    println!("| engine, acking off | {:.2}M | {:.2} |", u / 1e6, median(&mut r_un));
-    println!("| engine, acking on (max pending 4096) | {:.2}M | {:.2} |", a / 1e6, median(&mut r_ack));
-    println!("\nPer-round ratios, acking off: {pr_un}");
-    println!("Per-round ratios, acking on: {pr_ack}");
+    for i in 0..5 {
+        println!("| {} | {:.2}M | {:.2} |", NAMES[i], median(&mut wps[i]) / 1e6, median(&mut ratios[i]));
+    }
+    println!();
+    for i in 1..5 {
+        println!("Per-round ratios, {}: {}", NAMES[i], per_round[i]);
+    }
 }
 
 /// A sustained acked run with an endless spout: RSS must stay flat (bounded by max pending and
@@ -314,7 +452,7 @@ fn interleaved_comparison() {
 fn sustained_memory() {
     let rt = runtime();
     rt.block_on(async {
-        let running = run_local(topology(true, u64::MAX), bench_config(true)).expect("config");
+        let running = run_local(topology(true, u64::MAX, Api::Values), bench_config(true)).expect("config");
         let start = Instant::now();
         let mut samples = Vec::new();
         for secs in [1u64, 3, 6, 10] {
@@ -353,10 +491,10 @@ fn criterion_benches(c: &mut Criterion) {
     };
     g.bench_function("bare", |b| b.iter_custom(|i| per_iter(&rt, &|| rt.block_on(run_bare(50_000)), i)));
     g.bench_function("engine_unacked", |b| {
-        b.iter_custom(|i| per_iter(&rt, &|| rt.block_on(run_engine(false, 50_000)), i))
+        b.iter_custom(|i| per_iter(&rt, &|| rt.block_on(run_engine(false, 50_000, Api::Values)), i))
     });
     g.bench_function("engine_acked", |b| {
-        b.iter_custom(|i| per_iter(&rt, &|| rt.block_on(run_engine(true, 50_000)), i))
+        b.iter_custom(|i| per_iter(&rt, &|| rt.block_on(run_engine(true, 50_000, Api::Values)), i))
     });
     g.finish();
 }
@@ -364,14 +502,16 @@ fn criterion_benches(c: &mut Criterion) {
 criterion_group!(benches, criterion_benches);
 
 /// Runs one pipeline repeatedly (for profilers): `profile-bare`, `profile-unacked`,
-/// `profile-acked`, 5 runs unless a count follows (`profile-acked 1` under callgrind).
+/// `profile-acked`, `profile-records-unacked`, `profile-records-acked`, 5 runs unless a count follows (`profile-acked 1` under callgrind).
 fn profile_one(which: &str, runs: usize) {
     let rt = runtime();
     for _ in 0..runs {
         let wps = match which {
             "profile-bare" => rt.block_on(run_bare(SENTENCES)),
-            "profile-unacked" => rt.block_on(run_engine(false, SENTENCES)),
-            _ => rt.block_on(run_engine(true, SENTENCES)),
+            "profile-unacked" => rt.block_on(run_engine(false, SENTENCES, Api::Values)),
+            "profile-acked" => rt.block_on(run_engine(true, SENTENCES, Api::Values)),
+            "profile-records-unacked" => rt.block_on(run_engine(false, SENTENCES, Api::Records)),
+            _ => rt.block_on(run_engine(true, SENTENCES, Api::Records)),
         };
         println!("{which}: {:.2}M words/s", wps / 1e6);
     }

@@ -88,6 +88,17 @@ impl AnyRouter {
         }
     }
 
+    /// [`AnyRouter::route_one`] for a record emitted with `emit_record`, without encoding its
+    /// values; `None` when its values must be routed instead.
+    #[inline(always)]
+    pub(crate) fn route_one_record<T: serde::Serialize + ?Sized>(&mut self, rec: &T) -> Option<usize> {
+        match self {
+            AnyRouter::RoundRobin(r) => Some(r.next_index()),
+            AnyRouter::Fields(r) => r.index_record(rec),
+            AnyRouter::Dyn(_) => None,
+        }
+    }
+
     #[inline]
     pub(crate) fn route(&mut self, values: &[Value], targets: &mut Vec<usize>) {
         match self {
@@ -175,6 +186,7 @@ impl FieldsGrouping {
 
 /// The task a key goes to under fields grouping: a fixed hash of the values, so every emitting
 /// task agrees.
+#[inline]
 pub fn fields_task(key: &[&Value], n: usize) -> usize {
     let mut h = KeyHasher::default();
     for v in key {
@@ -212,6 +224,22 @@ impl ByFields {
             }
         }
         bucket(h.finish(), self.n)
+    }
+}
+
+impl ByFields {
+    /// The task of a record emitted with `emit_record`, the same as [`ByFields::index`] of its
+    /// values, without encoding them: the key field is hashed straight from the record. `None`
+    /// when the key is not a single field of primitive type in a struct, tuple struct or tuple
+    /// (route the record's values instead).
+    #[inline(always)]
+    pub(crate) fn index_record<T: serde::Serialize + ?Sized>(&self, rec: &T) -> Option<usize> {
+        let [field] = *self.idx else { return None };
+        let mut h = KeyHasher::default();
+        match rec.serialize(record_key::KeySer { field, h: &mut h }) {
+            Ok(true) => Some(bucket(h.finish(), self.n)),
+            _ => None,
+        }
     }
 }
 
@@ -353,9 +381,440 @@ impl Hasher for KeyHasher {
     }
 }
 
+/// Hashes one field of a record as [`Value::hash_into`] hashes the value `typed::to_values`
+/// encodes it into (same variant tags, same words), without building the value. Anything the
+/// encoder would not make a primitive value of (bytes, 128-bit integers, nested values) is
+/// refused, and the caller routes the encoded values instead.
+mod record_key {
+    use std::fmt;
+    use std::hash::{Hash, Hasher};
+
+    use serde::ser::{self, Impossible, Serialize, Serializer};
+
+    use super::KeyHasher;
+
+    /// Not a key this hasher reads: route the encoded values.
+    #[derive(Debug)]
+    pub(super) struct NotKey;
+
+    impl fmt::Display for NotKey {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("not a primitive key field")
+        }
+    }
+
+    impl std::error::Error for NotKey {}
+
+    impl ser::Error for NotKey {
+        fn custom<M: fmt::Display>(_msg: M) -> Self {
+            NotKey
+        }
+    }
+
+    /// The record: hashes field number `field`; `Ok(true)` once it was found.
+    pub(super) struct KeySer<'a> {
+        pub(super) field: usize,
+        pub(super) h: &'a mut KeyHasher,
+    }
+
+    /// The record's fields, counted as the encoder counts them.
+    pub(super) struct KeyFields<'a> {
+        field: usize,
+        pos: usize,
+        found: bool,
+        h: &'a mut KeyHasher,
+    }
+
+    impl KeyFields<'_> {
+        #[inline(always)]
+        fn next<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotKey> {
+            if self.pos == self.field {
+                value.serialize(LeafSer(self.h))?;
+                self.found = true;
+            }
+            self.pos += 1;
+            Ok(())
+        }
+    }
+
+    macro_rules! refuse {
+        ($ok:ty; $($method:ident($($arg:ty),*)),* $(,)?) => {$(
+            fn $method(self, $(_: $arg),*) -> Result<$ok, NotKey> {
+                Err(NotKey)
+            }
+        )*};
+    }
+
+    impl<'a> Serializer for KeySer<'a> {
+        type Ok = bool;
+        type Error = NotKey;
+        type SerializeSeq = Impossible<bool, NotKey>;
+        type SerializeTuple = KeyFields<'a>;
+        type SerializeTupleStruct = KeyFields<'a>;
+        type SerializeTupleVariant = Impossible<bool, NotKey>;
+        type SerializeMap = Impossible<bool, NotKey>;
+        type SerializeStruct = KeyFields<'a>;
+        type SerializeStructVariant = Impossible<bool, NotKey>;
+
+        refuse! { bool;
+            serialize_bool(bool), serialize_i8(i8), serialize_i16(i16), serialize_i32(i32),
+            serialize_i64(i64), serialize_i128(i128), serialize_u8(u8), serialize_u16(u16),
+            serialize_u32(u32), serialize_u64(u64), serialize_u128(u128), serialize_f32(f32),
+            serialize_f64(f64), serialize_char(char), serialize_str(&str), serialize_bytes(&[u8]),
+            serialize_none(), serialize_unit(), serialize_unit_struct(&'static str),
+            serialize_unit_variant(&'static str, u32, &'static str),
+        }
+
+        fn serialize_some<T: Serialize + ?Sized>(self, _value: &T) -> Result<bool, NotKey> {
+            Err(NotKey)
+        }
+        #[inline(always)]
+        fn serialize_newtype_struct<T: Serialize + ?Sized>(
+            self,
+            _name: &'static str,
+            value: &T,
+        ) -> Result<bool, NotKey> {
+            value.serialize(self)
+        }
+        fn serialize_newtype_variant<T: Serialize + ?Sized>(
+            self,
+            _name: &'static str,
+            _index: u32,
+            _variant: &'static str,
+            _value: &T,
+        ) -> Result<bool, NotKey> {
+            Err(NotKey)
+        }
+        fn serialize_seq(self, _len: Option<usize>) -> Result<Self::SerializeSeq, NotKey> {
+            Err(NotKey)
+        }
+        #[inline(always)]
+        fn serialize_tuple(self, _len: usize) -> Result<KeyFields<'a>, NotKey> {
+            Ok(KeyFields { field: self.field, pos: 0, found: false, h: self.h })
+        }
+        #[inline(always)]
+        fn serialize_tuple_struct(self, _name: &'static str, _len: usize) -> Result<KeyFields<'a>, NotKey> {
+            Ok(KeyFields { field: self.field, pos: 0, found: false, h: self.h })
+        }
+        fn serialize_tuple_variant(
+            self,
+            _name: &'static str,
+            _index: u32,
+            _variant: &'static str,
+            _len: usize,
+        ) -> Result<Self::SerializeTupleVariant, NotKey> {
+            Err(NotKey)
+        }
+        fn serialize_map(self, _len: Option<usize>) -> Result<Self::SerializeMap, NotKey> {
+            Err(NotKey)
+        }
+        #[inline(always)]
+        fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<KeyFields<'a>, NotKey> {
+            Ok(KeyFields { field: self.field, pos: 0, found: false, h: self.h })
+        }
+        fn serialize_struct_variant(
+            self,
+            _name: &'static str,
+            _index: u32,
+            _variant: &'static str,
+            _len: usize,
+        ) -> Result<Self::SerializeStructVariant, NotKey> {
+            Err(NotKey)
+        }
+    }
+
+    impl ser::SerializeStruct for KeyFields<'_> {
+        type Ok = bool;
+        type Error = NotKey;
+        #[inline(always)]
+        fn serialize_field<T: Serialize + ?Sized>(&mut self, _key: &'static str, value: &T) -> Result<(), NotKey> {
+            self.next(value)
+        }
+        /// The encoder keeps a skipped field's position as `Null`.
+        fn skip_field(&mut self, _key: &'static str) -> Result<(), NotKey> {
+            self.next(&())
+        }
+        #[inline(always)]
+        fn end(self) -> Result<bool, NotKey> {
+            Ok(self.found)
+        }
+    }
+
+    impl ser::SerializeTuple for KeyFields<'_> {
+        type Ok = bool;
+        type Error = NotKey;
+        fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotKey> {
+            self.next(value)
+        }
+        fn end(self) -> Result<bool, NotKey> {
+            Ok(self.found)
+        }
+    }
+
+    impl ser::SerializeTupleStruct for KeyFields<'_> {
+        type Ok = bool;
+        type Error = NotKey;
+        fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotKey> {
+            self.next(value)
+        }
+        fn end(self) -> Result<bool, NotKey> {
+            Ok(self.found)
+        }
+    }
+
+    /// One field's value, hashed as `Value::hash_into` hashes its encoding.
+    struct LeafSer<'a>(&'a mut KeyHasher);
+
+    impl LeafSer<'_> {
+        #[inline(always)]
+        fn int(self, i: i64) -> Result<(), NotKey> {
+            if i >= 0 {
+                self.0.write_u8(3);
+                self.0.write_u64(i as u64);
+            } else {
+                self.0.write_u8(2);
+                self.0.write_i64(i);
+            }
+            Ok(())
+        }
+        #[inline(always)]
+        fn uint(self, u: u64) -> Result<(), NotKey> {
+            self.0.write_u8(3);
+            self.0.write_u64(u);
+            Ok(())
+        }
+        #[inline(always)]
+        fn float(self, f: f64) -> Result<(), NotKey> {
+            self.0.write_u8(4);
+            self.0.write_u64(f.to_bits());
+            Ok(())
+        }
+        #[inline(always)]
+        fn null(self) -> Result<(), NotKey> {
+            self.0.write_u8(0);
+            Ok(())
+        }
+    }
+
+    impl Serializer for LeafSer<'_> {
+        type Ok = ();
+        type Error = NotKey;
+        type SerializeSeq = Impossible<(), NotKey>;
+        type SerializeTuple = Impossible<(), NotKey>;
+        type SerializeTupleStruct = Impossible<(), NotKey>;
+        type SerializeTupleVariant = Impossible<(), NotKey>;
+        type SerializeMap = Impossible<(), NotKey>;
+        type SerializeStruct = Impossible<(), NotKey>;
+        type SerializeStructVariant = Impossible<(), NotKey>;
+
+        refuse! { ();
+            serialize_i128(i128), serialize_u128(u128), serialize_bytes(&[u8]),
+        }
+        refuse! { Impossible<(), NotKey>;
+            serialize_seq(Option<usize>), serialize_tuple(usize),
+            serialize_tuple_struct(&'static str, usize),
+            serialize_tuple_variant(&'static str, u32, &'static str, usize),
+            serialize_map(Option<usize>), serialize_struct(&'static str, usize),
+            serialize_struct_variant(&'static str, u32, &'static str, usize),
+        }
+
+        fn serialize_bool(self, v: bool) -> Result<(), NotKey> {
+            self.0.write_u8(1);
+            self.0.write_u8(u8::from(v));
+            Ok(())
+        }
+        fn serialize_i8(self, v: i8) -> Result<(), NotKey> {
+            self.int(v.into())
+        }
+        fn serialize_i16(self, v: i16) -> Result<(), NotKey> {
+            self.int(v.into())
+        }
+        fn serialize_i32(self, v: i32) -> Result<(), NotKey> {
+            self.int(v.into())
+        }
+        fn serialize_i64(self, v: i64) -> Result<(), NotKey> {
+            self.int(v)
+        }
+        fn serialize_u8(self, v: u8) -> Result<(), NotKey> {
+            self.uint(v.into())
+        }
+        fn serialize_u16(self, v: u16) -> Result<(), NotKey> {
+            self.uint(v.into())
+        }
+        fn serialize_u32(self, v: u32) -> Result<(), NotKey> {
+            self.uint(v.into())
+        }
+        fn serialize_u64(self, v: u64) -> Result<(), NotKey> {
+            self.uint(v)
+        }
+        fn serialize_f32(self, v: f32) -> Result<(), NotKey> {
+            self.float(v.into())
+        }
+        fn serialize_f64(self, v: f64) -> Result<(), NotKey> {
+            self.float(v)
+        }
+        fn serialize_char(self, v: char) -> Result<(), NotKey> {
+            self.serialize_str(v.encode_utf8(&mut [0; 4]))
+        }
+        #[inline(always)]
+        fn serialize_str(self, v: &str) -> Result<(), NotKey> {
+            // as `Value::Str(Arc<str>)`: an `Arc<str>` hashes as its `str`
+            self.0.write_u8(5);
+            v.hash(self.0);
+            Ok(())
+        }
+        fn serialize_none(self) -> Result<(), NotKey> {
+            self.null()
+        }
+        fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), NotKey> {
+            value.serialize(self)
+        }
+        fn serialize_unit(self) -> Result<(), NotKey> {
+            self.null()
+        }
+        fn serialize_unit_struct(self, _name: &'static str) -> Result<(), NotKey> {
+            self.null()
+        }
+        fn serialize_unit_variant(self, _name: &'static str, _index: u32, variant: &'static str) -> Result<(), NotKey> {
+            self.serialize_str(variant)
+        }
+        fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _name: &'static str, value: &T) -> Result<(), NotKey> {
+            value.serialize(self)
+        }
+        fn serialize_newtype_variant<T: Serialize + ?Sized>(
+            self,
+            _name: &'static str,
+            _index: u32,
+            _variant: &'static str,
+            _value: &T,
+        ) -> Result<(), NotKey> {
+            Err(NotKey)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(serde::Serialize)]
+    enum Kind {
+        Small,
+        #[allow(dead_code)]
+        Big(u8),
+    }
+
+    #[derive(serde::Serialize)]
+    struct Id(u32);
+
+    #[derive(serde::Serialize)]
+    struct Inner {
+        a: u8,
+    }
+
+    /// One field of every kind the record key hasher reads, and some it refuses.
+    #[derive(serde::Serialize)]
+    struct Rec {
+        s: String,
+        i: i32,
+        neg: i64,
+        u: u8,
+        big: u64,
+        f: f32,
+        d: f64,
+        b: bool,
+        c: char,
+        none: Option<u64>,
+        some: Option<String>,
+        unit: (),
+        kind: Kind,
+        id: Id,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        skipped: Option<u64>,
+        arc: std::sync::Arc<str>,
+        #[serde(with = "serde_bytes_like")]
+        bytes: Vec<u8>,
+        nested: Inner,
+        wide: i128,
+    }
+
+    mod serde_bytes_like {
+        pub fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_bytes(v)
+        }
+    }
+
+    /// A record's key field routes exactly as the value it encodes into: the same task for
+    /// every field the hasher reads (over many records, two emitting tasks' routers and
+    /// several task counts); the fields it refuses answer `None` (their values are routed).
+    #[test]
+    fn a_record_key_routes_as_its_encoded_value() {
+        let names = [
+            "s", "i", "neg", "u", "big", "f", "d", "b", "c", "none", "some", "unit", "kind", "id", "skipped", "arc",
+            "bytes", "nested", "wide",
+        ];
+        let fields = Fields::new(&names);
+        for k in 0..200u64 {
+            let r = Rec {
+                s: format!("w{k}"),
+                i: k as i32 - 100,
+                neg: -(k as i64) * 7919,
+                u: k as u8,
+                big: k.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                f: k as f32 / 3.0,
+                d: k as f64 * 1.5,
+                b: k % 2 == 0,
+                c: char::from(b'a' + (k % 26) as u8),
+                none: None,
+                some: (k % 3 != 0).then(|| format!("s{k}")),
+                unit: (),
+                kind: Kind::Small,
+                id: Id(k as u32),
+                skipped: (k % 2 == 0).then_some(k),
+                arc: std::sync::Arc::from(format!("a{k}")),
+                bytes: vec![k as u8],
+                nested: Inner { a: k as u8 },
+                wide: i128::from(k),
+            };
+            let values = crate::typed::to_values(&r).unwrap();
+            assert_eq!(values.len(), names.len());
+            for (i, name) in names.iter().enumerate() {
+                for n in [2, 3, 7] {
+                    let g = FieldsGrouping::new(&[*name]);
+                    let by_values = ByFields::new(&g, &fields, ctx(n)).index(&values);
+                    let by_record = ByFields::new(&g, &fields, ctx(n)).index_record(&r);
+                    match *name {
+                        "bytes" | "nested" | "wide" => assert_eq!(by_record, None, "{name} is refused"),
+                        _ => assert_eq!(by_record, Some(by_values), "field {i} `{name}` of record {k}, {n} tasks"),
+                    }
+                }
+            }
+        }
+        // several key fields: routed by values
+        let g = FieldsGrouping::new(&["s", "i"]);
+        let r = Rec {
+            s: "x".into(),
+            i: 1,
+            neg: 0,
+            u: 0,
+            big: 0,
+            f: 0.0,
+            d: 0.0,
+            b: false,
+            c: 'x',
+            none: None,
+            some: None,
+            unit: (),
+            kind: Kind::Small,
+            id: Id(0),
+            skipped: None,
+            arc: "x".into(),
+            bytes: vec![],
+            nested: Inner { a: 0 },
+            wide: 0,
+        };
+        assert_eq!(ByFields::new(&g, &fields, ctx(3)).index_record(&r), None);
+    }
 
     fn ctx(n: usize) -> RouteContext {
         RouteContext { source_task: 0, target_tasks: n }

@@ -113,7 +113,7 @@ pub use metrics::{
     ComponentKind, ComponentMetrics, Counter, Histogram, HistogramSummary, LatencySummary, MetricsHandle,
     TopologyMetrics,
 };
-pub use output::{AckHandle, BoltOutput, EmitError, Inputs, SpoutOutput, Timer};
+pub use output::{AckHandle, BoltOutput, EmitError, Inputs, Record, SpoutOutput, Timer};
 pub use tuple::{DEFAULT_STREAM, Fields, Tuple, TupleError};
 pub use typed::{IntoValues, TypedError, fields_of, from_tuple, to_values};
 pub use value::{Value, Values};

@@ -559,3 +559,41 @@ async fn a_hook_that_emits_more_than_the_channel_holds_waits_for_room_and_comple
     assert!(h.emitted()[1_000..2_000].iter().all(|e| e.anchored_to == [b[0]]));
     assert_eq!(h.acked(), [a, b[0], b[1]]);
 }
+
+#[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+struct Doubled {
+    v: u64,
+    label: String,
+}
+
+/// Emits each input's number doubled as a record of its own type.
+struct EmitsRecords;
+
+impl Bolt for EmitsRecords {
+    async fn execute(&mut self, t: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let v = t.get_u64("n")?;
+        out.emit_record(Doubled { v: v * 2, label: format!("n{v}") })?;
+        Ok(())
+    }
+}
+
+/// The harness captures records emitted with `emit_record` as the tuples they encode into,
+/// anchored to their inputs like any emit.
+#[tokio::test]
+async fn the_harness_captures_emitted_records_as_tuples() {
+    let mut h = BoltHarness::new(EmitsRecords)
+        .input("numbers", "default", &["n"])
+        .output("default", &["v", "label"])
+        .prepare()
+        .await
+        .unwrap();
+    let ids = h.execute_batch([values![1u64], values![2u64], values![5u64]]).await.unwrap();
+    let emitted = h.take_emitted();
+    assert_eq!(emitted.len(), 3);
+    for (e, (id, n)) in emitted.iter().zip(ids.iter().zip([1u64, 2, 5])) {
+        assert_eq!(e.decode::<Doubled>().unwrap(), Doubled { v: n * 2, label: format!("n{n}") });
+        assert_eq!(e.stream, "default");
+        assert_eq!(e.anchored_to, [*id]);
+    }
+    assert_eq!(h.acked(), &ids[..]);
+}

@@ -142,6 +142,7 @@ impl<B: Bolt> BoltTask<B> {
             };
             match env.msg {
                 Message::Tuples(batch) => self.on_batch(batch).await?,
+                Message::Records(records) => self.on_inputs(Inputs::from_records(records)).await?,
                 Message::Watermark(wm) => self.on_watermark(env.from, wm).await?,
                 Message::Drain => {
                     if self.on_drain_marker(env.from).await? {
@@ -164,12 +165,16 @@ impl<B: Bolt> BoltTask<B> {
     }
 
     pub(crate) async fn on_batch(&mut self, batch: Batch) -> Result<(), Cancelled> {
+        self.on_inputs(Inputs::new(batch)).await
+    }
+
+    /// Executes a batch of tuples or of records.
+    pub(crate) async fn on_inputs(&mut self, mut inputs: Inputs) -> Result<(), Cancelled> {
         // Timed per batch, excluding waits for room downstream; std's clock (tokio's, with
         // test-util, takes a lock).
         let t0 = std::time::Instant::now();
         self.out.blocked = Duration::ZERO;
-        let n = batch.len() as u64;
-        let mut inputs = Inputs::new(batch);
+        let n = inputs.len() as u64;
         loop {
             let before = inputs.len();
             let r = AssertUnwindSafe(self.bolt.execute_batch(&mut inputs, &mut self.out)).catch_unwind().await;
@@ -188,7 +193,11 @@ impl<B: Bolt> BoltTask<B> {
             }
         }
         // the emptied buffer goes back to the senders (inputs left at a cancel are dropped)
-        self.pool.put(inputs.into_buffer());
+        let (buf, records) = inputs.into_buffers();
+        self.pool.put(buf);
+        if let Some(records) = records {
+            self.pool.put_records(records);
+        }
         let busy = t0.elapsed().saturating_sub(self.out.blocked);
         self.metrics.record_latency_batch(busy, n);
         self.out.flush_inner().await

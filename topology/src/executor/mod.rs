@@ -264,6 +264,7 @@ pub(crate) fn start(
                     meta: StreamMeta { component: c.id.clone(), task, stream: name.clone(), fields: fields.clone() }
                         .intern(),
                     direct: *direct,
+                    record_type: None,
                     routes: subs[ci]
                         .iter()
                         .filter(|(s, _, _)| *s == si)
@@ -282,7 +283,7 @@ pub(crate) fn start(
             let targets = target_ids
                 .iter()
                 .filter_map(|&id| Some((data_txs[id].clone()?, pools[id].clone()?)))
-                .map(|(tx, pool)| Target { tx, buf: pool.take(), pool })
+                .map(|(tx, pool)| Target { tx, buf: pool.take(), pool, rec: None })
                 .collect();
             let outbox = Outbox::new(task_id, c.id.clone(), streams, targets, config.batch_size);
             let metrics = registry.components[ci].2[task].clone();

@@ -12,13 +12,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::EmitError;
-use super::route::{Backpressure, Batch, Cancelled, Control, Outbox};
+use super::records::{Record, RecordBuf, Records};
+use super::route::{Backpressure, Batch, Cancelled, Control, Outbox, Payload, Rec};
 use crate::acker::{self, AckBatch, U64Map};
 use crate::builder::StreamRef;
 use crate::component::{ComponentError, Watermark};
 use crate::tuple::{Anchors, DEFAULT_STREAM, Tuple};
 use crate::typed::IntoValues;
-use crate::value::Values;
 
 /// Handles dropped without `ack` or `fail`: their inputs are failed at the next chance.
 #[derive(Debug, Default)]
@@ -195,6 +195,30 @@ impl BoltOutput {
         self.emit_current(s, values, None)
     }
 
+    /// Emits a record of your own type on the default stream, anchored to the current input.
+    /// Its fields, in declaration order, are the stream's fields (declare them with
+    /// [`fields_of`](crate::typed::fields_of)); they carry the values
+    /// [`to_values`](crate::typed::to_values) encodes.
+    ///
+    /// Unlike [`BoltOutput::emit`]`(&record)`, the record is not encoded: it travels as it is to
+    /// a single subscriber with a shuffle, local-or-shuffle, or fields grouping on one field of
+    /// primitive type, in a batch of records of its type, and a bolt reading it with
+    /// [`Inputs::for_each_record`] gets it by reference. Any other reader gets it as a tuple,
+    /// and to other subscriptions (several subscribers, custom or direct groupings) it is sent
+    /// as values; the tuples are the same either way. The first record of a type on a stream is
+    /// checked against the stream's fields (a mismatch is an [`EmitError::FieldCount`]).
+    #[inline]
+    pub fn emit_record<T: Record>(&mut self, record: T) -> Result<(), EmitError> {
+        let s = self.outbox.default_index()?;
+        self.emit_current(s, Rec(record), None)
+    }
+
+    /// [`BoltOutput::emit_record`] on a named stream.
+    pub fn emit_record_to<T: Record>(&mut self, stream: impl StreamRef, record: T) -> Result<(), EmitError> {
+        let s = self.outbox.stream_ref(&stream)?;
+        self.emit_current(s, Rec(record), None)
+    }
+
     /// Emits on a named stream, anchored to the current input.
     pub fn emit_to(&mut self, stream: impl StreamRef, values: impl IntoValues) -> Result<(), EmitError> {
         let s = self.outbox.stream_ref(&stream)?;
@@ -349,16 +373,16 @@ impl BoltOutput {
     }
 
     #[inline]
-    fn emit_current(&mut self, stream: usize, values: Values, direct: Option<usize>) -> Result<(), EmitError> {
+    fn emit_current<P: Payload>(&mut self, stream: usize, values: P, direct: Option<usize>) -> Result<(), EmitError> {
         match &mut self.current {
             Current::Untracked | Current::None => {
-                self.outbox.dispatch(stream, values, direct, |_| Anchors::new()).map(|_| ())
+                values.dispatch(&mut self.outbox, stream, direct, |_| Anchors::new()).map(|_| ())
             }
             // the usual input of one ack tree: what `anchor_child` does for a single root, inline
             Current::Input1 { root, ack_val, .. } => {
                 let root = *root;
-                self.outbox
-                    .dispatch(stream, values, direct, |rng| {
+                values
+                    .dispatch(&mut self.outbox, stream, direct, |rng| {
                         let edge = rng.next_edge();
                         *ack_val ^= edge;
                         let mut child = Anchors::new();
@@ -373,7 +397,7 @@ impl BoltOutput {
 
     /// Emits anchored to an input of several ack trees, or to the held current input.
     #[inline(never)]
-    fn emit_multi(&mut self, stream: usize, values: Values, direct: Option<usize>) -> Result<(), EmitError> {
+    fn emit_multi<P: Payload>(&mut self, stream: usize, values: P, direct: Option<usize>) -> Result<(), EmitError> {
         let (anchors, ack_val) = match &mut self.current {
             Current::Input { anchors, ack_val } => (&*anchors, ack_val),
             Current::Deferred(id) => {
@@ -383,10 +407,10 @@ impl BoltOutput {
                 };
                 (&*anchors, ack_val)
             }
-            _ => return self.outbox.dispatch(stream, values, direct, |_| Anchors::new()).map(|_| ()),
+            _ => return values.dispatch(&mut self.outbox, stream, direct, |_| Anchors::new()).map(|_| ()),
         };
-        self.outbox
-            .dispatch(stream, values, direct, |rng| acker::anchor_child([(anchors, &mut *ack_val)], rng))
+        values
+            .dispatch(&mut self.outbox, stream, direct, |rng| acker::anchor_child([(anchors, &mut *ack_val)], rng))
             .map(|_| ())
     }
 
@@ -457,14 +481,29 @@ impl BoltOutput {
     /// Starts executing an input.
     #[inline(always)]
     pub(crate) fn begin(&mut self, input: &Tuple) {
+        self.begin_anchors(&input.anchors);
+    }
+
+    /// Starts executing an input with these anchors.
+    #[inline(always)]
+    pub(crate) fn begin_anchors(&mut self, anchors: &[(u64, u64)]) {
         self.executed += 1;
         // each arm stores only its own variant (an untracked input writes the tag alone)
-        match *input.anchors {
+        match *anchors {
             [] => self.current = Current::Untracked,
             // no SmallVec for the usual single anchor
             [(root, edge)] => self.current = Current::Input1 { root, edge, ack_val: 0 },
-            _ => self.current = Current::Input { anchors: input.anchors.clone(), ack_val: 0 },
+            _ => self.current = Current::Input { anchors: Anchors::from_slice(anchors), ack_val: 0 },
         }
+    }
+
+    /// An input that arrived as a record but cannot be delivered as a tuple (it does not encode
+    /// into its stream's fields): counted as executed and as an error, and failed.
+    #[cold]
+    pub(crate) fn fail_undeliverable(&mut self, anchors: &Anchors, reason: String) {
+        self.executed += 1;
+        self.note_error("execute", &ComponentError::fatal(reason));
+        self.queue_fail(anchors);
     }
 
     /// Ends executing an input: acks it on success, fails it on error (also when deferred).
@@ -607,24 +646,51 @@ fn drop_input(slot: &mut Option<Tuple>) {
 /// [`Inputs::next`] ends the previous one: it is acked, unless it was failed with
 /// [`Inputs::fail_current`] or held with [`BoltOutput::defer_ack`]. Emits between two `next`
 /// calls are anchored to the input taken by the first.
-#[derive(Debug)]
 pub struct Inputs {
     // taken out in place, not through a consuming iterator, so the emptied buffer can be reused
     // (`into_buffer`)
     batch: Batch,
+    /// A batch of records (`batch` is then empty): read as they are by `for_each_record` of
+    /// their type, encoded into `batch` for any other reader.
+    records: Option<Box<dyn RecordBuf>>,
     next: usize,
+}
+
+impl std::fmt::Debug for Inputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inputs").field("len", &self.len()).field("records", &self.records.is_some()).finish()
+    }
 }
 
 impl Inputs {
     pub(crate) fn new(batch: Batch) -> Self {
-        Inputs { batch, next: 0 }
+        Inputs { batch, records: None, next: 0 }
     }
 
-    /// The batch's buffer, emptied, for reuse.
-    pub(crate) fn into_buffer(self) -> Batch {
+    pub(crate) fn from_records(records: Box<dyn RecordBuf>) -> Self {
+        Inputs { batch: Vec::new(), records: Some(records), next: 0 }
+    }
+
+    /// The batch's buffer, emptied, for reuse, and the record batch if it was one.
+    pub(crate) fn into_buffers(self) -> (Batch, Option<Box<dyn RecordBuf>>) {
         let mut buf = self.batch;
         buf.clear();
-        buf
+        (buf, self.records)
+    }
+
+    /// Turns the records not yet executed into tuples, for a reader of tuples. A record that
+    /// cannot be a tuple of its stream is failed here (counted as an error).
+    #[cold]
+    #[inline(never)]
+    fn records_to_tuples(&mut self, out: &mut BoltOutput) {
+        if let Some(records) = self.records.take() {
+            let (tuples, failed) = records.to_tuples(self.next);
+            for (anchors, reason) in failed {
+                out.fail_undeliverable(&anchors, reason);
+            }
+            self.batch = tuples;
+            self.next = 0;
+        }
     }
 
     /// The next input, after acking the previous one (and sending full output batches
@@ -634,6 +700,9 @@ impl Inputs {
     pub async fn next(&mut self, out: &mut BoltOutput) -> Option<Tuple> {
         if out.in_input() {
             out.finish(true);
+        }
+        if self.records.is_some() {
+            self.records_to_tuples(out);
         }
         if !out.outbox.ready.is_empty() {
             Self::send_ready(out).await.ok()?;
@@ -674,6 +743,9 @@ impl Inputs {
         if out.in_input() {
             out.finish(true);
         }
+        if self.records.is_some() {
+            self.records_to_tuples(out);
+        }
         loop {
             if !out.outbox.ready.is_empty() && Self::send_ready(out).await.is_err() {
                 return;
@@ -682,6 +754,124 @@ impl Inputs {
                 return;
             }
         }
+    }
+
+    /// Runs `f` on every remaining input as a record of type `T`, in order: the fastest way to
+    /// read a stream whose emitter uses [`BoltOutput::emit_record`] or
+    /// [`SpoutOutput::emit_record`](crate::SpoutOutput::emit_record) with the same type. Those
+    /// records arrive as they were emitted and are handed over by reference; any other input
+    /// (emitted as values, or as records of another type) is decoded into `T` with
+    /// [`Tuple::decode`], and one that does not decode fails with the decode error. Acks, fails
+    /// and backpressure as with [`Inputs::for_each`].
+    ///
+    /// ```
+    /// # use squall_topology::*;
+    /// # use std::sync::Arc;
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Word {
+    ///     word: Arc<str>,
+    /// }
+    /// # #[derive(Default)] struct Count(std::collections::HashMap<Arc<str>, u64>);
+    /// impl Bolt for Count {
+    ///     async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+    ///         *self.0.entry(t.decode::<Word>()?.word).or_default() += 1;
+    ///         Ok(())
+    ///     }
+    ///     async fn execute_batch(&mut self, inputs: &mut Inputs, out: &mut BoltOutput) -> Result<(), ComponentError> {
+    ///         inputs.for_each_record(out, |w: &Word, _out| {
+    ///             *self.0.entry(w.word.clone()).or_default() += 1;
+    ///             Ok(())
+    ///         }).await;
+    ///         Ok(())
+    ///     }
+    /// }
+    /// ```
+    pub async fn for_each_record<T, F>(&mut self, out: &mut BoltOutput, mut f: F)
+    where
+        T: Record + serde::de::DeserializeOwned,
+        F: FnMut(&T, &mut BoltOutput) -> Result<(), ComponentError> + Send,
+    {
+        if !self.records.as_deref().is_some_and(|r| r.as_any().is::<Records<T>>()) {
+            // tuples, or records of another type: decode each input (`f` called through a
+            // reference here, so that its one direct call, below, is inlined into the loop)
+            let f: &mut (dyn FnMut(&T, &mut BoltOutput) -> Result<(), ComponentError> + Send) = &mut f;
+            return self
+                .for_each(out, |t, out| {
+                    let record: T = t.decode()?;
+                    f(&record, out)
+                })
+                .await;
+        }
+        if out.in_input() {
+            out.finish(true);
+        }
+        loop {
+            if !out.outbox.ready.is_empty() && Self::send_ready(out).await.is_err() {
+                return;
+            }
+            if !self.run_records_until_ready(out, &mut f) {
+                return;
+            }
+        }
+    }
+
+    /// [`Inputs::run_until_ready`] over a batch of records of type `T` (dropped with the batch).
+    #[inline(never)]
+    fn run_records_until_ready<T: Record>(
+        &mut self,
+        out: &mut BoltOutput,
+        f: &mut impl FnMut(&T, &mut BoltOutput) -> Result<(), ComponentError>,
+    ) -> bool {
+        let Some(records) = self.records.as_deref().and_then(|r| r.as_any().downcast_ref::<Records<T>>()) else {
+            return false;
+        };
+        if records.anchors.is_empty() {
+            // No record of the batch is tracked: each input is begun as untracked and, unless
+            // `f` held it (`defer_ack`) or failed, ends by being counted (in bulk, below).
+            let start = self.next;
+            let mut not_acked = 0u64;
+            let mut more = false;
+            out.current = Current::Untracked;
+            while let Some(record) = records.items.get(self.next) {
+                self.next += 1;
+                match f(record, out) {
+                    Ok(()) if matches!(out.current, Current::Untracked) => {}
+                    r => {
+                        if let Err(e) = &r {
+                            out.note_error("execute", e);
+                        }
+                        // failed (counted) by `finish`; a held input is acked or failed later
+                        not_acked += 1;
+                        out.finish(r.is_ok());
+                        out.current = Current::Untracked;
+                    }
+                }
+                if !out.outbox.ready.is_empty() {
+                    more = true;
+                    break;
+                }
+            }
+            let n = (self.next - start) as u64;
+            out.executed += n;
+            out.acked += n - not_acked;
+            out.current = Current::None;
+            return more;
+        }
+        while let Some(record) = records.items.get(self.next) {
+            out.begin_anchors(records.anchors_at(self.next));
+            self.next += 1;
+            match f(record, out) {
+                Ok(()) => out.finish(true),
+                Err(e) => {
+                    out.note_error("execute", &e);
+                    out.finish(false);
+                }
+            }
+            if !out.outbox.ready.is_empty() {
+                return true;
+            }
+        }
+        false
     }
 
     /// Runs `f` on the inputs in order until the batch ends (`false`) or full output batches
@@ -736,7 +926,10 @@ impl Inputs {
 
     /// Inputs not yet taken.
     pub fn len(&self) -> usize {
-        self.batch.len() - self.next
+        match &self.records {
+            Some(r) => r.len() - self.next,
+            None => self.batch.len() - self.next,
+        }
     }
 
     /// True when every input was taken.

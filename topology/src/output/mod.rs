@@ -2,10 +2,12 @@
 //! inputs, schedule timers and flush. Routing and send buffers are internal (`route`).
 
 mod bolt;
+pub(crate) mod records;
 pub(crate) mod route;
 mod spout;
 
 pub use bolt::{AckHandle, BoltOutput, Inputs, Timer};
+pub use records::Record;
 pub(crate) use spout::SpoutAcks;
 pub use spout::SpoutOutput;
 

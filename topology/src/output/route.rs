@@ -19,12 +19,16 @@ use crate::grouping::AnyRouter;
 use crate::tuple::{Anchors, DEFAULT_STREAM, StreamMeta, Tuple};
 use crate::value::Values;
 
+use super::records::{AnyRecords, Record, RecordBuf, Records};
+
 /// What travels on a bolt task's input channel, in order per sending task.
 #[derive(Debug)]
 pub(crate) enum Message {
     /// A batch of tuples (all `Some`: the receiver takes them out one by one, then hands the
     /// emptied buffer back through the [`BatchPool`]).
     Tuples(Batch),
+    /// A batch of records of one stream, emitted as the user's type (see `records`).
+    Records(Box<dyn RecordBuf>),
     /// The sender's low watermark advanced.
     Watermark(Watermark),
     /// The sender drained: nothing more will come from it.
@@ -62,13 +66,37 @@ pub(crate) type Batch = Vec<Option<Tuple>>;
 #[derive(Debug)]
 pub(crate) struct BatchPool {
     bufs: Mutex<Vec<Batch>>,
+    /// Emptied record batches (`Records<T>` of the types this task receives).
+    records: Mutex<Vec<AnyRecords>>,
     batch_size: usize,
     cap: usize,
 }
 
 impl BatchPool {
     pub(crate) fn new(batch_size: usize, cap: usize) -> Self {
-        BatchPool { bufs: Mutex::new(Vec::with_capacity(cap)), batch_size: batch_size.max(1), cap }
+        BatchPool {
+            bufs: Mutex::new(Vec::with_capacity(cap)),
+            records: Mutex::new(Vec::new()),
+            batch_size: batch_size.max(1),
+            cap,
+        }
+    }
+
+    /// An emptied record batch of type `T` to fill, if one was given back (one of another type
+    /// is dropped: a task's inputs are usually of one record type).
+    #[inline]
+    pub(crate) fn take_records<T: Record>(&self) -> Option<Box<Records<T>>> {
+        let reused = self.records.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+        reused.downcast::<Records<T>>().ok()
+    }
+
+    /// Gives back an executed record batch, emptied (dropped when the pool is full).
+    pub(crate) fn put_records(&self, records: Box<dyn RecordBuf>) {
+        let Some(emptied) = records.recycle(self.batch_size) else { return };
+        let mut pool = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.len() < self.cap {
+            pool.push(emptied);
+        }
     }
 
     /// An empty buffer with room for a batch.
@@ -98,6 +126,44 @@ pub(crate) struct Target {
     pub(crate) tx: mpsc::Sender<Envelope>,
     pub(crate) buf: Batch,
     pub(crate) pool: Arc<BatchPool>,
+    /// The records buffered for it (emitted with `emit_record`), when any. At most one of
+    /// `buf` and `rec` holds anything: switching between them, or to another stream or type of
+    /// record, queues what was buffered first, so the task receives everything in emit order.
+    pub(crate) rec: Option<OpenRecords>,
+}
+
+/// The records being buffered for a target: a `Records<T>` of the emitted type, and how to
+/// seal it into a batch once it is sent.
+pub(crate) struct OpenRecords {
+    stream: usize,
+    /// A `Records<T>`: the emitter finds it with one type check (a single virtual call).
+    records: AnyRecords,
+    seal: fn(AnyRecords) -> Option<Box<dyn RecordBuf>>,
+}
+
+impl OpenRecords {
+    fn new<T: Record>(stream: usize, records: Box<Records<T>>) -> Self {
+        OpenRecords { stream, records, seal: |any| any.downcast::<Records<T>>().ok().map(|r| r as Box<dyn RecordBuf>) }
+    }
+
+    fn seal(self) -> Option<Box<dyn RecordBuf>> {
+        (self.seal)(self.records)
+    }
+}
+
+/// A full (or flushed) batch waiting to be sent.
+pub(crate) enum Ready {
+    Tuples(Batch),
+    Records(Box<dyn RecordBuf>),
+}
+
+impl Ready {
+    fn into_message(self) -> Message {
+        match self {
+            Ready::Tuples(b) => Message::Tuples(b),
+            Ready::Records(r) => Message::Records(r),
+        }
+    }
 }
 
 /// One subscription of a stream: a router and the target indices of the subscriber's tasks.
@@ -112,6 +178,8 @@ pub(crate) struct OutStream {
     pub(crate) meta: &'static StreamMeta,
     pub(crate) direct: bool,
     pub(crate) routes: Vec<Route>,
+    /// The record type last checked against the stream's fields (see [`Outbox::open_records`]).
+    pub(crate) record_type: Option<std::any::TypeId>,
 }
 
 /// The send side of one task: declared streams, their subscriptions, and per-target buffers.
@@ -121,12 +189,53 @@ pub(crate) struct Outbox {
     pub(crate) streams: Vec<OutStream>,
     pub(crate) targets: Vec<Target>,
     /// Full batches waiting to be sent, in emit order.
-    pub(crate) ready: VecDeque<(usize, Batch)>,
+    pub(crate) ready: VecDeque<(usize, Ready)>,
     pub(crate) batch_size: usize,
     pub(crate) rng: EdgeRng,
     pub(crate) emitted: u64,
     scratch: Vec<usize>,
     default: Option<usize>,
+}
+
+/// What an emit carries: dynamic values, or a record of the user's type.
+pub(crate) trait Payload {
+    /// Routes it on `stream` (see [`Outbox::dispatch`]).
+    fn dispatch(
+        self,
+        outbox: &mut Outbox,
+        stream: usize,
+        direct: Option<usize>,
+        anchor: impl FnMut(&mut EdgeRng) -> Anchors,
+    ) -> Result<usize, EmitError>;
+}
+
+impl Payload for Values {
+    #[inline(always)]
+    fn dispatch(
+        self,
+        outbox: &mut Outbox,
+        stream: usize,
+        direct: Option<usize>,
+        anchor: impl FnMut(&mut EdgeRng) -> Anchors,
+    ) -> Result<usize, EmitError> {
+        outbox.dispatch(stream, self, direct, anchor)
+    }
+}
+
+/// A record emitted with `emit_record`.
+pub(crate) struct Rec<T>(pub(crate) T);
+
+impl<T: Record> Payload for Rec<T> {
+    #[inline(always)]
+    fn dispatch(
+        self,
+        outbox: &mut Outbox,
+        stream: usize,
+        direct: Option<usize>,
+        anchor: impl FnMut(&mut EdgeRng) -> Anchors,
+    ) -> Result<usize, EmitError> {
+        outbox.dispatch_record(stream, self.0, direct, anchor)
+    }
 }
 
 impl Outbox {
@@ -267,6 +376,9 @@ impl Outbox {
             if let Some(i) = route.router.route_one(&values) {
                 let Some(&target) = route.tasks.get(i) else { return Ok(0) };
                 let anchors = anchor(&mut self.rng);
+                if self.targets[target].rec.is_some() {
+                    self.queue_records(target);
+                }
                 let tgt = &mut self.targets[target];
                 // a buffer has room for a batch (it is sent when full): with no reallocation
                 // between building the tuple and storing it, it is built in place
@@ -312,6 +424,9 @@ impl Outbox {
 
     #[inline(always)]
     fn push(&mut self, target: usize, tuple: Tuple) {
+        if self.targets[target].rec.is_some() {
+            self.queue_records(target);
+        }
         let tgt = &mut self.targets[target];
         tgt.buf.push(Some(tuple));
         if tgt.buf.len() >= self.batch_size {
@@ -324,13 +439,127 @@ impl Outbox {
     fn queue_full(&mut self, target: usize) {
         let tgt = &mut self.targets[target];
         let batch = std::mem::replace(&mut tgt.buf, tgt.pool.take());
-        self.ready.push_back((target, batch));
+        self.ready.push_back((target, Ready::Tuples(batch)));
+    }
+
+    /// Queues a target's buffered records as a ready batch (full or not).
+    #[inline(never)]
+    fn queue_records(&mut self, target: usize) {
+        if let Some(rec) = self.targets[target].rec.take().and_then(OpenRecords::seal) {
+            if rec.len() > 0 {
+                self.ready.push_back((target, Ready::Records(rec)));
+            }
+        }
+    }
+
+    /// Queues a target's buffered tuples as a ready batch, full or not (before records).
+    #[inline(never)]
+    fn queue_tuples(&mut self, target: usize) {
+        let tgt = &mut self.targets[target];
+        if !tgt.buf.is_empty() {
+            let batch = std::mem::replace(&mut tgt.buf, tgt.pool.take());
+            self.ready.push_back((target, Ready::Tuples(batch)));
+        }
+    }
+
+    /// Routes one record emitted with `emit_record`. To a single subscriber with a built-in
+    /// grouping that can route it as it is (the usual case), the record is stored in the
+    /// target's record batch without being encoded; otherwise (several subscribers, a custom or
+    /// direct grouping, a key that is not a primitive field) its values are routed.
+    #[inline]
+    pub(crate) fn dispatch_record<T: Record>(
+        &mut self,
+        stream: usize,
+        rec: T,
+        direct: Option<usize>,
+        mut anchor: impl FnMut(&mut EdgeRng) -> Anchors,
+    ) -> Result<usize, EmitError> {
+        let s = &mut self.streams[stream];
+        if direct.is_some() || s.direct {
+            return self.dispatch_record_slow(stream, rec, direct, anchor);
+        }
+        let meta = s.meta;
+        let [route] = &mut *s.routes else { return self.dispatch_record_slow(stream, rec, direct, anchor) };
+        let Some(i) = route.router.route_one_record(&rec) else {
+            return self.dispatch_record_slow(stream, rec, direct, anchor);
+        };
+        let Some(&target) = route.tasks.get(i) else {
+            self.emitted += 1;
+            return Ok(0);
+        };
+        // the target's open batch of this stream and type: a record batch exists only once its
+        // first record was checked against the stream's fields (`open_records`)
+        if let Some(recs) = self.targets[target]
+            .rec
+            .as_mut()
+            .filter(|o| o.stream == stream)
+            .and_then(|o| o.records.downcast_mut::<Records<T>>())
+        {
+            recs.push(rec, anchor(&mut self.rng));
+            self.emitted += 1;
+            if recs.items.len() >= self.batch_size {
+                self.queue_records(target);
+            }
+            return Ok(1);
+        }
+        self.open_records(target, stream, meta, rec, anchor)
+    }
+
+    /// A record routed by its values: direct emits, several subscribers, custom routers, keys
+    /// that are not a primitive field.
+    #[inline(never)]
+    fn dispatch_record_slow<T: Record>(
+        &mut self,
+        stream: usize,
+        rec: T,
+        direct: Option<usize>,
+        anchor: impl FnMut(&mut EdgeRng) -> Anchors,
+    ) -> Result<usize, EmitError> {
+        let values = self.encode(&rec)?;
+        self.dispatch(stream, values, direct, anchor)
+    }
+
+    /// Starts a target's record batch with its first record, after queueing what the target
+    /// had buffered of another kind, stream or type (emit order). The first record of a type on
+    /// a stream is checked against the stream's fields (encoded once: a record of another shape
+    /// is the same emit error as values of another shape).
+    #[inline(never)]
+    fn open_records<T: Record>(
+        &mut self,
+        target: usize,
+        stream: usize,
+        meta: &'static StreamMeta,
+        rec: T,
+        mut anchor: impl FnMut(&mut EdgeRng) -> Anchors,
+    ) -> Result<usize, EmitError> {
+        let type_id = std::any::TypeId::of::<T>();
+        if self.streams[stream].record_type != Some(type_id) {
+            let values = self.encode(&rec)?;
+            self.check(stream, &values, None)?;
+            self.streams[stream].record_type = Some(type_id);
+        }
+        self.queue_records(target);
+        self.queue_tuples(target);
+        let mut records = match self.targets[target].pool.take_records::<T>() {
+            Some(mut reused) => {
+                reused.meta = meta;
+                reused
+            }
+            None => Box::new(Records::<T>::new(meta, self.batch_size)),
+        };
+        records.push(rec, anchor(&mut self.rng));
+        self.emitted += 1;
+        self.targets[target].rec = Some(OpenRecords::new(stream, records));
+        if self.batch_size <= 1 {
+            self.queue_records(target);
+        }
+        Ok(1)
     }
 
     /// Sends the full batches queued so far, in order, waiting for room (backpressure).
     pub(crate) async fn send_ready<B: Backpressure>(&mut self, bp: &mut B) -> Result<(), Cancelled> {
         while let Some((target, batch)) = self.ready.pop_front() {
-            let env = Envelope { from: self.from, msg: Message::Tuples(batch) };
+            let env = Envelope { from: self.from, msg: batch.into_message() };
             send(&self.targets[target].tx, env, bp).await?;
         }
         Ok(())
@@ -340,6 +569,12 @@ impl Outbox {
     pub(crate) async fn flush<B: Backpressure>(&mut self, bp: &mut B) -> Result<(), Cancelled> {
         self.send_ready(bp).await?;
         for i in 0..self.targets.len() {
+            if let Some(rec) = self.targets[i].rec.take().and_then(OpenRecords::seal) {
+                if rec.len() > 0 {
+                    let env = Envelope { from: self.from, msg: Message::Records(rec) };
+                    send(&self.targets[i].tx, env, bp).await?;
+                }
+            }
             if !self.targets[i].buf.is_empty() {
                 let tgt = &mut self.targets[i];
                 let batch = std::mem::replace(&mut tgt.buf, tgt.pool.take());

@@ -7,13 +7,13 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::EmitError;
-use super::route::{Backpressure, Cancelled, Control, Outbox};
+use super::records::Record;
+use super::route::{Backpressure, Cancelled, Control, Outbox, Payload, Rec};
 use crate::acker::{self, AckBatch, PendingTrees};
 use crate::builder::StreamRef;
 use crate::component::Watermark;
 use crate::tuple::Anchors;
 use crate::typed::IntoValues;
-use crate::value::Values;
 
 /// The ack side of a spout task: pending trees, the ack channel, and the completions waiting to
 /// be delivered to the spout (applied in bulk, also while a send waits for room).
@@ -148,6 +148,33 @@ impl<M: Send> SpoutOutput<M> {
     pub fn emit_tracked(&mut self, values: impl IntoValues, msg_id: M) -> Result<(), EmitError> {
         let s = self.outbox.default_index()?;
         self.emit_inner(s, self.outbox.encode(values)?, None, Some(msg_id))
+    }
+
+    /// Emits an untracked record of your own type on the default stream: see
+    /// [`BoltOutput::emit_record`](crate::BoltOutput::emit_record) for how records travel.
+    #[inline]
+    pub fn emit_record<T: Record>(&mut self, record: T) -> Result<(), EmitError> {
+        let s = self.outbox.default_index()?;
+        self.emit_inner(s, Rec(record), None, None)
+    }
+
+    /// Emits a tracked record of your own type on the default stream: `ack(msg_id)` or
+    /// `fail(msg_id)` follows.
+    #[inline]
+    pub fn emit_record_tracked<T: Record>(&mut self, record: T, msg_id: M) -> Result<(), EmitError> {
+        let s = self.outbox.default_index()?;
+        self.emit_inner(s, Rec(record), None, Some(msg_id))
+    }
+
+    /// Emits a record of your own type on a named stream, tracked when `msg_id` is given.
+    pub fn emit_record_to<T: Record>(
+        &mut self,
+        stream: impl StreamRef,
+        record: T,
+        msg_id: Option<M>,
+    ) -> Result<(), EmitError> {
+        let s = self.outbox.stream_ref(&stream)?;
+        self.emit_inner(s, Rec(record), None, msg_id)
     }
 
     /// Emits on a named stream, tracked when `msg_id` is given.
@@ -293,10 +320,10 @@ impl<M: Send> SpoutOutput<M> {
     }
 
     #[inline]
-    fn emit_inner(
+    fn emit_inner<P: Payload>(
         &mut self,
         stream: usize,
-        values: Values,
+        values: P,
         direct: Option<usize>,
         msg: Option<M>,
     ) -> Result<(), EmitError> {
@@ -305,7 +332,7 @@ impl<M: Send> SpoutOutput<M> {
                 let root = acker::make_root(self.slot, self.seq);
                 self.seq = self.seq.wrapping_add(1);
                 let mut xor = 0u64;
-                let copies = self.outbox.dispatch(stream, values, direct, |rng| {
+                let copies = values.dispatch(&mut self.outbox, stream, direct, |rng| {
                     let edge = rng.next_edge();
                     xor ^= edge;
                     let mut a = Anchors::new();
@@ -321,11 +348,11 @@ impl<M: Send> SpoutOutput<M> {
                 }
             }
             Some(msg) => {
-                self.outbox.dispatch(stream, values, direct, |_| Anchors::new())?;
+                values.dispatch(&mut self.outbox, stream, direct, |_| Anchors::new())?;
                 self.acks.acked.push(msg);
             }
             None => {
-                self.outbox.dispatch(stream, values, direct, |_| Anchors::new())?;
+                values.dispatch(&mut self.outbox, stream, direct, |_| Anchors::new())?;
             }
         }
         Ok(())

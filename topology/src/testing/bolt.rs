@@ -1,5 +1,6 @@
 //! [`BoltHarness`]: one bolt driven through the executor's `BoltTask`.
 
+use super::records_as_tuples;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -422,6 +423,11 @@ impl<B: Bolt> BoltHarness<B> {
     /// Takes in what the task sent.
     fn absorb(&mut self) {
         for (target, msg) in std::mem::take(&mut self.sink.msgs) {
+            let msg = match msg {
+                // records arrive as the tuples they encode into
+                Message::Records(records) => Message::Tuples(records_as_tuples(&*records)),
+                other => other,
+            };
             match msg {
                 Message::Tuples(batch) => {
                     for tuple in batch.into_iter().flatten() {
@@ -438,7 +444,7 @@ impl<B: Bolt> BoltHarness<B> {
                 // every target receives the control messages: take them once
                 Message::Watermark(wm) if target == 0 => self.watermarks_out.push(wm),
                 Message::Drain if target == 0 => self.drained = true,
-                Message::Watermark(_) | Message::Drain => {}
+                Message::Watermark(_) | Message::Drain | Message::Records(_) => {}
             }
         }
         for batch in std::mem::take(&mut self.sink.ack_batches) {

@@ -357,6 +357,7 @@ impl Decls {
                 OutStream {
                     meta,
                     direct: o.direct.is_some(),
+                    record_type: None,
                     routes: vec![Route { consumer: Arc::from(SUBSCRIBER), router, tasks }],
                 }
             })
@@ -366,7 +367,7 @@ impl Decls {
             .map(|_| {
                 let (tx, rx) = mpsc::channel(cfg.channel_capacity);
                 let pool = Arc::new(BatchPool::new(cfg.batch_size, cfg.channel_capacity + 8));
-                (Target { tx, buf: pool.take(), pool }, rx)
+                (Target { tx, buf: pool.take(), pool, rec: None }, rx)
             })
             .unzip();
         (Outbox::new(ctx.task_id, component, streams, targets, cfg.batch_size), rxs)
@@ -407,4 +408,15 @@ impl Sink {
         })
         .await
     }
+}
+
+/// The tuples a batch of records (emitted with `emit_record`) encodes into, as a downstream
+/// task reading tuples gets them. A record that cannot be a tuple of its stream panics with the
+/// reason: in a test that is the failure to see (a topology fails that input downstream).
+pub(crate) fn records_as_tuples(records: &dyn crate::output::records::RecordBuf) -> crate::output::route::Batch {
+    let (tuples, failed) = records.to_tuples(0);
+    if let Some((_, reason)) = failed.first() {
+        panic!("test harness: emitted {reason}");
+    }
+    tuples
 }

@@ -1,6 +1,7 @@
 //! [`SpoutHarness`]: one spout driven through the executor's `SpoutTask`, the harness acting
 //! as its downstream.
 
+use super::records_as_tuples;
 use std::fmt;
 use std::time::Duration;
 
@@ -419,6 +420,11 @@ impl<S: Spout> SpoutHarness<S> {
     fn absorb(&mut self) {
         let Some(task) = &self.task else { return };
         for (target, msg) in std::mem::take(&mut self.sink.msgs) {
+            let msg = match msg {
+                // records arrive as the tuples they encode into
+                Message::Records(records) => Message::Tuples(records_as_tuples(&*records)),
+                other => other,
+            };
             match msg {
                 Message::Tuples(batch) => {
                     for tuple in batch.into_iter().flatten() {
@@ -436,7 +442,7 @@ impl<S: Spout> SpoutHarness<S> {
                 }
                 Message::Watermark(wm) if target == 0 => self.watermarks_out.push(wm),
                 Message::Drain if target == 0 => self.drained = true,
-                Message::Watermark(_) | Message::Drain => {}
+                Message::Watermark(_) | Message::Drain | Message::Records(_) => {}
             }
         }
         self.counters = spout_counters(task);
