@@ -13,6 +13,9 @@
 //!   ([`AckHandle`]), schedule wake-ups ([`Timer`]) and flush; [`Inputs`] for
 //!   [`Bolt::execute_batch`]; [`EmitError`]. Routing and send buffers are internal
 //!   (`output::route`: one send/flush path for both executors, batches of at most `batch_size`).
+//!   A [`Record`] (any `Serialize` type) emitted with [`BoltOutput::emit_record`] travels as
+//!   itself in a typed batch (`output::records`), read back by reference with
+//!   [`Inputs::for_each_record`]: the fast path, with no per-tuple values built or dropped.
 //! - [`grouping`]: the [`Grouping`]/[`Router`] strategy traits and the built-in groupings.
 //! - [`builder`]: [`TopologyBuilder`], typed handles ([`ComponentId`], [`StreamId`], [`Source`])
 //!   and validation ([`BuildError`]) into a [`Topology`]; direct streams are declared

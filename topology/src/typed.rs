@@ -7,6 +7,9 @@
 //!   from the stream's field names to values, so the struct's field order need not match the
 //!   stream's, and the struct may read a subset of the stream's fields.
 //! - [`fields_of`] lists a struct's field names, to declare a stream's fields from the type.
+//! - [`BoltOutput::emit_record`](crate::BoltOutput::emit_record) and
+//!   [`Inputs::for_each_record`](crate::Inputs::for_each_record) skip the encoding where they
+//!   can: the record travels as itself, and is encoded as below only for a reader of tuples.
 //!
 //! The serializer is in `typed/ser.rs`, the deserializer in `typed/de.rs`, the field-name tracer
 //! in `typed/fields.rs`; this file holds the public functions and [`TypedError`].
