@@ -445,6 +445,15 @@ mod record_key {
         )*};
     }
 
+    /// Numbers, hashed as the 64-bit value they encode into.
+    macro_rules! widen {
+        ($($method:ident($ty:ty) => $hash:ident),* $(,)?) => {$(
+            fn $method(self, v: $ty) -> Result<(), NotKey> {
+                self.$hash(v.into())
+            }
+        )*};
+    }
+
     impl<'a> Serializer for KeySer<'a> {
         type Ok = bool;
         type Error = NotKey;
@@ -623,35 +632,11 @@ mod record_key {
             self.0.write_u8(u8::from(v));
             Ok(())
         }
-        fn serialize_i8(self, v: i8) -> Result<(), NotKey> {
-            self.int(v.into())
-        }
-        fn serialize_i16(self, v: i16) -> Result<(), NotKey> {
-            self.int(v.into())
-        }
-        fn serialize_i32(self, v: i32) -> Result<(), NotKey> {
-            self.int(v.into())
-        }
-        fn serialize_i64(self, v: i64) -> Result<(), NotKey> {
-            self.int(v)
-        }
-        fn serialize_u8(self, v: u8) -> Result<(), NotKey> {
-            self.uint(v.into())
-        }
-        fn serialize_u16(self, v: u16) -> Result<(), NotKey> {
-            self.uint(v.into())
-        }
-        fn serialize_u32(self, v: u32) -> Result<(), NotKey> {
-            self.uint(v.into())
-        }
-        fn serialize_u64(self, v: u64) -> Result<(), NotKey> {
-            self.uint(v)
-        }
-        fn serialize_f32(self, v: f32) -> Result<(), NotKey> {
-            self.float(v.into())
-        }
-        fn serialize_f64(self, v: f64) -> Result<(), NotKey> {
-            self.float(v)
+        widen! {
+            serialize_i8(i8) => int, serialize_i16(i16) => int, serialize_i32(i32) => int,
+            serialize_i64(i64) => int, serialize_u8(u8) => uint, serialize_u16(u16) => uint,
+            serialize_u32(u32) => uint, serialize_u64(u64) => uint, serialize_f32(f32) => float,
+            serialize_f64(f64) => float,
         }
         fn serialize_char(self, v: char) -> Result<(), NotKey> {
             self.serialize_str(v.encode_utf8(&mut [0; 4]))

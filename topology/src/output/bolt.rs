@@ -204,8 +204,9 @@ impl BoltOutput {
     /// a single subscriber with a shuffle, local-or-shuffle, or fields grouping on one field of
     /// primitive type, in a batch of records of its type, and a bolt reading it with
     /// [`Inputs::for_each_record`] gets it by reference. Any other reader gets it as a tuple,
-    /// and to other subscriptions (several subscribers, custom or direct groupings) it is sent
-    /// as values; the tuples are the same either way. The first record of a type on a stream is
+    /// and to other subscriptions (several subscribers, a custom grouping, a fields grouping on
+    /// several fields or on a field that is not a primitive) it is sent as values; the tuples
+    /// are the same either way. A direct stream takes [`BoltOutput::emit_direct`]. The first record of a type on a stream is
     /// checked against the stream's fields (a mismatch is an [`EmitError::FieldCount`]).
     #[inline]
     pub fn emit_record<T: Record>(&mut self, record: T) -> Result<(), EmitError> {

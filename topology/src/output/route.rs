@@ -464,8 +464,9 @@ impl Outbox {
 
     /// Routes one record emitted with `emit_record`. To a single subscriber with a built-in
     /// grouping that can route it as it is (the usual case), the record is stored in the
-    /// target's record batch without being encoded; otherwise (several subscribers, a custom or
-    /// direct grouping, a key that is not a primitive field) its values are routed.
+    /// target's record batch without being encoded; otherwise (several subscribers, a custom
+    /// grouping, a key that is not one primitive field; a direct stream, which refuses it) its
+    /// values are routed.
     #[inline]
     pub(crate) fn dispatch_record<T: Record>(
         &mut self,
