@@ -332,3 +332,57 @@ async fn untracked_record_batches_count_held_and_failed_inputs() {
     assert_eq!(holds.errors, 200);
     assert_eq!(holds.acked, 800, "the others, the held ones when their handles are acked");
 }
+
+/// Panics on every seventh record.
+struct Panics;
+
+impl Bolt for Panics {
+    async fn execute(&mut self, _t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        unreachable!("every input is read with for_each_record")
+    }
+    async fn execute_batch(&mut self, inputs: &mut Inputs, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        inputs
+            .for_each_record(out, |e: &Event, _out| {
+                assert!(e.n % 7 != 3, "event {} rejected by a panic", e.n);
+                Ok(())
+            })
+            .await;
+        Ok(())
+    }
+}
+
+/// A panic inside `for_each_record` fails the input being executed, the task goes on with the
+/// rest of the batch, and the counters add up (tracked and untracked batches alike).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_for_each_record_fails_its_input_and_the_counters_add_up() {
+    quiet_panics();
+    for acking in [false, true] {
+        let log = Log::default();
+        let mut b = TopologyBuilder::new("records-panics");
+        let l = log.clone();
+        b.set_spout("events", 1, move |_| Events::new(700, 7, &l)).fields_of::<Event>();
+        b.set_bolt("panics", 2, |_| Panics).shuffle_grouping("events");
+        let config = TopologyConfig { acking, ..TopologyConfig::default() };
+        let running = run_local(b.build().unwrap(), config).unwrap();
+        tokio::time::timeout(SECS, running.wait()).await.expect("the topology ends by itself").unwrap();
+        let m = running.metrics();
+        let p = m.component("panics").unwrap();
+        assert_eq!((p.executed, p.acked, p.failed, p.errors), (700, 600, 100, 100), "acking {acking}");
+        if acking {
+            let mut failed = log.failed.lock().unwrap().clone();
+            failed.sort_unstable();
+            assert_eq!(failed, (0..700).filter(|n| n % 7 == 3).collect::<Vec<_>>());
+            assert_eq!(log.acked.lock().unwrap().len(), 600);
+        }
+    }
+}
+
+/// Keeps the expected panics of these tests out of the output.
+fn quiet_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !info.to_string().contains("rejected by a panic") {
+            default(info);
+        }
+    }));
+}

@@ -828,35 +828,31 @@ impl Inputs {
         };
         if records.anchors.is_empty() {
             // No record of the batch is tracked: each input is begun as untracked and, unless
-            // `f` held it (`defer_ack`) or failed, ends by being counted (in bulk, below).
-            let start = self.next;
-            let mut not_acked = 0u64;
-            let mut more = false;
+            // `f` held it (`defer_ack`) or failed, ends by being counted. Counted as it goes
+            // (not in bulk at the end), so a panic in `f` leaves the counters right: the
+            // executor fails the input being executed.
             out.current = Current::Untracked;
             while let Some(record) = records.items.get(self.next) {
                 self.next += 1;
+                out.executed += 1;
                 match f(record, out) {
-                    Ok(()) if matches!(out.current, Current::Untracked) => {}
+                    Ok(()) if matches!(out.current, Current::Untracked) => out.acked += 1,
                     r => {
                         if let Err(e) = &r {
                             out.note_error("execute", e);
                         }
                         // failed (counted) by `finish`; a held input is acked or failed later
-                        not_acked += 1;
                         out.finish(r.is_ok());
                         out.current = Current::Untracked;
                     }
                 }
                 if !out.outbox.ready.is_empty() {
-                    more = true;
-                    break;
+                    out.current = Current::None;
+                    return true;
                 }
             }
-            let n = (self.next - start) as u64;
-            out.executed += n;
-            out.acked += n - not_acked;
             out.current = Current::None;
-            return more;
+            return false;
         }
         while let Some(record) = records.items.get(self.next) {
             out.begin_anchors(records.anchors_at(self.next));
