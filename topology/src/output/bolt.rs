@@ -206,8 +206,9 @@ impl BoltOutput {
     /// [`Inputs::for_each_record`] gets it by reference. Any other reader gets it as a tuple,
     /// and to other subscriptions (several subscribers, a custom grouping, a fields grouping on
     /// several fields or on a field that is not a primitive) it is sent as values; the tuples
-    /// are the same either way. A direct stream takes [`BoltOutput::emit_direct`]. The first record of a type on a stream is
-    /// checked against the stream's fields (a mismatch is an [`EmitError::FieldCount`]).
+    /// are the same either way. A direct stream takes [`BoltOutput::emit_direct`]. The first
+    /// record of a type on a stream is checked against the stream's fields (a mismatch is an
+    /// [`EmitError::FieldCount`]).
     #[inline]
     pub fn emit_record<T: Record>(&mut self, record: T) -> Result<(), EmitError> {
         let s = self.outbox.default_index()?;
@@ -649,7 +650,7 @@ fn drop_input(slot: &mut Option<Tuple>) {
 /// calls are anchored to the input taken by the first.
 pub struct Inputs {
     // taken out in place, not through a consuming iterator, so the emptied buffer can be reused
-    // (`into_buffer`)
+    // (`into_buffers`)
     batch: Batch,
     /// A batch of records (`batch` is then empty): read as they are by `for_each_record` of
     /// their type, encoded into `batch` for any other reader.
@@ -828,7 +829,8 @@ impl Inputs {
         };
         if records.anchors.is_empty() {
             // No record of the batch is tracked: each input is begun as untracked and, unless
-            // `f` held it (`defer_ack`) or failed, ends by being counted. Counted as it goes
+            // `f` held it (`defer_ack`) or failed, ends by being counted, without the
+            // `begin_anchors`/`finish` of the loop below (6 instructions per input less). Counted as it goes
             // (not in bulk at the end), so a panic in `f` leaves the counters right: the
             // executor fails the input being executed.
             out.current = Current::Untracked;

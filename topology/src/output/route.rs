@@ -151,21 +151,6 @@ impl OpenRecords {
     }
 }
 
-/// A full (or flushed) batch waiting to be sent.
-pub(crate) enum Ready {
-    Tuples(Batch),
-    Records(Box<dyn RecordBuf>),
-}
-
-impl Ready {
-    fn into_message(self) -> Message {
-        match self {
-            Ready::Tuples(b) => Message::Tuples(b),
-            Ready::Records(r) => Message::Records(r),
-        }
-    }
-}
-
 /// One subscription of a stream: a router and the target indices of the subscriber's tasks.
 pub(crate) struct Route {
     pub(crate) consumer: Arc<str>,
@@ -189,7 +174,8 @@ pub(crate) struct Outbox {
     pub(crate) streams: Vec<OutStream>,
     pub(crate) targets: Vec<Target>,
     /// Full batches waiting to be sent, in emit order.
-    pub(crate) ready: VecDeque<(usize, Ready)>,
+    /// (`Message::Tuples` and `Message::Records` only.)
+    pub(crate) ready: VecDeque<(usize, Message)>,
     pub(crate) batch_size: usize,
     pub(crate) rng: EdgeRng,
     pub(crate) emitted: u64,
@@ -387,7 +373,7 @@ impl Outbox {
                 }
                 tgt.buf.push(Some(Tuple { meta, values, anchors }));
                 if tgt.buf.len() >= self.batch_size {
-                    self.queue_full(target);
+                    self.queue_tuples(target);
                 }
                 return Ok(1);
             }
@@ -430,16 +416,8 @@ impl Outbox {
         let tgt = &mut self.targets[target];
         tgt.buf.push(Some(tuple));
         if tgt.buf.len() >= self.batch_size {
-            self.queue_full(target);
+            self.queue_tuples(target);
         }
-    }
-
-    /// Queues a target's full buffer as a ready batch and gives the target a fresh buffer.
-    #[inline(never)]
-    fn queue_full(&mut self, target: usize) {
-        let tgt = &mut self.targets[target];
-        let batch = std::mem::replace(&mut tgt.buf, tgt.pool.take());
-        self.ready.push_back((target, Ready::Tuples(batch)));
     }
 
     /// Queues a target's buffered records as a ready batch (full or not).
@@ -447,18 +425,19 @@ impl Outbox {
     fn queue_records(&mut self, target: usize) {
         if let Some(rec) = self.targets[target].rec.take().and_then(OpenRecords::seal) {
             if rec.len() > 0 {
-                self.ready.push_back((target, Ready::Records(rec)));
+                self.ready.push_back((target, Message::Records(rec)));
             }
         }
     }
 
-    /// Queues a target's buffered tuples as a ready batch, full or not (before records).
+    /// Queues a target's buffered tuples as a ready batch (full, or before records) and gives
+    /// the target a fresh buffer.
     #[inline(never)]
     fn queue_tuples(&mut self, target: usize) {
         let tgt = &mut self.targets[target];
         if !tgt.buf.is_empty() {
             let batch = std::mem::replace(&mut tgt.buf, tgt.pool.take());
-            self.ready.push_back((target, Ready::Tuples(batch)));
+            self.ready.push_back((target, Message::Tuples(batch)));
         }
     }
 
@@ -560,7 +539,7 @@ impl Outbox {
     /// Sends the full batches queued so far, in order, waiting for room (backpressure).
     pub(crate) async fn send_ready<B: Backpressure>(&mut self, bp: &mut B) -> Result<(), Cancelled> {
         while let Some((target, batch)) = self.ready.pop_front() {
-            let env = Envelope { from: self.from, msg: batch.into_message() };
+            let env = Envelope { from: self.from, msg: batch };
             send(&self.targets[target].tx, env, bp).await?;
         }
         Ok(())
