@@ -1126,11 +1126,12 @@ async fn ops(env: &Env, summary: &mut Vec<String>) -> anyhow::Result<()> {
     let dedup = |applied: usize| -> Vec<u8> {
         let mut d = squall::state::Dedup::default();
         for shard in 0..4 {
-            let sd = d.shards.entry(format!("shardId-00000000000{shard}")).or_default();
+            let sd = d.shards.entry(format!("bench/shardId-00000000000{shard}")).or_default();
             sd.floor = Some(format!("4968074214199423889193696863274580293552738217778112{shard:04}"));
             sd.token = 7;
             for i in 0..applied {
-                sd.applied.insert(format!("49680742141994238891936968632745802935527382177781{i:06}:0"), Vec::new());
+                sd.applied
+                    .insert(format!("49680742141994238891936968632745802935527382177781{i:06}:0"), Default::default());
             }
         }
         serde_json::to_vec(&d).unwrap_or_default()

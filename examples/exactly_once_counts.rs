@@ -35,6 +35,14 @@
 //! cargo run --example exactly_once_counts -- --topology counts2 --stream counts-demo --two-stages &
 //! squall audit --counts --manifest m.json --topology counts2.totals --component totals
 //! ```
+//!
+//! `--three-stages` adds a third: `totals` re-emits each tally it applies as a strong production
+//! of its own into a second intermediate stream (`{topology}-relay`), and stage `finals` sums them
+//! again (items of topology `{topology}.finals`, component `finals`): a production re-sent by a
+//! stage keeps the id it was first emitted with, so every stage counts exactly. `--totals-by
+//! region|all` keys `totals` (and `finals`) coarser than the boundary's key: per region (one of
+//! three, from a hash of the key) or one global total, so one key of `totals` reads from every
+//! intermediate shard.
 
 use std::collections::HashMap;
 
@@ -112,14 +120,41 @@ struct Args {
     /// of the productions (by production id), so they are replayed after later ones.
     #[arg(long, hide = true, default_value_t = 0)]
     totals_fail_percent: u64,
+    /// Three stages: `totals` re-emits each tally it applies into a second intermediate stream,
+    /// summed again by stage `finals`.
+    #[arg(long, conflicts_with_all = ["two_stages", "window_ms", "at_least_once", "pad_key"])]
+    three_stages: bool,
+    /// The key of `totals` (and `finals`): `key` (the boundary's key), `region` (one of three,
+    /// from a hash of the key) or `all` (one global total).
+    #[arg(long, default_value = "key", value_parser = ["key", "region", "all"])]
+    totals_by: String,
+    /// Fault injection (tests): like `--abort-after-puts`, for the writer of the second boundary
+    /// of `--three-stages`.
+    #[arg(long, hide = true)]
+    abort_relay_after_puts: Option<u64>,
+    /// Fault injection (tests), with `--window-ms`: fail the first attempt of about PERCENT
+    /// percent of the records of stream STREAM (by sequence number), so they are replayed after
+    /// the spout's replay back-off: `STREAM:PERCENT`.
+    #[arg(long, hide = true)]
+    fail_stream_percent: Option<String>,
 }
 
-/// A production of the first of `--two-stages`: one record of `key` counted.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+/// The region of a key (`region-0` .. `region-2`): a stable hash of the key.
+fn region_of(key: &str) -> String {
+    let h = key.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100000001b3));
+    format!("region-{}", h % 3)
+}
+
+/// A production of the first of `--two-stages`: one record of `key` (in `region`) counted.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct Tally {
     key: String,
+    region: String,
     n: u64,
 }
+
+/// The fields of a [`Tally`].
+const TALLY_FIELDS: [&str; 3] = ["key", "region", "n"];
 
 /// The first of `--two-stages`: counts per partition key and emits a [`Tally`] per record.
 struct CountAndTally;
@@ -134,28 +169,42 @@ impl KeyedState for CountAndTally {
 
     fn apply(&mut self, key: &str, n: &mut u64, _t: &Tuple, out: &mut Vec<Tally>) -> Result<(), ComponentError> {
         *n += 1;
-        out.push(Tally { key: key.to_string(), n: 1 });
+        out.push(Tally { key: key.to_string(), region: region_of(key), n: 1 });
         Ok(())
     }
 }
 
-/// The second of `--two-stages`: sums the tallies per key. With `fail_percent`, the first
-/// attempt of about that percent of the productions fails (a transient error of the user's
-/// computation): they come back as replays, after later productions of their key.
+/// The second of `--two-stages`: sums the tallies per key (or per region, or all in one, with
+/// `--totals-by`). With `fail_percent`, the first attempt of about that percent of the
+/// productions fails (a transient error of the user's computation): they come back as replays,
+/// after later productions of their key. With `relay`, each tally applied is emitted again (the
+/// third of `--three-stages` sums those).
 struct SumTallies {
     fail_percent: u64,
     failed_once: std::collections::HashSet<String>,
+    by: String,
+    relay: bool,
+}
+
+impl SumTallies {
+    fn new(by: &str, fail_percent: u64, relay: bool) -> Self {
+        Self { fail_percent, failed_once: Default::default(), by: by.to_string(), relay }
+    }
 }
 
 impl KeyedState for SumTallies {
     type State = u64;
-    type Out = ();
+    type Out = Tally;
 
     fn key(&self, t: &Tuple) -> Result<String, ComponentError> {
-        Ok(t.get_str("key")?.to_string())
+        Ok(match self.by.as_str() {
+            "region" => t.get_str("region")?.to_string(),
+            "all" => "all".to_string(),
+            _ => t.get_str("key")?.to_string(),
+        })
     }
 
-    fn apply(&mut self, _key: &str, total: &mut u64, t: &Tuple, _out: &mut Vec<()>) -> Result<(), ComponentError> {
+    fn apply(&mut self, _key: &str, total: &mut u64, t: &Tuple, out: &mut Vec<Tally>) -> Result<(), ComponentError> {
         if self.fail_percent > 0 {
             let id = t.get_str("production_id")?;
             let h = id.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100000001b3));
@@ -164,8 +213,28 @@ impl KeyedState for SumTallies {
                 return Err(ComponentError::retryable(format!("injected failure of production {id}")));
             }
         }
-        *total += t.get_u64("n")?;
+        let n = t.get_u64("n")?;
+        *total += n;
+        if self.relay {
+            out.push(Tally { key: t.get_str("key")?.to_string(), region: t.get_str("region")?.to_string(), n });
+        }
         Ok(())
+    }
+}
+
+/// Subscribes a bolt summing tallies to `input` with the grouping `--totals-by` needs: by the
+/// field its key is made of, or global for one total.
+fn group_tallies(d: &mut squall::topology::BoltDeclarer<'_>, input: &str, by: &str) {
+    match by {
+        "region" => {
+            d.fields_grouping(input, &["region"]);
+        }
+        "all" => {
+            d.global_grouping(input);
+        }
+        _ => {
+            d.fields_grouping(input, &["key"]);
+        }
     }
 }
 
@@ -188,8 +257,12 @@ impl KeyedState for CountByKey {
 
 /// `--window-ms`: counts per partition key and tumbling window of arrival time (which a replay
 /// keeps), run as [`Tumbling`] windows: items `{key}@{window start}`, fired as a [`WindowCount`].
-#[derive(Clone)]
-struct CountPerWindow;
+/// With `fail`, the first attempt of about that percent of one stream's records fails.
+#[derive(Clone, Default)]
+struct CountPerWindow {
+    fail: Option<(String, u64)>,
+    failed_once: std::collections::HashSet<String>,
+}
 
 /// A fired window: its final count.
 #[derive(Debug, Serialize)]
@@ -207,7 +280,17 @@ impl WindowAggregate for CountPerWindow {
         Ok(t.get_str("partition_key")?.to_string())
     }
 
-    fn add(&mut self, n: &mut u64, _t: &Tuple) -> Result<(), ComponentError> {
+    fn add(&mut self, n: &mut u64, t: &Tuple) -> Result<(), ComponentError> {
+        if let Some((stream, percent)) = &self.fail
+            && t.get_str("stream")? == stream
+        {
+            let seq = t.get_str("sequence_number")?;
+            let h = seq.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100000001b3));
+            if h % 100 < *percent && self.failed_once.insert(seq.to_string()) {
+                tracing::info!(stream = %stream, sequence = seq, "fault injection: failing the first attempt of a record");
+                return Err(ComponentError::retryable(format!("injected failure of record {seq} of {stream}")));
+            }
+        }
         *n += 1;
         Ok(())
     }
@@ -341,6 +424,16 @@ async fn main() -> anyhow::Result<()> {
         (args.counters, args.at_least_once, std::time::Duration::from_millis(args.commit_interval_ms));
     let (pad_key, pad_bytes) = (args.pad_key, args.pad_bytes);
     let window_ms = args.window_ms.filter(|w| *w > 0);
+    let fail_stream = match &args.fail_stream_percent {
+        None => None,
+        Some(v) => {
+            let (stream, percent) = v
+                .split_once(':')
+                .and_then(|(s, p)| Some((s.to_string(), p.parse::<u64>().ok()?)))
+                .ok_or_else(|| anyhow::anyhow!("--fail-stream-percent {v:?}: expected STREAM:PERCENT"))?;
+            Some((stream, percent))
+        }
+    };
     let firing = match &args.fire_to {
         Some(to) => {
             let spout = args.worker.spout_config()?;
@@ -349,42 +442,67 @@ async fn main() -> anyhow::Result<()> {
                 "--fire-to needs the stream's committed watermark: set committed_watermark_interval_ms (e.g. 500) in \
                  --spout-config"
             );
-            let firer = FirerConfig::new(cfg.clone(), "counts", spout.zookeeper.to_zk_config(), spout.stream.clone());
+            let firer = FirerConfig::new(cfg.clone(), "counts", spout.zookeeper.to_zk_config(), spout.stream.clone())
+                .with_streams(args.worker.stream.clone());
             let sink = KinesisSinkConfig::new(to.clone(), spout.kinesis.clone());
             sink.validate()?;
             Some((firer, sink))
         }
         None => None,
     };
-    if args.two_stages {
+    if args.two_stages || args.three_stages {
         let mut first = cfg.clone();
         first.production_ids = true;
-        let mut second = cfg;
+        let mut second = cfg.clone();
         second.abort_after_commits = args.abort_totals_after_commits;
-        let out_fields = with_production_fields(&["key", "n"]);
-        let totals_fail_percent = args.totals_fail_percent;
+        second.production_ids = args.three_stages;
+        let third = cfg;
+        let out_fields = with_production_fields(&TALLY_FIELDS);
+        let out_fields2 = out_fields.clone();
+        let (totals_fail_percent, by, by3, three) =
+            (args.totals_fail_percent, args.totals_by.clone(), args.totals_by.clone(), args.three_stages);
         let stages = Stages::new("counts", move |b, spout| {
             b.set_bolt("counts", counters, move |_| ExactlyOnce::new(first.clone(), CountAndTally))
                 .fields_grouping(spout, &["partition_key"])
                 .fields(&out_fields.iter().map(String::as_str).collect::<Vec<_>>());
         })
         .then(
-            Boundary::new("tally", "counts", &["key", "n"])
+            Boundary::new("tally", "counts", &TALLY_FIELDS)
                 .key(&["key"])
                 .shards(args.boundary_shards)
                 .exactly_once()
                 .abort_after_puts(args.abort_after_puts),
             "totals",
             move |b, input| {
-                b.set_bolt("totals", counters, move |_| {
-                    ExactlyOnce::new(
-                        second.clone(),
-                        SumTallies { fail_percent: totals_fail_percent, failed_once: Default::default() },
-                    )
-                })
-                .fields_grouping(input, &["key"]);
+                let by2 = by.clone();
+                let mut d = b.set_bolt("totals", counters, move |_| {
+                    ExactlyOnce::new(second.clone(), SumTallies::new(&by2, totals_fail_percent, three))
+                });
+                group_tallies(&mut d, input, &by);
+                if three {
+                    d.fields(&out_fields2.iter().map(String::as_str).collect::<Vec<_>>());
+                }
             },
         );
+        let stages = if three {
+            stages.then(
+                Boundary::new("relay", "totals", &TALLY_FIELDS)
+                    .key(&["key"])
+                    .shards(args.boundary_shards)
+                    .exactly_once()
+                    .abort_after_puts(args.abort_relay_after_puts),
+                "finals",
+                move |b, input| {
+                    let by = by3.clone();
+                    let mut d = b.set_bolt("finals", counters, move |_| {
+                        ExactlyOnce::new(third.clone(), SumTallies::new(&by, 0, false))
+                    });
+                    group_tallies(&mut d, input, &by3);
+                },
+            )
+        } else {
+            stages
+        };
         return squall::stage::run(args.worker, stages).await;
     }
     squall::run(args.worker, move |b, spout| {
@@ -405,7 +523,7 @@ async fn main() -> anyhow::Result<()> {
             })
             .fields_grouping(spout, &["partition_key"]);
         } else if let Some(w) = window_ms {
-            let windows = Tumbling::new(w, CountPerWindow);
+            let windows = Tumbling::new(w, CountPerWindow { fail: fail_stream.clone(), ..CountPerWindow::default() });
             let for_bolt = windows.clone();
             b.set_bolt("counts", counters, move |_| ExactlyOnce::new(cfg.clone(), for_bolt.clone()))
                 .fields_grouping(spout, &["partition_key"]);

@@ -51,11 +51,11 @@ async fn production_copies(stream: &TestStream) -> BTreeMap<(String, String), us
     let mut copies = BTreeMap::new();
     for r in support::stages::read_records(stream).await {
         let data = bytes::Bytes::copy_from_slice(r.data().as_ref());
-        // fields: key, n, production_shard, production_id, production_floor
-        let Ok(rec) = codec::decode(&data, 5) else { continue };
+        // fields: key, region, n, production_shard, production_id, production_floor, production_range
+        let Ok(rec) = codec::decode(&data, 7) else { continue };
         if let Payload::Data(tuples) = rec.payload {
             for t in tuples {
-                if let (Value::Str(shard), Value::Str(id)) = (&t[2], &t[3]) {
+                if let (Value::Str(shard), Value::Str(id)) = (&t[3], &t[4]) {
                     *copies.entry((shard.to_string(), id.to_string())).or_insert(0) += 1;
                 }
             }

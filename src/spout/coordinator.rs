@@ -499,9 +499,20 @@ impl Coordinator {
                 }
                 _ => None,
             };
+            // the shard's hash key range goes with its tuples (exactly-once state tells a shard's
+            // ancestors by it); the task's cache of ListShards, listed once per new shard
+            let range = match self.reader.hash_range(shard).await {
+                Ok(r) => r.map(|r| Arc::from(format!("{}-{}", r.start, r.end))),
+                Err(e) => {
+                    tracing::warn!(stream = %self.cfg.stream, shard = %shard, error = %e,
+                        "the shard's hash key range is unknown (ListShards failed): its tuples carry none");
+                    None
+                }
+            };
             let epoch = lock(&self.tracker).start_owned(shard, lease_token(&lease.path), floor);
+            lock(&self.tracker).set_range(shard, epoch, range);
             let token = CancellationToken::new();
-            tracing::info!(task = %s.task, shard = %shard, from = %cp.value.position, "reading shard");
+            tracing::info!(task = %s.task, stream = %self.cfg.stream, shard = %shard, from = %cp.value.position, "reading shard");
             self.reader.read_log.acquire(&s.task, shard, &cp.value.position.to_string());
             let reader_task = self.tasks.spawn(self.reader.clone().run(
                 shard.clone(),

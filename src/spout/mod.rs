@@ -75,10 +75,12 @@ use tracker::{FailOutcome, Tracker};
 /// and `checkpoint`, a sequence of the shard up to which every record is handled (acked or
 /// dead-lettered) and will never be read again by a correct owner (`""` when none is known yet).
 /// `stream` is the Kinesis stream the record was read from (a worker reads several with
-/// `--stream a --stream b`).
-/// Exactly-once state ([`crate::state`]) fences zombies with the first and prunes its
-/// deduplication data with the second.
-pub const FIELDS: [&str; 9] = [
+/// `--stream a --stream b`), and `shard_range` the shard's hash key range (`start-end`, decimal;
+/// empty when unknown).
+/// Exactly-once state ([`crate::state`]) identifies records by (stream, shard, sequence,
+/// sub-sequence), fences zombies with the lease token, prunes its deduplication data with the
+/// checkpoint, and tells a shard's ancestors (finished) by the ranges.
+pub const FIELDS: [&str; 10] = [
     "partition_key",
     "sequence_number",
     "sub_sequence",
@@ -88,17 +90,20 @@ pub const FIELDS: [&str; 9] = [
     "lease_token",
     "checkpoint",
     "stream",
+    "shard_range",
 ];
 /// Fields a stage input appends to each tuple with [`crate::stage::Boundary::exactly_once`]:
 /// the intermediate record's shard and sequence, the tuple's index in the record (as its
-/// sub-sequence), the lease token and the checkpoint, as in [`FIELDS`].
-pub const STAGE_RECORD_ID_FIELDS: [&str; 5] =
-    ["shard_id", "sequence_number", "sub_sequence", "lease_token", "checkpoint"];
+/// sub-sequence), the lease token, the checkpoint, the intermediate stream and the shard's hash
+/// key range, as in [`FIELDS`], and `hash_key`, the record's hash key (of the boundary key it
+/// was put with, decimal).
+pub const STAGE_RECORD_ID_FIELDS: [&str; 8] =
+    ["shard_id", "sequence_number", "sub_sequence", "lease_token", "checkpoint", "stream", "shard_range", "hash_key"];
 
 /// The stream on which records that exhausted their replays are emitted.
 pub const DEAD_LETTER_STREAM: &str = "dead_letter";
 /// Fields of the dead-letter stream: the record's fields plus how many times it failed.
-pub const DEAD_LETTER_FIELDS: [&str; 10] = [
+pub const DEAD_LETTER_FIELDS: [&str; 11] = [
     "partition_key",
     "sequence_number",
     "sub_sequence",
@@ -108,6 +113,7 @@ pub const DEAD_LETTER_FIELDS: [&str; 10] = [
     "lease_token",
     "checkpoint",
     "stream",
+    "shard_range",
     "failures",
 ];
 
@@ -494,6 +500,7 @@ impl KinesisSpout {
         // `sequence` or `sequence:sub_sequence` (see `SeqKey::floor_text`).
         v.push(own.and_then(|o| o.floor.clone()).unwrap_or_else(|| Arc::from("")));
         v.push(self.stream_name.clone());
+        v.push(own.and_then(|o| o.range.clone()).unwrap_or_else(|| Arc::from("")));
         v
     }
 
@@ -549,7 +556,7 @@ impl KinesisSpout {
                 stage_input::Step::Emit(mut values) => {
                     if stage.record_ids() {
                         let own = lock(&self.tracker).ownership(&rec.shard_id, epoch);
-                        Self::append_record_ids(&mut values, rec, own.as_ref());
+                        Self::append_record_ids(&mut values, rec, own.as_ref(), &self.stream_name);
                     }
                     Some(values)
                 }
@@ -560,15 +567,26 @@ impl KinesisSpout {
 
     /// Appends the intermediate record's ids ([`STAGE_RECORD_ID_FIELDS`]) to each of its tuples;
     /// a tuple's sub-sequence is its index in the record.
-    fn append_record_ids(tuples: &mut [Values], r: &tracker::Record, own: Option<&tracker::Ownership>) {
+    fn append_record_ids(
+        tuples: &mut [Values],
+        r: &tracker::Record,
+        own: Option<&tracker::Ownership>,
+        stream: &Arc<str>,
+    ) {
         let token = own.map_or(0, |o| o.lease_token);
         let floor = own.and_then(|o| o.floor.clone()).unwrap_or_else(|| Arc::from(""));
+        let range = own.and_then(|o| o.range.clone()).unwrap_or_else(|| Arc::from(""));
+        // the record was put with the explicit hash key of its boundary key, its partition key
+        let hash: Arc<str> = Arc::from(crate::stage::writer::explicit_hash_key(&r.partition_key).to_string());
         for (i, v) in tuples.iter_mut().enumerate() {
             v.push(r.shard_id.clone());
             v.push(r.sequence.clone());
             v.push(i as u64);
             v.push(token);
             v.push(floor.clone());
+            v.push(stream.clone());
+            v.push(range.clone());
+            v.push(hash.clone());
         }
     }
 
@@ -766,7 +784,7 @@ impl Spout for KinesisSpout {
                 Some(stage) => match stage.on_record(&rec, epoch) {
                     stage_input::Step::Emit(mut tuples) => {
                         if stage.record_ids() {
-                            Self::append_record_ids(&mut tuples, &rec, Some(&own));
+                            Self::append_record_ids(&mut tuples, &rec, Some(&own), &self.stream_name);
                         }
                         tuples
                     }

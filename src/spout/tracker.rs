@@ -197,6 +197,9 @@ pub(crate) struct ShardTrack {
     /// taken; carried by each tuple (as [`SeqKey::floor_text`]) so exactly-once state can prune
     /// its deduplication data.
     pub floor: Option<Arc<str>>,
+    /// The shard's hash key range (`start-end`), carried by each tuple (`shard_range`) so that
+    /// exactly-once state can tell a shard's ancestors from its siblings. `None` when unknown.
+    pub range: Option<Arc<str>>,
     inflight: BTreeMap<SeqKey, Entry>,
     /// Highest position with it and everything before it acked, not yet returned by `take_checkpoint`.
     safe: Option<SeqKey>,
@@ -226,6 +229,7 @@ impl ShardTrack {
             epoch,
             lease_token: 0,
             floor: None,
+            range: None,
             inflight: BTreeMap::new(),
             safe: None,
             last_emitted: None,
@@ -320,6 +324,8 @@ pub(crate) struct Ownership {
     pub epoch: u64,
     pub lease_token: u64,
     pub floor: Option<Arc<str>>,
+    /// The shard's hash key range, `start-end` (see `ShardTrack::range`).
+    pub range: Option<Arc<str>>,
 }
 
 /// What `fail` decided.
@@ -410,6 +416,13 @@ impl Tracker {
             self.ready.retain(|s| s != shard);
         }
         epoch
+    }
+
+    /// Notes the hash key range (`start-end`) of the shard owned in `epoch`.
+    pub fn set_range(&mut self, shard: &str, epoch: u64, range: Option<Arc<str>>) {
+        if let Some(t) = self.shards.get_mut(shard).filter(|t| t.epoch == epoch) {
+            t.range = range;
+        }
     }
 
     /// Stops tracking (after release); later acks of that epoch are ignored.
@@ -521,7 +534,12 @@ impl Tracker {
             }
             t.last_emitted = Some(r.key());
             t.inflight.insert(r.key(), Entry::new(r.clone()));
-            let own = Ownership { epoch: t.epoch, lease_token: t.lease_token, floor: t.floor.clone() };
+            let own = Ownership {
+                epoch: t.epoch,
+                lease_token: t.lease_token,
+                floor: t.floor.clone(),
+                range: t.range.clone(),
+            };
             return Some((r, own));
         }
         None
@@ -530,7 +548,7 @@ impl Tracker {
     /// The ownership of `shard` in `epoch`, while it lasts.
     pub fn ownership(&self, shard: &str, epoch: u64) -> Option<Ownership> {
         let t = self.shards.get(shard).filter(|t| t.epoch == epoch)?;
-        Some(Ownership { epoch, lease_token: t.lease_token, floor: t.floor.clone() })
+        Some(Ownership { epoch, lease_token: t.lease_token, floor: t.floor.clone(), range: t.range.clone() })
     }
 
     /// Records the ack of one record, or of its dead-letter tuple: either way it is handled.

@@ -8,11 +8,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use squall_topology::metrics::Counter;
 use squall_topology::{
-    AckHandle, Bolt, BoltOutput, ComponentError, DEFAULT_STREAM, TaskContext, Timer, Tuple, to_values,
+    AckHandle, Bolt, BoltOutput, ComponentError, DEFAULT_STREAM, TaskContext, Timer, Tuple, Values, to_values,
 };
 use tokio_util::sync::CancellationToken;
 
-use super::dedup::{Dedup, ProductionId, RecordId, Verdict};
+use super::dedup::{Applied, Dedup, KeyRange, Origin, ProductionId, RecordId, Verdict, qualified_shard};
 use super::store::{
     MAX_BATCH_GET, MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, StoredItem, TimerAt, WriteOutcome, item_size,
 };
@@ -113,26 +113,27 @@ struct Input {
 }
 
 /// What became of one input in a commit round.
-enum Fate<O> {
-    /// Applied: emit these (strong productions) once written, then ack.
-    Applied(Vec<O>),
-    /// Already applied earlier: re-send what it produced, ack.
-    Duplicate(Vec<serde_json::Value>),
+enum Fate {
+    /// Applied: emit these (strong productions, encoded) once written, then ack.
+    Applied(Vec<Values>),
+    /// Already applied (or handled) earlier: re-send what it produced, under the identity it
+    /// was first produced with, and ack.
+    Duplicate(Option<Applied>),
     /// Fenced (an earlier owner's read) or failed: fail it.
     Fail,
 }
 
 /// A round's inputs of one key, each with its fate, in arrival order.
-type Fates<O> = Vec<(Input, Fate<O>)>;
+type Fates = Vec<(Input, Fate)>;
 
-struct Write<O> {
+struct Write {
     key: String,
     pk: String,
     expected: Option<u64>,
     state: Vec<u8>,
     dedup: Vec<u8>,
     timer: Option<TimerAt>,
-    inputs: Vec<(Input, Fate<O>)>,
+    inputs: Vec<(Input, Fate)>,
 }
 
 struct Metrics {
@@ -176,9 +177,12 @@ impl<K: KeyedState> std::fmt::Debug for ExactlyOnce<K> {
 }
 
 /// The fields a production carries after `Out`'s with [`StateConfig::production_ids`]: the
-/// source shard, the production id (`{sequence}:{sub_sequence}:{index}`) and the producing
-/// stage's checkpoint of the source shard (empty when unknown).
-pub const PRODUCTION_FIELDS: [&str; 3] = ["production_shard", "production_id", "production_floor"];
+/// source shard qualified by its stream (`{stream}/{shard}`), the production id
+/// (`{sequence}:{sub_sequence}:{index}`), the producing stage's checkpoint of the source shard
+/// (empty when unknown) and the source shard's hash key range (`start-end`, empty when unknown).
+/// A production re-sent because its input was seen again carries the values it was first
+/// emitted with.
+pub const PRODUCTION_FIELDS: [&str; 4] = ["production_shard", "production_id", "production_floor", "production_range"];
 
 /// `Out`'s fields followed by [`PRODUCTION_FIELDS`]: the output fields of a bolt with
 /// [`StateConfig::production_ids`], and the fields of the boundary after it.
@@ -221,17 +225,43 @@ fn record_id(t: &Tuple) -> Result<RecordId, ComponentError> {
             let shard = t.get_arc_str("production_shard").map_err(|e| bad(e.to_string()))?;
             let id = t.get_str("production_id").map_err(|e| bad(e.to_string()))?;
             let pfloor = t.get_arc_str("production_floor").map_err(|e| bad(e.to_string()))?;
-            Some(ProductionId::parse(shard, id, pfloor).map_err(bad)?)
+            let range = optional_str(t, "production_range").map_err(bad)?;
+            Some(ProductionId::parse(shard, id, pfloor, range.unwrap_or_default()).map_err(bad)?)
+        }
+    };
+    let shard = t.get_str("shard_id").map_err(|e| field_error(t, e))?;
+    // qualified by the stream the record was read from: every stream has a shardId-000000000000
+    let stream = optional_str(t, "stream").map_err(|e| field_error(t, e))?.unwrap_or_default();
+    let range = match optional_str(t, "shard_range").map_err(|e| field_error(t, e))? {
+        None | Some("") => None,
+        Some(r) => {
+            Some(KeyRange::parse(r).ok_or_else(|| field_error(t, format!("shard_range {r:?} is not `start-end`")))?)
+        }
+    };
+    let hash = match optional_str(t, "hash_key").map_err(|e| field_error(t, e))? {
+        None | Some("") => None,
+        Some(h) => {
+            Some(h.parse::<u128>().map_err(|_| field_error(t, format!("hash_key {h:?} is not a 128-bit number")))?)
         }
     };
     Ok(RecordId {
-        shard: t.get_arc_str("shard_id").map_err(|e| field_error(t, e))?,
+        shard: qualified_shard(stream, shard),
         sequence: t.get_arc_str("sequence_number").map_err(|e| field_error(t, e))?,
         sub_sequence: t.get_u64("sub_sequence").map_err(|e| field_error(t, e))?,
         lease_token: t.get_u64("lease_token").map_err(|e| field_error(t, e))?,
         floor: (!floor.is_empty()).then_some(floor),
+        range,
+        hash,
         production,
     })
+}
+
+/// A string field the tuple may not have (`None` then).
+fn optional_str<'a>(t: &'a Tuple, field: &str) -> Result<Option<&'a str>, String> {
+    match t.fields().index_of(field) {
+        None => Ok(None),
+        Some(_) => t.get_str(field).map(Some).map_err(|e| e.to_string()),
+    }
 }
 
 impl<K: KeyedState> ExactlyOnce<K> {
@@ -398,7 +428,7 @@ impl<K: KeyedState> ExactlyOnce<K> {
         inputs: Vec<Input>,
         items: &HashMap<String, StoredItem>,
         out: &mut BoltOutput,
-    ) -> Option<Write<K::Out>> {
+    ) -> Option<Write> {
         let table = run.store.table();
         let item = items.get(&pk);
         let (mut state, mut dedup) = match Self::decode(item) {
@@ -502,15 +532,14 @@ impl<K: KeyedState> ExactlyOnce<K> {
         inputs: Vec<Input>,
         limit: Option<Limit<'_>>,
         out: &mut BoltOutput,
-    ) -> (Fates<K::Out>, usize) {
-        let mut fates: Fates<K::Out> = Vec::with_capacity(inputs.len());
+    ) -> (Fates, usize) {
+        let mut fates: Fates = Vec::with_capacity(inputs.len());
         let mut fresh = 0usize;
         for (n, input) in inputs.into_iter().enumerate() {
             match judge_seen(run, key, dedup, input) {
                 Judged::Seen(input, fate) => fates.push((input, fate)),
                 Judged::Fresh(input) => {
                     let before = state.clone();
-                    let dedup_before = limit.as_ref().map(|_| dedup.clone());
                     let mut produced = Vec::new();
                     let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
                         self.logic.apply(key, state, &input.tuple, &mut produced)
@@ -518,12 +547,33 @@ impl<K: KeyedState> ExactlyOnce<K> {
                     match r {
                         Ok(Ok(())) => {
                             let weak = self.cfg.weak_productions;
-                            let stored = if weak {
-                                Vec::new()
-                            } else {
-                                produced.iter().filter_map(|p| serde_json::to_value(p).ok()).collect()
+                            // every production must encode, as a tuple and as stored JSON, before
+                            // the input counts as applied: nothing is committed that cannot be sent
+                            let encoded = match encode_all(&produced) {
+                                Ok(e) => e,
+                                Err(e) => {
+                                    *state = before;
+                                    tracing::error!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
+                                        error = %e, "a production of this input cannot be emitted: the input fails \
+                                         (and dead-letters after its retries); fix the bolt's output type");
+                                    fates.push((input, Fate::Fail));
+                                    continue;
+                                }
                             };
-                            dedup.record(&input.id, stored);
+                            let sent = limit.as_ref().is_some_and(|l| l.weak_sent.get(n).copied().unwrap_or(false));
+                            if weak
+                                && !sent
+                                && let Err(e) = self.emit_all(out, &input, &input.id.origin(), encoded.values.clone())
+                            {
+                                *state = before;
+                                tracing::error!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence,
+                                    error = %e, "a production of this input cannot be emitted: the input fails (and \
+                                     dead-letters after its retries); fix the bolt's output type or declared fields");
+                                fates.push((input, Fate::Fail));
+                                continue;
+                            }
+                            let dedup_before = limit.as_ref().map(|_| dedup.clone());
+                            dedup.record(&input.id, if weak { Vec::new() } else { encoded.json });
                             dedup.advance(&input.id);
                             if let (Some(l), Some(dedup_before)) = (&limit, dedup_before)
                                 && !l.fits(run, key, state, dedup, &input)
@@ -533,16 +583,8 @@ impl<K: KeyedState> ExactlyOnce<K> {
                                 fates.push((input, Fate::Fail));
                                 continue;
                             }
-                            if weak {
-                                if !limit.as_ref().is_some_and(|l| l.weak_sent.get(n).copied().unwrap_or(false)) {
-                                    for (i, p) in produced.iter().enumerate() {
-                                        self.emit_one(out, &input, i, p);
-                                    }
-                                }
-                                produced.clear();
-                            }
                             fresh += 1;
-                            fates.push((input, Fate::Applied(produced)));
+                            fates.push((input, Fate::Applied(if weak { Vec::new() } else { encoded.values })));
                         }
                         Ok(Err(e)) => {
                             *state = before;
@@ -561,49 +603,58 @@ impl<K: KeyedState> ExactlyOnce<K> {
         (fates, fresh)
     }
 
-    /// Emits production `index` of `input`, anchored to it (with its production id when
-    /// configured).
-    fn emit_one(&self, out: &mut BoltOutput, input: &Input, index: usize, p: &K::Out) {
-        match to_values(p) {
-            Ok(v) if v.is_empty() && !self.cfg.production_ids => {}
-            Ok(mut v) => {
-                if self.cfg.production_ids {
-                    let id = &input.id;
-                    v.push(id.shard.clone());
-                    v.push(format!("{}:{}:{index}", id.sequence, id.sub_sequence));
-                    v.push(id.floor.clone().unwrap_or_else(|| std::sync::Arc::from("")));
-                }
-                if let Err(e) = out.emit_anchored(&[&input.handle], DEFAULT_STREAM, v) {
-                    tracing::warn!(error = %e, "emitting a production failed");
-                }
+    /// Emits the productions of `input` (encoded), anchored to it, with the production ids of
+    /// `origin` when configured (`{position}:{index}`). The first emit error ends it.
+    fn emit_all(
+        &self,
+        out: &mut BoltOutput,
+        input: &Input,
+        origin: &Origin,
+        values: Vec<Values>,
+    ) -> Result<(), String> {
+        for (index, mut v) in values.into_iter().enumerate() {
+            if self.cfg.production_ids {
+                v.push(origin.shard.as_str());
+                v.push(format!("{}:{index}", origin.position));
+                v.push(origin.floor.as_str());
+                v.push(origin.range.map(|r| r.text()).unwrap_or_default());
+            } else if v.is_empty() {
+                continue;
             }
-            Err(e) => tracing::warn!(error = %e, "a production does not encode as a tuple"),
+            out.emit_anchored(&[&input.handle], DEFAULT_STREAM, v).map_err(|e| e.to_string())?;
         }
+        Ok(())
     }
 
     /// After a commit (or when none was needed): sends strong productions anchored to their
-    /// inputs, then acks them; fails what failed.
-    fn settle(&self, fates: Vec<(Input, Fate<K::Out>)>, run: &Running, out: &mut BoltOutput) {
+    /// inputs, then acks them; fails what failed. An input whose productions cannot be sent
+    /// (an emit error, stored productions that no longer decode) fails: it is replayed, and
+    /// dead-letters after its retries, never acked with its productions missing.
+    fn settle(&self, fates: Vec<(Input, Fate)>, run: &Running, out: &mut BoltOutput) {
         for (input, fate) in fates {
-            match fate {
-                Fate::Applied(produced) => {
+            let sent = match fate {
+                Fate::Applied(values) => {
                     run.m.applied.incr();
-                    for (i, p) in produced.iter().enumerate() {
-                        self.emit_one(out, &input, i, p);
-                    }
-                    out.ack(input.handle);
+                    self.emit_all(out, &input, &input.id.origin(), values)
                 }
-                Fate::Duplicate(stored) => {
-                    for (i, v) in stored.into_iter().enumerate() {
-                        match serde_json::from_value::<K::Out>(v) {
-                            Ok(p) => self.emit_one(out, &input, i, &p),
-                            Err(e) => tracing::warn!(error = %e, "a stored production no longer decodes; not re-sent"),
-                        }
-                    }
-                    out.ack(input.handle);
+                Fate::Duplicate(None) => Ok(()),
+                Fate::Duplicate(Some(applied)) => {
+                    let origin = applied.origin.clone().unwrap_or_else(|| input.id.origin());
+                    decode_stored::<K::Out>(applied.out).and_then(|values| self.emit_all(out, &input, &origin, values))
                 }
                 Fate::Fail => {
                     run.m.failed.incr();
+                    out.fail(input.handle);
+                    continue;
+                }
+            };
+            match sent {
+                Ok(()) => out.ack(input.handle),
+                Err(e) => {
+                    run.m.failed.incr();
+                    tracing::error!(shard = %input.id.shard, sequence = %input.id.sequence, error = %e,
+                        "the productions of an input cannot be sent: the input fails (replayed, and dead-lettered \
+                         after its retries). Fix the bolt's output type or its declared fields");
                     out.fail(input.handle);
                 }
             }
@@ -611,10 +662,37 @@ impl<K: KeyedState> ExactlyOnce<K> {
     }
 }
 
+/// Productions encoded: as tuple values and as the JSON stored with the input.
+struct Encoded {
+    values: Vec<Values>,
+    json: Vec<serde_json::Value>,
+}
+
+fn encode_all<O: Serialize>(produced: &[O]) -> Result<Encoded, String> {
+    let mut e = Encoded { values: Vec::with_capacity(produced.len()), json: Vec::with_capacity(produced.len()) };
+    for p in produced {
+        e.values.push(to_values(p).map_err(|err| format!("a production does not encode as a tuple: {err}"))?);
+        e.json.push(serde_json::to_value(p).map_err(|err| format!("a production does not serialize: {err}"))?);
+    }
+    Ok(e)
+}
+
+/// Stored productions, decoded into the bolt's output type and encoded as tuple values.
+fn decode_stored<O: Serialize + DeserializeOwned>(stored: Vec<serde_json::Value>) -> Result<Vec<Values>, String> {
+    stored
+        .into_iter()
+        .map(|v| {
+            let p = serde_json::from_value::<O>(v)
+                .map_err(|e| format!("a stored production no longer decodes into the bolt's output type: {e}"))?;
+            to_values(&p).map_err(|e| format!("a stored production does not encode as a tuple: {e}"))
+        })
+        .collect()
+}
+
 /// What [`judge_seen`] made of an input.
-enum Judged<O> {
+enum Judged {
     /// Fenced or a duplicate: its fate.
-    Seen(Input, Fate<O>),
+    Seen(Input, Fate),
     /// Not applied yet.
     Fresh(Input),
 }
@@ -622,7 +700,8 @@ enum Judged<O> {
 /// Judges one input against `dedup`. One refused by the lease-token fence (its reader is a
 /// zombie) fails, and one already applied is a duplicate (its productions re-sent): both counted
 /// and logged, with their fate. A fresh input is handed back.
-fn judge_seen<O>(run: &Running, key: &str, dedup: &mut Dedup, input: Input) -> Judged<O> {
+fn judge_seen(run: &Running, key: &str, dedup: &mut Dedup, mut input: Input) -> Judged {
+    dedup.adopt(&mut input.id);
     dedup.promote(&input.id);
     match dedup.judge(&input.id) {
         Verdict::Fenced { stored } => {
@@ -722,7 +801,7 @@ async fn sleep(cancel: &CancellationToken, d: Duration) -> bool {
     }
 }
 
-fn fail_fresh<O>(fates: &mut [(Input, Fate<O>)]) {
+fn fail_fresh(fates: &mut [(Input, Fate)]) {
     for (_, f) in fates.iter_mut() {
         if matches!(f, Fate::Applied(_)) {
             *f = Fate::Fail;
@@ -732,6 +811,15 @@ fn fail_fresh<O>(fates: &mut [(Input, Fate<O>)]) {
 
 impl<K: KeyedState> Bolt for ExactlyOnce<K> {
     async fn prepare(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
+        if !ctx.config().acking {
+            return Err(ComponentError::fatal(format!(
+                "exactly-once state (component `{}` of topology `{}`) needs acking: with `acking: false` every \
+                 record is acked to the spout as it is emitted, so its checkpoint passes it before its commit is \
+                 written, and a failure loses it. Set `acking: true` in the topology config (the default)",
+                ctx.component_id(),
+                ctx.topology_name()
+            )));
+        }
         let store = StateStore::open(&self.cfg.store).await.map_err(|e| {
             if e.is_retryable() {
                 ComponentError::retryable(format!("opening the state store: {e}"))
@@ -806,7 +894,7 @@ mod tests {
     }
 
     fn item(version: u64, state: &[u8], dedup: &[u8]) -> StoredItem {
-        StoredItem { version, state: state.to_vec(), dedup: dedup.to_vec(), fired: false }
+        StoredItem { version, state: state.to_vec(), dedup: dedup.to_vec(), fired: false, timer: None }
     }
 
     #[test]

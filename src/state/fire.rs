@@ -79,11 +79,13 @@ pub struct FirerConfig {
     pub component: String,
     /// ZooKeeper, where the committed watermark and the firers' registrations live.
     pub zk: ZkConfig,
-    /// The source stream whose committed watermark drives the timers. Its spout must publish
-    /// it: `committed_watermark_interval_ms` > 0 in the Kinesis spout's config. Timers fire by a
+    /// The source streams whose committed watermarks drive the timers: the topology's streams
+    /// (`--stream a --stream b`); a key fires once the minimum of their committed watermarks
+    /// passes its time (records of every stream may land in one key). Their spouts must publish
+    /// them: `committed_watermark_interval_ms` > 0 in the Kinesis spout's config. Timers fire by a
     /// source stream's records' arrival times: a component of a later stage (reading an
     /// intermediate stream, whose readers publish no committed watermark) cannot use them yet.
-    pub stream: String,
+    pub streams: Vec<String>,
     /// How often the firer looks for due timers (ms). Default 500.
     pub poll_interval_ms: u64,
     /// A watermark that has not been available for this long is logged as a warning, with the
@@ -98,15 +100,32 @@ impl FirerConfig {
             state,
             component: component.into(),
             zk,
-            stream: stream.into(),
+            streams: vec![stream.into()],
             poll_interval_ms: 500,
             stall_warning_ms: 30_000,
         }
+    }
+
+    /// The topology reads these streams (the first is its primary stream): timers wait for the
+    /// minimum of their committed watermarks.
+    pub fn with_streams<S: Into<String>>(mut self, streams: impl IntoIterator<Item = S>) -> Self {
+        let streams: Vec<String> = streams.into_iter().map(Into::into).collect();
+        if !streams.is_empty() {
+            self.streams = streams;
+        }
+        self
+    }
+
+    /// The primary stream (the first).
+    fn primary(&self) -> &str {
+        self.streams.first().map_or("", String::as_str)
     }
 }
 
 struct Metrics {
     fired: Counter,
+    /// Index entries of timers the item no longer holds (stale index reads), skipped.
+    stale: Counter,
     confirmed: Counter,
     replayed: Counter,
     conflicts: Counter,
@@ -115,6 +134,8 @@ struct Metrics {
 
 struct Open {
     zk: ZkStore,
+    /// The stores of the further streams, on `zk`'s session.
+    more: Vec<ZkStore>,
     topology: String,
     store: StateStore,
     scope: String,
@@ -208,29 +229,53 @@ impl<F: OnFire> WindowFirer<F> {
         }
     }
 
-    /// The committed watermark, the highest read so far (a reading can be lower after a handoff,
-    /// whose new owner reads acked records again; every reading stays true), or `None` (logging
-    /// why when it has been unavailable long).
+    /// The committed watermark: the minimum over the streams of each one's committed watermark,
+    /// the highest such minimum read so far (a reading can be lower after a handoff, whose new
+    /// owner reads acked records again; every reading stays true), or `None` (logging why when
+    /// it has been unavailable long).
     async fn watermark(&mut self, o: &Open) -> Option<i64> {
-        let why = match o.zk.committed_watermark().await {
-            Ok(Ok(w)) => {
+        let mut min: Option<i64> = None;
+        let mut why = None;
+        for zk in std::iter::once(&o.zk).chain(&o.more) {
+            match zk.committed_watermark().await {
+                Ok(Ok(w)) => min = Some(min.map_or(w, |m| m.min(w))),
+                Ok(Err(reason)) => why = Some(reason),
+                Err(e) => why = Some(e.to_string()),
+            }
+            if why.is_some() {
+                break;
+            }
+        }
+        let why = match (min, why) {
+            (Some(w), None) => {
                 self.stalled_since = None;
                 let w = self.highest.map_or(w, |h| h.max(w));
                 self.highest = Some(w);
                 return Some(w);
             }
-            Ok(Err(reason)) => reason,
-            Err(e) => e.to_string(),
+            (_, Some(why)) => why,
+            (None, None) => "no stream".to_string(),
         };
         let (since, logged) = self.stalled_since.get_or_insert((Instant::now(), false));
         if !*logged && since.elapsed() >= Duration::from_millis(self.cfg.stall_warning_ms) {
             *logged = true;
-            tracing::warn!(component = %self.cfg.component, stream = %self.cfg.stream, reason = %why,
-                "no committed watermark of stream `{}` for {} s: timers of `{}` cannot fire ({why}). The Kinesis \
-                 spout publishes it when committed_watermark_interval_ms > 0",
-                self.cfg.stream, since.elapsed().as_secs(), self.cfg.component);
+            let streams = self.cfg.streams.join(", ");
+            tracing::warn!(component = %self.cfg.component, streams = %streams, reason = %why,
+                "no committed watermark of stream(s) {streams} for {} s: timers of `{}` cannot fire ({why}). The \
+                 Kinesis spout publishes it when committed_watermark_interval_ms > 0",
+                since.elapsed().as_secs(), self.cfg.component);
         }
         None
+    }
+
+    /// Connects the primary stream's store and the further streams' on its session.
+    async fn connect(cfg: &FirerConfig, topology: &str) -> Result<(ZkStore, Vec<ZkStore>), crate::coord::CoordError> {
+        let zk = ZkStore::connect(&cfg.zk, topology, cfg.primary()).await?;
+        let mut more = Vec::with_capacity(cfg.streams.len().saturating_sub(1));
+        for stream in cfg.streams.iter().skip(1) {
+            more.push(ZkStore::open_source_stream(zk.session().clone(), &cfg.zk.root, topology, stream).await?);
+        }
+        Ok((zk, more))
     }
 
     /// Takes the timers of acked firings out of the index, `write_concurrency` at a time; those
@@ -292,7 +337,20 @@ impl<F: OnFire> WindowFirer<F> {
             }
             for chunk in due.chunks(MAX_BATCH_GET) {
                 let pks: Vec<String> = chunk.iter().map(|(pk, _)| pk.clone()).collect();
-                let items = o.store.get_many(&pks).await?;
+                let mut items = o.store.get_many(&pks).await?;
+                // The index is eventually consistent (on DynamoDB; dynalite hides it): it may
+                // still list a timer the item no longer has (taken out once its firing was
+                // delivered: firing it again would emit it twice) or has moved. The item, read
+                // strongly, decides: only a timer it still holds, due at `w`, fires.
+                items.retain(|pk, item| {
+                    let due = item.timer.as_ref().is_some_and(|t| t.fire_at <= w);
+                    if !due {
+                        o.m.stale.incr();
+                        tracing::debug!(item = %pk, timer = ?item.timer, watermark = w,
+                            "the timer index listed a timer the item no longer holds (or not due): skipped");
+                    }
+                    due
+                });
                 // freeze the unfired ones, write_concurrency at a time
                 let to_freeze: Vec<(String, u64)> = chunk
                     .iter()
@@ -372,7 +430,16 @@ impl<F: OnFire> Spout for WindowFirer<F> {
     type MsgId = Arc<str>;
 
     async fn open(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
-        let zk = ZkStore::connect(&self.cfg.zk, ctx.topology_name(), &self.cfg.stream)
+        if !ctx.config().acking {
+            return Err(ComponentError::fatal(format!(
+                "window firer of component `{}` (topology `{}`) needs acking: a firing's timer leaves the index only \
+                 once its tuple's tree completed, and with `acking: false` that is as soon as it is emitted, so a \
+                 failed firing is lost. Set `acking: true` in the topology config (the default)",
+                self.cfg.component,
+                ctx.topology_name()
+            )));
+        }
+        let (zk, more) = Self::connect(&self.cfg, ctx.topology_name())
             .await
             .map_err(|e| component_error("window firer: connecting to ZooKeeper", e, false))?;
         let store = StateStore::open(&self.cfg.state.store)
@@ -384,13 +451,14 @@ impl<F: OnFire> Spout for WindowFirer<F> {
             .map_err(|e| component_error("window firer: the state table's timer index", &e, e.is_retryable()))?;
         let m = Metrics {
             fired: ctx.counter("fire_emitted"),
+            stale: ctx.counter("fire_stale_index"),
             confirmed: ctx.counter("fire_confirmed"),
             replayed: ctx.counter("fire_replayed"),
             conflicts: ctx.counter("fire_conflicts"),
             errors: ctx.counter("fire_errors"),
         };
         let scope = scope(ctx.topology_name(), &self.cfg.component);
-        self.open = Some(Open { zk, topology: ctx.topology_name().to_string(), store, scope, m });
+        self.open = Some(Open { zk, more, topology: ctx.topology_name().to_string(), store, scope, m });
         Ok(())
     }
 
@@ -438,8 +506,11 @@ impl<F: OnFire> WindowFirer<F> {
                 tracing::warn!(component = %self.cfg.component, error = %e,
                     "window firer lost its ZooKeeper session; connecting a new one");
                 self.node = None;
-                match ZkStore::connect(&self.cfg.zk, &o.topology, &self.cfg.stream).await {
-                    Ok(zk) => std::mem::replace(&mut o.zk, zk).close(),
+                match Self::connect(&self.cfg, &o.topology).await {
+                    Ok((zk, more)) => {
+                        o.more = more;
+                        std::mem::replace(&mut o.zk, zk).close()
+                    }
                     Err(e) => tracing::warn!(component = %self.cfg.component, error = %e,
                         "window firer cannot connect to ZooKeeper; retrying at the next poll"),
                 }

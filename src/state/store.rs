@@ -188,6 +188,10 @@ pub struct StoredItem {
     pub dedup: Vec<u8>,
     /// Fired: its timer fired and its state is frozen (inputs after that are late).
     pub fired: bool,
+    /// Its timer as the item holds it (`tpart`, `fire_at`): none once it was taken out of the
+    /// index (a fired key whose firing was delivered), or when it never had one. The index is
+    /// eventually consistent on DynamoDB: it may still list a timer the item no longer has.
+    pub timer: Option<TimerAt>,
 }
 
 /// A key's timer: the item is found through [`TIMER_INDEX`] in partition `partition` once the
@@ -454,9 +458,21 @@ impl StateStore {
                     _ => 0,
                 };
                 let fired = matches!(item.get("fired"), Some(AttributeValue::Bool(true)));
+                let timer = match (item.get("tpart"), item.get("fire_at")) {
+                    (Some(AttributeValue::S(partition)), Some(AttributeValue::N(at))) => {
+                        at.parse().ok().map(|fire_at| TimerAt { partition: partition.clone(), fire_at })
+                    }
+                    _ => None,
+                };
                 out.insert(
                     pk.clone(),
-                    StoredItem { version, state: attr_bytes(item, "state"), dedup: attr_bytes(item, "dedup"), fired },
+                    StoredItem {
+                        version,
+                        state: attr_bytes(item, "state"),
+                        dedup: attr_bytes(item, "dedup"),
+                        fired,
+                        timer,
+                    },
                 );
             }
             if let Some(left) = r.unprocessed_keys().and_then(|m| m.get(&self.table)) {

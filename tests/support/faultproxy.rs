@@ -17,6 +17,12 @@
 //! It can also hide shards: [`FaultProxy::hide_shards`] removes the named shards from every
 //! ListShards answer (the JSON body is rewritten and its Content-Length fixed), which is how a
 //! test simulates shards trimmed past the retention period (kinesis-local keeps closed shards).
+//!
+//! In front of DynamoDB, [`FaultProxy::stale_index`] makes Query answers on a global secondary
+//! index eventually consistent, as DynamoDB's are and dynalite's are not: an item the index
+//! listed in an earlier answer and no longer has (its index keys were removed) is still listed,
+//! with the keys it had, for the given lag after it was last seen (when the query's key condition
+//! `tpart = :p AND fire_at <= :w` still selects it). [`FaultProxy::stale_items`] counts them.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -86,6 +92,8 @@ pub struct Counters {
     pub hidden_listings: AtomicU64,
     /// PutRecords answers with injected per-record failures.
     pub partial_calls: AtomicU64,
+    /// Index entries listed in Query answers after the index no longer had them (stale reads).
+    pub stale_items: AtomicU64,
     /// Entries failed in those answers (not forwarded).
     pub partial_entries: AtomicU64,
 }
@@ -136,7 +144,14 @@ struct Shared {
     hidden_counts: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
     /// Requests per operation (X-Amz-Target).
     per_op: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    /// How long an index entry stays listed after the index lost it (`None`: not stale).
+    stale_lag: std::sync::Mutex<Option<Duration>>,
+    index_seen: std::sync::Mutex<IndexSeen>,
 }
+
+/// Index entries seen in Query answers: (table, index, partition value) -> item key `pk` -> (the
+/// entry as answered, its sort key value, when the index itself last answered it).
+type IndexSeen = BTreeMap<(String, String, String), BTreeMap<String, (serde_json::Value, i128, Instant)>>;
 
 /// The running proxy; stops accepting when dropped.
 pub struct FaultProxy {
@@ -168,6 +183,8 @@ impl FaultProxy {
             hidden: std::sync::Mutex::new(Vec::new()),
             hidden_counts: std::sync::Mutex::new(Default::default()),
             per_op: std::sync::Mutex::new(Default::default()),
+            stale_lag: std::sync::Mutex::new(None),
+            index_seen: std::sync::Mutex::new(Default::default()),
         });
         let sh = shared.clone();
         let task = tokio::spawn(async move {
@@ -207,6 +224,17 @@ impl FaultProxy {
     /// empty slice hides nothing).
     pub fn hide_shards(&self, shard_ids: &[&str]) {
         *self.shared.hidden.lock().unwrap() = shard_ids.iter().map(|s| s.to_string()).collect();
+    }
+
+    /// From now on, Query answers on a secondary index (DynamoDB) keep listing an entry for `lag`
+    /// after the index lost it (see the module docs).
+    pub fn stale_index(&self, lag: Duration) {
+        *self.shared.stale_lag.lock().unwrap() = Some(lag);
+    }
+
+    /// Index entries listed after the index no longer had them, so far.
+    pub fn stale_items(&self) -> u64 {
+        self.shared.counters.stale_items.load(Ordering::Relaxed)
     }
 
     /// Requests of one operation (e.g. "ListShards") so far, faulted or forwarded.
@@ -534,6 +562,17 @@ async fn serve(mut client: TcpStream, sh: &Shared) -> std::io::Result<()> {
         } else {
             resp
         };
+        let lag = *sh.stale_lag.lock().unwrap();
+        let resp = match lag {
+            Some(lag) if op == "Query" => match stale_query(sh, &req, &resp, lag) {
+                Some((r, added)) => {
+                    sh.counters.stale_items.fetch_add(added, Ordering::Relaxed);
+                    r
+                }
+                None => resp,
+            },
+            _ => resp,
+        };
         client.write_all(&resp.head).await?;
         client.write_all(&resp.body).await?;
         sh.counters.forwarded.fetch_add(1, Ordering::Relaxed);
@@ -568,16 +607,14 @@ fn failed_entry() -> serde_json::Value {
 }
 
 /// `head` (a request or status line and headers) with a new body: Content-Length set,
-/// Transfer-Encoding dropped.
+/// Transfer-Encoding and a body checksum (DynamoDB's x-amz-crc32) dropped.
 fn with_body(head: &[u8], body: Vec<u8>) -> Message {
     let text = String::from_utf8_lossy(head).to_string();
     let mut out = String::new();
     for (i, line) in text.split("\r\n").enumerate() {
         let name = line.split(':').next().unwrap_or("").trim();
-        if line.is_empty()
-            || (i > 0
-                && (name.eq_ignore_ascii_case("content-length") || name.eq_ignore_ascii_case("transfer-encoding")))
-        {
+        let dropped = ["content-length", "transfer-encoding", "x-amz-crc32"];
+        if line.is_empty() || (i > 0 && dropped.iter().any(|d| name.eq_ignore_ascii_case(d))) {
             continue;
         }
         out.push_str(line);
@@ -671,4 +708,54 @@ fn hide(resp: &Message, hidden: &[String]) -> Option<(Message, Vec<String>)> {
     }
     head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
     Some((Message { head: head.into_bytes(), body }, removed))
+}
+
+/// A Query answer on a secondary index made eventually consistent: the entries the index listed
+/// before under the same partition value and lost less than `lag` ago are listed again (when
+/// the sort key condition `<= :w` still selects them). Returns the answer and how many it added.
+/// Only the key condition `P = :p AND S <= :w` (what the window firer asks) is understood; any
+/// other query passes unchanged.
+fn stale_query(sh: &Shared, req: &Message, resp: &Message, lag: Duration) -> Option<(Message, u64)> {
+    let text = String::from_utf8_lossy(&resp.head).to_string();
+    if !text.starts_with("HTTP/1.1 200") || resp.header("content-encoding").is_some() {
+        return None;
+    }
+    let q: serde_json::Value = serde_json::from_slice(&req.body).ok()?;
+    let (table, index) = (q["TableName"].as_str()?.to_string(), q["IndexName"].as_str()?.to_string());
+    let cond = q["KeyConditionExpression"].as_str()?;
+    let (pcond, scond) = cond.split_once(" AND ")?;
+    let (pname, _) = pcond.split_once(" = ")?;
+    let (sname, _) = scond.split_once(" <= ")?;
+    let (pname, sname) = (pname.trim().to_string(), sname.trim().to_string());
+    let pvalue = q["ExpressionAttributeValues"][":p"]["S"].as_str()?.to_string();
+    let upto: i128 = q["ExpressionAttributeValues"][":w"]["N"].as_str()?.parse().ok()?;
+    let mut doc: serde_json::Value = serde_json::from_slice(&plain_body(resp)?).ok()?;
+    let items = doc.get_mut("Items")?.as_array_mut()?;
+    let now = Instant::now();
+    let mut seen = sh.index_seen.lock().unwrap();
+    let known = seen.entry((table, index, pvalue)).or_default();
+    let mut listed = std::collections::BTreeSet::new();
+    for it in items.iter() {
+        let (Some(pk), Some(at)) = (it["pk"]["S"].as_str(), it[sname.as_str()]["N"].as_str()) else { continue };
+        listed.insert(pk.to_string());
+        known.insert(pk.to_string(), (it.clone(), at.parse().unwrap_or(0), now));
+    }
+    let mut added = 0u64;
+    known.retain(|pk, (it, at, last)| {
+        if now.duration_since(*last) > lag {
+            return false;
+        }
+        if !listed.contains(pk) && *at <= upto && it[pname.as_str()].is_object() {
+            items.push(it.clone());
+            added += 1;
+        }
+        true
+    });
+    if added == 0 {
+        return None;
+    }
+    let n = items.len();
+    doc["Count"] = serde_json::json!(n);
+    doc["ScannedCount"] = serde_json::json!(n);
+    Some((with_body(&resp.head, serde_json::to_vec(&doc).ok()?), added))
 }

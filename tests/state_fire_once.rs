@@ -1,0 +1,146 @@
+//! Exactly-once windows fired once, where the window firer meets two other features, against
+//! kinesis-local, ZooKeeper and dynalite, with workers of
+//! `examples/exactly_once_counts.rs --window-ms 1000 --fire-to RESULTS`:
+//! - a timer index that is eventually consistent, as DynamoDB's global secondary indexes are
+//!   (dynalite's is not: a fault proxy keeps listing index entries for a while after the index
+//!   lost them): a window whose firing was delivered and whose timer was taken out of the index
+//!   must not fire again when a stale index read still lists it;
+//! - several input streams: one key's windows count records of both, so a window fires only
+//!   once the committed watermark of every stream passed its end (the minimum), even while one
+//!   stream's records wait for a replay.
+
+use squall_test_support as support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use support::TestStream;
+use support::faultproxy::{FaultPlan, FaultProxy};
+use support::reliability::spawn_producer;
+use support::state::{count_in, start_counts, wait_reading};
+use support::workers::{Cluster, scratch};
+
+const WINDOW_MS: u64 = 1000;
+
+/// Every result record in the results stream: `fire_key` -> the counts it was put with (one per
+/// copy).
+async fn fired(results: &TestStream) -> BTreeMap<String, Vec<u64>> {
+    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for r in support::stages::read_records(results).await {
+        let v: serde_json::Value = serde_json::from_slice(r.data().as_ref()).expect("a fired window is JSON");
+        let key = v["fire_key"].as_str().expect("fire_key").to_string();
+        out.entry(key).or_default().push(v["count"].as_u64().expect("count"));
+    }
+    out
+}
+
+/// Waits (60 s at most) until every window of `truth` fired; the results then.
+async fn wait_fired(results: &TestStream, truth: &BTreeMap<String, u64>) -> BTreeMap<String, Vec<u64>> {
+    let start = Instant::now();
+    loop {
+        let got = fired(results).await;
+        if truth.keys().all(|k| got.contains_key(k)) || start.elapsed() > Duration::from_secs(60) {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_fires_once_when_a_stale_timer_index_still_lists_it() {
+    let s = TestStream::create("eo-stale-index", 2).await;
+    let results = TestStream::create("eo-stale-fired", 1).await;
+    let dir = scratch("eo-stale-index");
+    let cluster = Cluster::with_spout_config(
+        &s.name,
+        &dir,
+        serde_json::json!({ "checkpoint_interval_ms": 200, "committed_watermark_interval_ms": 300 }),
+    );
+    let table = support::unique_name("eo-stale-index");
+    // the workers reach the store through a proxy whose index answers lag 4 s behind the items
+    let proxy = FaultProxy::start(&support::state_endpoint(), FaultPlan::default()).await;
+    proxy.stale_index(Duration::from_secs(4));
+    let url = proxy.url();
+    let fire = ["--window-ms", "1000", "--fire-to", results.name.as_str()];
+    let mut a = start_counts(&cluster, "a", &url, &table, &fire);
+    let mut b = start_counts(&cluster, "b", &url, &table, &fire);
+    wait_reading(&a, &cluster).await;
+    let manifest = spawn_producer(&s.client, &s.label(), &s.name, 1500, 15, 200.0).await.unwrap();
+    let truth = support::state::window_truth(&s, WINDOW_MS).await;
+    assert_eq!(truth.values().sum::<u64>(), manifest.total);
+    let got = wait_fired(&results, &truth).await;
+    // the stale reads went on for a while after the last window fired
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let got_after = fired(&results).await;
+    let stale = proxy.stale_items();
+    eprintln!("index entries listed after the index lost them: {stale}; {} windows", truth.len());
+    assert!(stale > 0, "the proxy served no stale index entry: the fault did not happen");
+    let exact: BTreeMap<String, u64> = got.iter().map(|(k, c)| (k.clone(), c[0])).collect();
+    assert_eq!(exact, truth, "fired windows and their counts\n{}", cluster.logs());
+    let twice: Vec<(&String, &Vec<u64>)> = got_after.iter().filter(|(_, c)| c.len() > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{} of {} windows fired more than once (stale index entries fired again): {:?}",
+        twice.len(),
+        truth.len(),
+        twice.iter().take(5).collect::<Vec<_>>()
+    );
+    for p in [&mut a, &mut b] {
+        p.stop(Duration::from_secs(15));
+    }
+    s.delete().await;
+    results.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_over_two_streams_wait_for_the_committed_watermark_of_both() {
+    let a = TestStream::create("eo-fire-two-a", 2).await;
+    let b = TestStream::create("eo-fire-two-b", 2).await;
+    let results = TestStream::create("eo-fire-two-fired", 1).await;
+    let dir = scratch("eo-fire-two");
+    // a failed record waits 2.5-5 s for its replay: its stream's committed watermark holds there
+    let cluster = Cluster::with_spout_config(
+        &a.name,
+        &dir,
+        serde_json::json!({
+            "checkpoint_interval_ms": 200,
+            "committed_watermark_interval_ms": 300,
+            "retry": { "replay_min_backoff_ms": 5000, "replay_max_backoff_ms": 5000 }
+        }),
+    );
+    let table = support::unique_name("eo-fire-two");
+    let url = support::state_endpoint();
+    // the first attempt of ~20% of stream b's records fails
+    let fail = format!("{}:20", b.name);
+    let flags = ["--window-ms", "1000", "--fire-to", results.name.as_str(), "--stream", b.name.as_str()];
+    let flags: Vec<&str> = flags.iter().copied().chain(["--fail-stream-percent", fail.as_str()]).collect();
+    let mut w1 = start_counts(&cluster, "w1", &url, &table, &flags);
+    let mut w2 = start_counts(&cluster, "w2", &url, &table, &flags);
+    wait_reading(&w1, &cluster).await;
+    // the same keys in both streams
+    let pa = spawn_producer(&a.client, &a.label(), &a.name, 1200, 10, 150.0);
+    let pb = spawn_producer(&b.client, &b.label(), &b.name, 1200, 10, 150.0);
+    let (ma, mb) = (pa.await.unwrap(), pb.await.unwrap());
+    let mut truth = support::state::window_truth(&a, WINDOW_MS).await;
+    for (k, n) in support::state::window_truth(&b, WINDOW_MS).await {
+        *truth.entry(k).or_default() += n;
+    }
+    assert_eq!(truth.values().sum::<u64>(), ma.total + mb.total);
+    let got = wait_fired(&results, &truth).await;
+    let injected: usize =
+        [&w1, &w2].iter().map(|w| count_in(&w.log, "fault injection: failing the first attempt")).sum();
+    let late: usize = [&w1, &w2].iter().map(|w| count_in(&w.log, "late input: key")).sum();
+    eprintln!("failures injected into stream b: {injected}; late inputs: {late}; windows: {}", truth.len());
+    assert!(injected > 20, "too few failures injected into stream b ({injected}): the fault did not happen");
+    let exact: BTreeMap<String, u64> = got.iter().map(|(k, c)| (k.clone(), c[0])).collect();
+    let short: Vec<(&String, u64, u64)> =
+        truth.iter().filter_map(|(k, n)| exact.get(k).filter(|g| *g != n).map(|g| (k, *g, *n))).collect();
+    assert_eq!(late, 0, "{late} inputs arrived after their window fired; windows short (key, fired, true): {short:?}");
+    assert_eq!(exact, truth, "fired windows and their counts over both streams\n{}", cluster.logs());
+    for p in [&mut w1, &mut w2] {
+        p.stop(Duration::from_secs(15));
+    }
+    a.delete().await;
+    b.delete().await;
+    results.delete().await;
+}
