@@ -17,37 +17,54 @@
 //!    PutItem: `attribute_not_exists(pk)` for a new key, else `ver = :read_version`. If another
 //!    writer changed the item since the read, the condition fails and the key is read and judged
 //!    again, so a zombie that read before the new owner wrote is refused on its second look.
-//! 4. Then the inputs are acked, and strong productions emitted anchored to them.
+//! 4. Then the inputs are acked, and strong productions emitted anchored to them. An input whose
+//!    productions cannot be sent fails instead (replayed, then dead-lettered): one whose
+//!    productions do not encode fails before the commit, one whose emit is refused (fields that
+//!    do not match the declared ones) or whose stored productions no longer decode fails after.
 //!
-//! Record ids are exact: (shard, sequence, sub-sequence). Per source shard the item keeps the
-//! spout's checkpoint as carried by the latest tuple (everything at or below is handled and never
-//! read again) and the ids applied above it, pruned as the checkpoint moves: bounded by the
-//! records in flight, and right when a failed record is replayed after later ones. The fencing
-//! token is the sequential number of the reader's lease znode in ZooKeeper, which only grows per
-//! shard.
+//! Record ids are exact: (stream, shard, sequence, sub-sequence); every stream has a
+//! `shardId-000000000000`, so a topology reading several streams (`--stream a --stream b`) keeps
+//! their records apart. Per source shard the item keeps the spout's checkpoint as carried by the
+//! latest tuple (everything at or below is handled and never read again) and the ids applied above
+//! it, pruned as the checkpoint moves: bounded by the records in flight, and right when a failed
+//! record is replayed after later ones. The fencing token is the sequential number of the reader's
+//! lease znode in ZooKeeper, which only grows per shard. Once a shard's descendant (after a split
+//! or a merge) has been read, the shard is finished: its entry is dropped, and a late record of it
+//! (a zombie's) is handled, not applied, so an item stays bounded however often the stream is
+//! resharded (see [`Dedup`]).
 //!
 //! Strong productions are stored with the id of the input that made them and re-sent whenever
 //! that input is seen again (its tuple tree may not have completed), until the checkpoint passes
 //! it (its tree completed). With `weak_productions` they are emitted at apply time and not stored.
 //!
+//! Acking must be on (`acking: true`, the default): the bolt and the [`WindowFirer`] refuse to
+//! start without it, since the spout would then checkpoint every record before its commit.
+//!
 //! # Across stages
 //! With [`StateConfig::production_ids`] each strong production carries an id
-//! ([`PRODUCTION_FIELDS`]: the input's shard, `{sequence}:{sub_sequence}:{index}`, and the input's
-//! checkpoint). Put through a stage boundary declared with
-//! [`crate::stage::Boundary::exactly_once`] (whose input tuples then also carry the intermediate
-//! record's ids), an `ExactlyOnce` bolt of the next stage applies each production once, however
-//! many copies the intermediate stream holds (a producer's replay re-sends stored productions, a
-//! put retried after a lost answer writes twice): it deduplicates by production id per source
-//! shard, and fences by the intermediate shard's lease token. The floor that prunes production
-//! ids takes effect only once this stage's own checkpoint has passed the production that carried
-//! it (see [`Dedup`]); a production that fails here and is replayed later is still applied.
+//! ([`PRODUCTION_FIELDS`]: the input's stream-qualified shard, `{sequence}:{sub_sequence}:{index}`,
+//! the input's checkpoint and the shard's hash key range). Put through a stage boundary declared
+//! with [`crate::stage::Boundary::exactly_once`] (whose input tuples then also carry the
+//! intermediate record's ids and hash key), an `ExactlyOnce` bolt of the next stage applies each
+//! production once, however many copies the intermediate stream holds (a producer's replay
+//! re-sends stored productions, a put retried after a lost answer writes twice): it deduplicates
+//! by production id per source shard, and fences by the intermediate shard's lease token. A stage
+//! that sees a copy of a production it applied re-sends what it made under the ids it *first*
+//! made it with, so chains of any number of exactly-once stages stay exact. The floor that prunes
+//! production ids takes effect only once this stage's own checkpoint has passed the production
+//! that carried it, and only for productions whose hash key lies in the hash key range of the
+//! intermediate shard it was read from (see [`Dedup`]): a production that fails here and is
+//! replayed later is still applied, and so is one of a lagging shard when this stage's key is
+//! coarser than the boundary's (a per-region or a global total).
 //!
 //! # Timers and firing
 //! [`KeyedState::timer`] gives a key a fire time (a window's end); the commit writes it with the
 //! item (`tpart`, `fire_at`), which puts the item in the sparse index [`TIMER_INDEX`]. A
-//! [`WindowFirer`] spout fires each key once the stream's committed watermark (every record that
-//! arrived before it committed; published to ZooKeeper by the Kinesis spout with
-//! `committed_watermark_interval_ms`) reaches its time: it freezes the item (`fired`, conditional
+//! [`WindowFirer`] spout fires each key once the committed watermark (every record that arrived
+//! before it committed; published to ZooKeeper by the Kinesis spout with
+//! `committed_watermark_interval_ms`; over several streams, the minimum of theirs) reaches its
+//! time, and the item, read strongly, still holds that timer (the index is eventually consistent
+//! on DynamoDB and may list a timer already taken out): it freezes the item (`fired`, conditional
 //! on the version), emits the state through [`OnFire`] with [`FIRE_FIELDS`] as a tracked tuple, and
 //! takes the timer out of the index once that tuple's tree completed. Inputs of a fired key are
 //! late: acked, counted (`state_late`), not applied. A firing that fails, or whose firer dies, is
@@ -74,7 +91,7 @@
 //! | `key` | S | the key |
 //! | `ver` | N | version, 1 on the first write, +1 per commit (the write condition) |
 //! | `state` | B | the user state, JSON |
-//! | `dedup` | B | JSON of [`Dedup`]: per source shard `floor`, `token`, `applied` (id -> productions); for productions of another stage, per its source shard `floor`, `candidates`, `applied` |
+//! | `dedup` | B | JSON of [`Dedup`]: per `{stream}/{shard}`, `floor`, `token`, `range`, `applied` (id -> productions); for productions of another stage, per its qualified source shard `floors` (per intermediate hash range), `candidates`, `applied` (id -> productions, the identity they were first emitted under, hash key), `range` |
 //! | `updated_ms` | N | time of the last commit (ms since the epoch) |
 //! | `tpart` | S | with a pending or unconfirmed timer: `{scope}#{n}`, n = FNV-1a of the key mod `timer_partitions` |
 //! | `fire_at` | N | with `tpart`: the fire time (ms since the epoch) |
