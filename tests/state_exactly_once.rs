@@ -128,6 +128,20 @@ async fn counts_are_exact_after_abort_mid_commit_sigkill_zombie_store_faults_spl
     eprintln!("total run {:.1} s; duplicates skipped {duplicates}", t0.elapsed().as_secs_f64());
     // b's last commit was written and never acked: its records came back and were recognized
     assert!(duplicates > 0, "no replayed record was recognized as already applied\n{}", cluster.logs());
+    // the deduplication data stays bounded across the split and the merge: a key's records come
+    // from one shard at a time, and a shard's entry goes once its descendant was read
+    let store = StateStore::open(&ep).await.unwrap();
+    let scope = squall::state::scope(&cluster.topology, "counts");
+    let pks: Vec<String> = manifest.counts.keys().map(|k| format!("{scope}/{k}")).collect();
+    let items = store.get_many(&pks).await.unwrap();
+    let mut entries: Vec<usize> = items
+        .values()
+        .map(|i| serde_json::from_slice::<squall::state::Dedup>(&i.dedup).expect("dedup data").shards.len())
+        .collect();
+    entries.sort_unstable();
+    eprintln!("shard entries per key after the split and the merge: {entries:?}");
+    assert_eq!(entries.len(), 40);
+    assert!(entries.iter().all(|n| *n <= 2), "finished shards' entries kept: {entries:?}");
 
     for p in [&mut a, &mut b2, &mut c2] {
         p.stop(Duration::from_secs(15));

@@ -713,6 +713,14 @@ fn judge_seen(run: &Running, key: &str, dedup: &mut Dedup, mut input: Input) -> 
                 input.id.lease_token, input.id.shard);
             Judged::Seen(input, Fate::Fail)
         }
+        Verdict::Finished { descendant } => {
+            run.m.refused.incr();
+            tracing::warn!(key = %key, shard = %input.id.shard, sequence = %input.id.sequence, %descendant,
+                "state write refused: the record is of shard {}, which finished (its descendant {descendant} has been \
+                 read since, so every record of it was handled); only a zombie reads it now",
+                input.id.shard);
+            Judged::Seen(input, Fate::Fail)
+        }
         Verdict::Duplicate(p) => {
             run.m.duplicates.incr();
             match &input.id.production {

@@ -27,8 +27,9 @@
 //! higher shard index (Kinesis numbers shards in creation order). So when a record of shard X
 //! arrives, every entry of an overlapping shard with a lower index is an ancestor of X, finished:
 //! it is dropped (its candidates take effect, below). And a record of X while an entry of an
-//! overlapping shard with a *higher* index exists is a record of a finished shard (a zombie's, or
-//! one from before a handoff): it was handled, and is a duplicate. The entries left never overlap
+//! overlapping shard with a *higher* index exists is a record of a finished shard: every record of
+//! it was handled before the descendant was read, and only a zombie reads it now; it is refused
+//! ([`Verdict::Finished`]), as a lower lease token is. The entries left never overlap
 //! each other: at most one per open shard this key reads from, whatever the number of reshards.
 //! Tuples without a range (`shard_range`) keep their entries (correct, not pruned).
 //!
@@ -358,6 +359,12 @@ pub enum Verdict {
         /// The token stored for the shard.
         stored: u64,
     },
+    /// A record of a shard that finished (a descendant of it was read since): only a zombie
+    /// reads it now; refuse it.
+    Finished {
+        /// The descendant whose entry shows it.
+        descendant: String,
+    },
 }
 
 impl Verdict {
@@ -553,10 +560,11 @@ impl Dedup {
         }
     }
 
-    /// Whether the record's shard is finished as far as this item can tell: an entry of a shard
-    /// that descends from it exists (it was read, so every ancestor was read and handled).
-    fn shard_finished(&self, id: &RecordId) -> bool {
-        id.range.is_some() && self.shards.iter().any(|(k, s)| descends(k, s.range, &id.shard, id.range))
+    /// The entry of a shard that descends from the record's shard, if any: then the record's
+    /// shard is finished (the descendant was read, so every ancestor was read and handled).
+    fn finished_by(&self, id: &RecordId) -> Option<&str> {
+        id.range?;
+        self.shards.iter().find(|(k, s)| descends(k, s.range, &id.shard, id.range)).map(|(k, _)| k.as_str())
     }
 
     /// Judges one input against what is stored.
@@ -566,8 +574,8 @@ impl Dedup {
         {
             return Verdict::Fenced { stored: s.token };
         }
-        if self.shard_finished(id) {
-            return Verdict::handled();
+        if let Some(d) = self.finished_by(id) {
+            return Verdict::Finished { descendant: d.to_string() };
         }
         if let Some(p) = &id.production {
             return self.judge_production(id, p);
@@ -606,7 +614,7 @@ impl Dedup {
     /// floor passed, and drops the entries of the shard's ancestors (finished). Applies to fresh
     /// and duplicate inputs alike.
     pub fn advance(&mut self, id: &RecordId) {
-        if self.shard_finished(id) {
+        if self.finished_by(id).is_some() {
             return;
         }
         let s = self.shards.entry(id.shard.to_string()).or_default();
@@ -1060,9 +1068,10 @@ mod tests {
             vec![&*q("shardId-000000000001")],
             "the parent's entry is gone"
         );
-        // a zombie of the parent (an older token too) delivers a record late: handled, not applied
-        assert_eq!(d.judge(&parent("12", 1)), Verdict::handled());
-        assert_eq!(take(&mut d, &parent("11", 2)), Verdict::handled());
+        // a zombie of the parent (an older token too) delivers a record late: refused, not applied
+        let finished = Verdict::Finished { descendant: q("shardId-000000000001").to_string() };
+        assert_eq!(d.judge(&parent("12", 1)), finished);
+        assert_eq!(take(&mut d, &parent("11", 2)), finished);
         assert_eq!(d.shards.len(), 1, "no entry comes back for it");
         // the other child does not overlap the first
         assert_eq!(

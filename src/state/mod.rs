@@ -30,8 +30,8 @@
 //! record is replayed after later ones. The fencing token is the sequential number of the reader's
 //! lease znode in ZooKeeper, which only grows per shard. Once a shard's descendant (after a split
 //! or a merge) has been read, the shard is finished: its entry is dropped, and a late record of it
-//! (a zombie's) is handled, not applied, so an item stays bounded however often the stream is
-//! resharded (see [`Dedup`]).
+//! (a zombie's) is refused, so an item stays bounded however often the stream is resharded (see
+//! [`Dedup`]).
 //!
 //! Strong productions are stored with the id of the input that made them and re-sent whenever
 //! that input is seen again (its tuple tree may not have completed), until the checkpoint passes
