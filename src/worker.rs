@@ -107,6 +107,13 @@ pub struct WorkerArgs {
     /// through the stream consumer NAME, registered when missing). Overrides the spout config.
     #[arg(long, env = "SQUALL_CONSUMER")]
     pub consumer: Option<crate::spout::Consumer>,
+    /// KPL aggregates holding user records outside the hash range of the shard they were read
+    /// from: `deliver` (the default: nothing lost; after a reshard a KPL producer's re-sends are
+    /// delivered again) or `drop_aggregate` (the KCL's: dropped whole, counted and logged; LOSES
+    /// the records of producers that never re-send, such as aws-kinesis-agg in Lambda).
+    /// Overrides the spout config.
+    #[arg(long, env = "SQUALL_KPL_OUT_OF_RANGE")]
+    pub kpl_out_of_range: Option<crate::spout::KplOutOfRange>,
     /// Serve Prometheus metrics on `GET /metrics` at this address: a port (`9464`, served on
     /// 127.0.0.1) or `IP:PORT` (`0.0.0.0:9464` for every interface). Off unless set. See
     /// docs/metrics.md.
@@ -181,6 +188,9 @@ impl WorkerArgs {
         }
         if let Some(c) = &self.consumer {
             cfg.consumer = c.clone();
+        }
+        if let Some(k) = self.kpl_out_of_range {
+            cfg.kpl_out_of_range = k;
         }
         cfg.validate()?;
         Ok(cfg)
@@ -797,6 +807,8 @@ fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines, metrics_add
             kpl.aggregates += load(&k.aggregates);
             kpl.user_records += load(&k.user_records);
             kpl.out_of_range += load(&k.out_of_range);
+            kpl.dropped += load(&k.dropped);
+            kpl.dropped_aggregates += load(&k.dropped_aggregates);
             kpl.corrupt += load(&k.corrupt);
             for (shard, st) in t.shards() {
                 // shards of another stream than the primary (a later stage's input, a further

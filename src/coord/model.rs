@@ -274,11 +274,19 @@ pub struct WorkerStatus {
 pub struct KplRuntime {
     /// Valid aggregates read.
     pub aggregates: u64,
-    /// User records taken out of them.
+    /// User records taken out of them (delivered or dropped).
     pub user_records: u64,
-    /// User records dropped because their hash key is outside the hash range of the shard they
-    /// were read from (after a reshard; the producer put them to their own shard).
+    /// User records whose hash key is outside the hash range of the shard they were read from:
+    /// delivered with `kpl_out_of_range: deliver` (the default), dropped with their aggregate with
+    /// `drop_aggregate` (then also in `dropped`). Before Squall delivered them by default this
+    /// counted drops.
     pub out_of_range: u64,
+    /// User records dropped with their whole aggregate (`kpl_out_of_range: drop_aggregate` only).
+    #[serde(default)]
+    pub dropped: u64,
+    /// Aggregates dropped whole (`kpl_out_of_range: drop_aggregate` only).
+    #[serde(default)]
+    pub dropped_aggregates: u64,
     /// Records with the KPL magic bytes that were not valid aggregates (bad MD5 or protobuf),
     /// delivered whole as plain records.
     pub corrupt: u64,

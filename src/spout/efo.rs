@@ -549,8 +549,8 @@ impl ReaderCtx {
             if let Some(last) = records.last() {
                 *last_fetched = Some(last.sequence.clone());
             }
-            let (records, counts) = deagg::split(&self.stream, records, range, skip);
-            self.stats.kpl.add(&counts);
+            let (records, counts) = deagg::split(&self.stream, records, range, self.kpl_out_of_range, skip);
+            self.stats.kpl.add(&counts, &self.stream, shard);
             self.set_status(shard, |s| {
                 s.millis_behind_latest = Some(behind);
                 s.clear_error();

@@ -155,6 +155,8 @@ pub(crate) struct ReaderCtx {
     pub hash_ranges: tokio::sync::Mutex<std::collections::HashMap<Arc<str>, HashRange>>,
     /// Set when the spout is an enhanced fan-out consumer: shards are read by subscriptions.
     pub efo: Option<Arc<super::efo::EfoCtx>>,
+    /// What to do with KPL aggregates holding user records outside the shard's hash range.
+    pub kpl_out_of_range: super::KplOutOfRange,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -286,7 +288,7 @@ impl ReaderCtx {
         let found = ranges.get(shard).copied();
         if found.is_none() {
             tracing::warn!(stream = %self.stream, shard = %shard,
-                "ListShards does not name this shard: its KPL user records are not filtered by hash range");
+                "ListShards does not name this shard: its KPL user records are not checked against a hash range (none counted out of range, none dropped)");
         }
         Ok(found)
     }
@@ -433,7 +435,7 @@ impl ReaderCtx {
                 iterator = Some(it);
                 continue;
             }
-            // KPL aggregates are filtered by the shard's hash range, which a first aggregate on
+            // KPL user records are checked against the shard's hash range, which a first aggregate on
             // this shard looks up (ListShards); if that fails, the same iterator is used again.
             let range = if deagg::any_aggregate(&out.records) {
                 let res = tokio::select! {
@@ -467,8 +469,8 @@ impl ReaderCtx {
             if let Some(last) = out.records.last() {
                 last_fetched = Some(last.sequence.clone());
             }
-            let (records, counts) = deagg::split(&self.stream, out.records, range, &mut skip);
-            self.stats.kpl.add(&counts);
+            let (records, counts) = deagg::split(&self.stream, out.records, range, self.kpl_out_of_range, &mut skip);
+            self.stats.kpl.add(&counts, &self.stream, &shard);
             sizes.observe_batch(records.iter().map(Record::mem_size).sum(), n, records.len());
             self.set_status(&shard, |s| {
                 s.millis_behind_latest = behind;
