@@ -236,6 +236,14 @@ where
 /// drains in turn; the worker is drained when every stage is.
 pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> anyhow::Result<()> {
     crate::logging::init();
+    let clock_offset = crate::coord::clock_offset_ms().map_err(|e| anyhow::anyhow!("{e}"))?;
+    if clock_offset != 0 {
+        tracing::warn!(
+            offset_ms = clock_offset,
+            "{}: this worker's wall clock is shifted by {clock_offset} ms (fault injection for tests)",
+            crate::coord::CLOCK_OFFSET_ENV
+        );
+    }
     args.validate_streams()?;
     let spout_cfg = args.spout_config()?;
     // every stream's configuration is checked before anything connects

@@ -435,9 +435,36 @@ pub(crate) fn encode<T: Serialize>(path: &str, value: &T) -> Result<Vec<u8>, Coo
         .map_err(|e| CoordError::Malformed { path: path.to_string(), reason: format!("cannot serialize: {e}") })
 }
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch, by this process's wall clock: the system clock plus the
+/// offset of [`CLOCK_OFFSET_ENV`] (0 unless set; read once).
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or_default()
+    static OFFSET: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let offset = *OFFSET.get_or_init(|| clock_offset_ms().unwrap_or(0));
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+        .saturating_add(offset)
+}
+
+/// Fault injection for tests: milliseconds added to this process's wall clock ([`now_ms`]), so a
+/// worker runs with its clock ahead of (or behind) the Kinesis service's. Not for production.
+#[doc(hidden)]
+pub const CLOCK_OFFSET_ENV: &str = "SQUALL_CLOCK_OFFSET_MS";
+
+/// The offset [`CLOCK_OFFSET_ENV`] sets (0 when unset); the error names the variable and the fix.
+#[doc(hidden)]
+pub fn clock_offset_ms() -> Result<i64, String> {
+    match std::env::var(CLOCK_OFFSET_ENV) {
+        Err(_) => Ok(0),
+        Ok(v) if v.trim().is_empty() => Ok(0),
+        Ok(v) => v.trim().parse::<i64>().map_err(|_| {
+            format!(
+                "{CLOCK_OFFSET_ENV}={v:?} is not a whole number of milliseconds; unset it (it shifts this process's \
+                 wall clock, for tests only) or give e.g. 60000"
+            )
+        }),
+    }
 }
 
 #[cfg(test)]

@@ -20,8 +20,13 @@ pub enum InitialPosition {
     TrimHorizon,
     /// Records that arrive after the first start. Persisted as AT_TIMESTAMP(first start), so a
     /// restart before the first record arrives still loses nothing; closed shards are skipped.
+    /// The first start's time is the Kinesis service's (from the `Date` header of its answers)
+    /// when this worker's clock is off by more than a second: a clock ahead would skip what is
+    /// written until the service's clock catches up.
     Latest,
-    /// Records that arrived at or after this time (milliseconds since the epoch).
+    /// Records that arrived at or after this time (milliseconds since the epoch, compared with
+    /// the Kinesis service's clock). A time later than the service's clock is refused by Kinesis
+    /// until the service's clock passes it; the reader retries until then.
     AtTimestamp {
         /// Milliseconds since the Unix epoch.
         millis: i64,

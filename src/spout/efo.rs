@@ -354,7 +354,16 @@ impl ReaderCtx {
             .starting_position(pos)
             .send()
             .await
-            .map_err(|e| classify("SubscribeToShard", stream, endpoint, e, |e| e.is_resource_in_use_exception()))?;
+            .map_err(|e| {
+                let (e, in_use) =
+                    classify("SubscribeToShard", stream, endpoint, e, |e| e.is_resource_in_use_exception());
+                match from {
+                    Start::Checkpoint(CheckpointPosition::AtTimestamp { millis }) => {
+                        (e.with_start_timestamp(*millis), in_use)
+                    }
+                    _ => (e, in_use),
+                }
+            })?;
         Ok(out)
     }
 

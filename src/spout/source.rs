@@ -71,6 +71,15 @@ impl ShardSource {
         }
     }
 
+    /// A lower bound of the Kinesis service's clock now, from the Date headers of its answers
+    /// (see [`kinesis::clock`]); `None` for the simulated stream or before any answer.
+    pub fn service_now_lower(&self) -> Option<i64> {
+        match self {
+            ShardSource::Kinesis { endpoint, .. } => kinesis::clock::service_now_lower(endpoint),
+            ShardSource::Simulated(_) => None,
+        }
+    }
+
     /// The stream's creation time (to notice a stream re-created under the same name).
     pub async fn created_ms(&self) -> Result<Option<i64>, KinesisError> {
         match self {
@@ -102,7 +111,13 @@ impl ShardSource {
                 req.shard_iterator_type(ShardIteratorType::AfterSequenceNumber).starting_sequence_number(sequence)
             }
         };
-        let out = req.send().await.map_err(|e| KinesisError::from_sdk("GetShardIterator", stream, endpoint, e))?;
+        let out = req.send().await.map_err(|e| {
+            let e = KinesisError::from_sdk("GetShardIterator", stream, endpoint, e);
+            match pos {
+                StartAt::Checkpoint(CheckpointPosition::AtTimestamp { millis }) => e.with_start_timestamp(*millis),
+                _ => e,
+            }
+        })?;
         out.shard_iterator.ok_or_else(|| KinesisError::Service {
             op: "GetShardIterator",
             stream: stream.clone(),
