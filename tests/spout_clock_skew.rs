@@ -64,6 +64,18 @@ async fn stored(s: &TestStream) -> BTreeMap<(String, String), i64> {
     out
 }
 
+/// How far the Kinesis engine's clock is ahead of this machine's (ms): one record put, its
+/// arrival time read back. kinesis-local's clock does not follow steps of the system clock
+/// (ARCHITECTURE.md, Starting positions): on a machine whose clock was set after the engine
+/// started, the two differ.
+async fn engine_offset_ms(s: &TestStream) -> i64 {
+    let before = wall_ms();
+    put(s, 1).await;
+    let after = wall_ms();
+    let arrival = stored(s).await.into_values().max().expect("the probe record");
+    arrival - (before + after) / 2
+}
+
 /// Deliveries so far: (shard, sequence) -> times delivered.
 fn delivered(cluster: &Cluster) -> BTreeMap<(String, String), usize> {
     let mut out = BTreeMap::new();
@@ -165,13 +177,14 @@ async fn at_timestamp_ahead_of_the_service(offset_ms: i64, efo: bool) {
     let s = TestStream::create("skew-atts", 2).await;
     let dir = scratch("skew-atts");
     let mut cluster = Cluster::new(&s.name, &dir);
-    let t = wall_ms() + offset_ms;
+    let engine = engine_offset_ms(&s).await;
+    let t = wall_ms() + engine + offset_ms;
     cluster.initial_position = format!("at-timestamp:{t}");
-    // Records arrive from before the start until 3 s after the timestamp.
+    // Records arrive from before the start until 3 s after the timestamp (the engine's clock).
     let producer = {
         let (client, label, name) = (s.client.clone(), s.label(), s.name.clone());
         tokio::spawn(async move {
-            while wall_ms() < t + 3_000 {
+            while wall_ms() + engine < t + 3_000 {
                 let opts = PutOptions { count: 10, keys: 20, ..PutOptions::default() };
                 kinesis::put_records(&client, &label, &name, &opts).await.expect("put");
                 tokio::time::sleep(Duration::from_millis(250)).await;
@@ -179,7 +192,10 @@ async fn at_timestamp_ahead_of_the_service(offset_ms: i64, efo: bool) {
         })
     };
     let proxy = match efo {
-        true => Some(ClockProxy::start(support::kinesis_endpoint().endpoint.trim_start_matches("http://")).await),
+        true => {
+            let upstream = support::kinesis_endpoint().endpoint;
+            Some(ClockProxy::start(upstream.trim_start_matches("http://"), engine).await)
+        }
         false => None,
     };
     let consumer = format!("efo:{}-app", s.name);

@@ -11,7 +11,10 @@
 //! arrives, is at or after it. Each answer bounds the service's clock from below by
 //! `date - local time of receipt` added to the local clock ([`service_now_lower`]); the largest
 //! such bound of the last 10 minutes is kept, and dropped for a new one when they disagree by more
-//! than 2 s (a clock was stepped).
+//! than 2 s (a clock was stepped). The largest bound is tight (within the answer's travel time)
+//! when an answer comes just after the service's clock ticked to a new second: a few answers
+//! spread over a second sharpen it from 1 s to the spacing between them
+//! (`ShardSource::sharpen_service_clock`: 50 ms).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -72,9 +75,10 @@ pub fn service_now_lower(endpoint: &str) -> Option<i64> {
 /// then the service's bound. With the skew (worker minus service bound) when it took the service's.
 ///
 /// A bound is at most 1 s (plus the answer's travel time) before the service's true time, so
-/// taking it reads at most that much from before the first start, and never skips a record
-/// written after it; a worker ahead by less than the resolution keeps its own time, which the
-/// service may refuse for that long (the reader retries).
+/// taking it reads at most that much from before the first start (the spout sharpens it to about
+/// 50 ms first), and never skips a record written after it; a worker ahead by less than the
+/// resolution keeps its own time, which the service may refuse for that long (the reader
+/// retries).
 pub fn latest_start_ms(now: i64, service_lower: Option<i64>) -> (i64, Option<i64>) {
     match service_lower {
         Some(s) if now - s > DATE_RESOLUTION_MS || s > now => (s, Some(now - s)),

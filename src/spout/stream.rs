@@ -579,14 +579,25 @@ impl StreamCoordinator {
         // header of its answers, ListShards' just now) when this worker's clock is clearly off:
         // a clock ahead would skip what is written until the service's clock catches up.
         let latest_ms = if first_start && self.cfg.initial_position == InitialPosition::Latest {
-            let now = now_ms();
-            let (at, skew) = crate::kinesis::clock::latest_start_ms(now, self.source.service_now_lower());
+            let mut now = now_ms();
+            let (mut at, mut skew) = crate::kinesis::clock::latest_start_ms(now, self.source.service_now_lower());
+            if skew.is_some() {
+                // Off by more than a Date header tells: sharpen the bound to about 50 ms first,
+                // so LATEST reads no more than that from before the first start.
+                self.source.sharpen_service_clock().await;
+                now = now_ms();
+                let lower = self.source.service_now_lower();
+                (at, skew) = match lower {
+                    Some(s) => (s, Some(now - s)),
+                    None => (now, None),
+                };
+            }
             if let Some(skew) = skew {
                 let (dir, by) = if skew > 0 { ("ahead of", skew) } else { ("behind", -skew) };
                 tracing::warn!(stream = %self.cfg.stream, worker_clock_ms = now, service_clock_ms = at, skew_ms = skew,
-                    "this worker's clock is about {by} ms {dir} the Kinesis service's clock (the Date header of its \
-                     answers, 1 s resolution): LATEST persisted as the service's time of the first start, AT_TIMESTAMP \
-                     {at}, not this worker's {now}. Check the workers' clocks (NTP, chrony)");
+                    "this worker's clock is about {by} ms {dir} the Kinesis service's clock (from the Date header of \
+                     its answers): LATEST persisted as the service's time of the first start, AT_TIMESTAMP {at}, not \
+                     this worker's {now}. Check the workers' clocks (NTP, chrony)");
             }
             at
         } else {

@@ -1,6 +1,6 @@
 //! A proxy in front of the Kinesis engine that adds a check AWS makes and kinesis-local leaves out
 //! for enhanced fan-out: a SubscribeToShard whose starting position is AT_TIMESTAMP later than now
-//! (this machine's clock) is answered HTTP 400 `InvalidArgumentException` "Timestamp cannot be in
+//! (the engine's clock: this machine's plus an offset the test measured) is answered HTTP 400 `InvalidArgumentException` "Timestamp cannot be in
 //! the future", as kinesis-local answers GetShardIterator (AWS: "The timestampInMillis parameter
 //! cannot be greater than the currentTimestampInMillis"). Everything else is forwarded; a
 //! connection whose answer has no Content-Length (an event stream) is spliced both ways from then
@@ -23,8 +23,9 @@ pub struct ClockProxy {
 }
 
 impl ClockProxy {
-    /// Forwards to `upstream` (`host:port`).
-    pub async fn start(upstream: &str) -> ClockProxy {
+    /// Forwards to `upstream` (`host:port`); the engine's clock is this machine's plus
+    /// `engine_offset_ms`.
+    pub async fn start(upstream: &str, engine_offset_ms: i64) -> ClockProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the clock proxy");
         let url = format!("http://{}", listener.local_addr().expect("proxy address"));
         let refused = Arc::new(AtomicU64::new(0));
@@ -33,7 +34,7 @@ impl ClockProxy {
             while let Ok((sock, _)) = listener.accept().await {
                 let (count, upstream) = (count.clone(), upstream.clone());
                 tokio::spawn(async move {
-                    let _ = serve(sock, &upstream, &count).await;
+                    let _ = serve(sock, &upstream, &count, engine_offset_ms).await;
                 });
             }
         });
@@ -84,8 +85,9 @@ async fn read_message(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<O
     Ok(Some((head, buf.drain(..len).collect(), true)))
 }
 
-/// Whether the request is a SubscribeToShard at a timestamp later than now.
-fn in_the_future(head: &str, body: &[u8]) -> bool {
+/// Whether the request is a SubscribeToShard at a timestamp later than now (this machine's
+/// clock plus `offset_ms`).
+fn in_the_future(head: &str, body: &[u8], offset_ms: i64) -> bool {
     let subscribe = head.lines().any(|l| {
         l.split_once(':').is_some_and(|(k, v)| {
             k.trim().eq_ignore_ascii_case("x-amz-target") && v.trim().ends_with(".SubscribeToShard")
@@ -96,16 +98,17 @@ fn in_the_future(head: &str, body: &[u8]) -> bool {
     }
     let Ok(doc) = serde_json::from_slice::<serde_json::Value>(body) else { return false };
     let pos = &doc["StartingPosition"];
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
+        + offset_ms as f64 / 1000.0;
     pos["Type"] == "AT_TIMESTAMP" && pos["Timestamp"].as_f64().is_some_and(|ts| ts > now)
 }
 
-async fn serve(mut client: TcpStream, upstream: &str, refused: &AtomicU64) -> std::io::Result<()> {
+async fn serve(mut client: TcpStream, upstream: &str, refused: &AtomicU64, offset_ms: i64) -> std::io::Result<()> {
     let mut cbuf = Vec::new();
     let mut up: Option<(TcpStream, Vec<u8>)> = None;
     loop {
         let Some((head, body, _)) = read_message(&mut client, &mut cbuf).await? else { return Ok(()) };
-        if in_the_future(&head, &body) {
+        if in_the_future(&head, &body, offset_ms) {
             refused.fetch_add(1, Ordering::Relaxed);
             let body = r#"{"__type":"InvalidArgumentException","message":"Timestamp cannot be in the future"}"#;
             let answer = format!(
