@@ -11,7 +11,8 @@
 //!   assignment and garbage collection), the task coordinator (leases, fenced checkpoints,
 //!   handoff, resharding), shard readers (GetRecords polling, or enhanced fan-out subscriptions
 //!   with `--consumer efo:NAME`), KPL de-aggregation (one tuple per user record, sub-sequence
-//!   checkpoints, hash-range filter), in-flight tracking, low watermarks. A worker reads one
+//!   checkpoints, user records outside the shard's hash range counted and delivered, or dropped
+//!   with their aggregate when opted in), in-flight tracking, low watermarks. A worker reads one
 //!   stream or several (`--stream a --stream b`), each coordinated on its own.
 //! - [`coord`]: ZooKeeper access: the worker's shared session, layout, task registry, shard list,
 //!   assignment, checkpoints, leases, watches.

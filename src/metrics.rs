@@ -145,6 +145,42 @@ pub const FAMILIES: &[Family] = &[
         help: "Shard leases the spout task holds now",
     },
     Family {
+        name: "squall_spout_kpl_aggregates_total",
+        kind: Kind::Counter,
+        labels: SPOUT_TASK,
+        help: "Valid KPL aggregates read",
+    },
+    Family {
+        name: "squall_spout_kpl_user_records_total",
+        kind: Kind::Counter,
+        labels: SPOUT_TASK,
+        help: "User records taken out of KPL aggregates (delivered or dropped)",
+    },
+    Family {
+        name: "squall_spout_kpl_out_of_range_total",
+        kind: Kind::Counter,
+        labels: SPOUT_TASK,
+        help: "KPL user records outside the hash range of the shard they were read from (delivered unless kpl_out_of_range is drop_aggregate)",
+    },
+    Family {
+        name: "squall_spout_kpl_dropped_total",
+        kind: Kind::Counter,
+        labels: SPOUT_TASK,
+        help: "KPL user records dropped with their whole aggregate (kpl_out_of_range: drop_aggregate only)",
+    },
+    Family {
+        name: "squall_spout_kpl_dropped_aggregates_total",
+        kind: Kind::Counter,
+        labels: SPOUT_TASK,
+        help: "KPL aggregates dropped whole for holding a user record outside the shard's hash range (kpl_out_of_range: drop_aggregate only)",
+    },
+    Family {
+        name: "squall_spout_kpl_corrupt_total",
+        kind: Kind::Counter,
+        labels: SPOUT_TASK,
+        help: "Records with the KPL magic bytes that were not valid aggregates, delivered whole",
+    },
+    Family {
         name: "squall_shard_behind_latest_seconds",
         kind: Kind::Gauge,
         labels: SHARD,
@@ -367,6 +403,13 @@ impl WorkerSource {
                 put("squall_spout_replayed_total", l(), Sample::Int(load(&stats.replayed)));
                 put("squall_spout_dead_lettered_total", l(), Sample::Int(load(&stats.dead_lettered)));
                 put("squall_spout_leases_held", l(), Sample::Int(load(&stats.leases_held)));
+                let kpl = &stats.kpl;
+                put("squall_spout_kpl_aggregates_total", l(), Sample::Int(load(&kpl.aggregates)));
+                put("squall_spout_kpl_user_records_total", l(), Sample::Int(load(&kpl.user_records)));
+                put("squall_spout_kpl_out_of_range_total", l(), Sample::Int(load(&kpl.out_of_range)));
+                put("squall_spout_kpl_dropped_total", l(), Sample::Int(load(&kpl.dropped)));
+                put("squall_spout_kpl_dropped_aggregates_total", l(), Sample::Int(load(&kpl.dropped_aggregates)));
+                put("squall_spout_kpl_corrupt_total", l(), Sample::Int(load(&kpl.corrupt)));
                 for (shard, st) in t.shards() {
                     let l = || {
                         vec![

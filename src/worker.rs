@@ -107,6 +107,13 @@ pub struct WorkerArgs {
     /// through the stream consumer NAME, registered when missing). Overrides the spout config.
     #[arg(long, env = "SQUALL_CONSUMER")]
     pub consumer: Option<crate::spout::Consumer>,
+    /// KPL aggregates holding user records outside the hash range of the shard they were read
+    /// from: `deliver` (the default: nothing lost; after a reshard a KPL producer's re-sends are
+    /// delivered again) or `drop_aggregate` (the KCL's: dropped whole, counted and logged; LOSES
+    /// the records of producers that never re-send, such as aws-kinesis-agg in Lambda).
+    /// Overrides the spout config.
+    #[arg(long, env = "SQUALL_KPL_OUT_OF_RANGE")]
+    pub kpl_out_of_range: Option<crate::spout::KplOutOfRange>,
     /// Serve Prometheus metrics on `GET /metrics` at this address: a port (`9464`, served on
     /// 127.0.0.1) or `IP:PORT` (`0.0.0.0:9464` for every interface). Off unless set. See
     /// docs/metrics.md.
@@ -182,6 +189,9 @@ impl WorkerArgs {
         if let Some(c) = &self.consumer {
             cfg.consumer = c.clone();
         }
+        if let Some(k) = self.kpl_out_of_range {
+            cfg.kpl_out_of_range = k;
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -226,6 +236,14 @@ where
 /// drains in turn; the worker is drained when every stage is.
 pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> anyhow::Result<()> {
     crate::logging::init();
+    let clock_offset = crate::coord::clock_offset_ms().map_err(|e| anyhow::anyhow!("{e}"))?;
+    if clock_offset != 0 {
+        tracing::warn!(
+            offset_ms = clock_offset,
+            "{}: this worker's wall clock is shifted by {clock_offset} ms (fault injection for tests)",
+            crate::coord::CLOCK_OFFSET_ENV
+        );
+    }
     args.validate_streams()?;
     let spout_cfg = args.spout_config()?;
     // every stream's configuration is checked before anything connects
@@ -797,6 +815,8 @@ fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines, metrics_add
             kpl.aggregates += load(&k.aggregates);
             kpl.user_records += load(&k.user_records);
             kpl.out_of_range += load(&k.out_of_range);
+            kpl.dropped += load(&k.dropped);
+            kpl.dropped_aggregates += load(&k.dropped_aggregates);
             kpl.corrupt += load(&k.corrupt);
             for (shard, st) in t.shards() {
                 // shards of another stream than the primary (a later stage's input, a further

@@ -3,10 +3,18 @@
 //! - records packed by AWS's reference aggregator (`aws-kinesis-agg` from PyPI, installed by
 //!   `localstack/up` through `localstack/kpl-agg-install`) flow through a split and a merge with
 //!   nothing lost and per-key order kept;
+//! - both producer styles through a split of a 3-shard stream, 3000 user records each: Lambda-style
+//!   (`aws-kinesis-agg`: mixed keys in one aggregate, routed by its first record, never re-sent)
+//!   and KPL-like (one aggregate per predicted shard; after the split its stale shard map sends an
+//!   aggregate to the wrong child, and it re-sends the whole aggregate). By default
+//!   (`kpl_out_of_range: deliver`) nothing is lost in either, user records outside their shard's
+//!   range are counted, and the KPL's re-sends are duplicates; with `drop_aggregate` (the KCL's
+//!   semantics) the KPL-like producer's stale aggregates are dropped whole and counted, while the
+//!   Lambda-style producer loses exactly what is counted as dropped;
 //! - a graceful stop in the middle of an aggregate: the next worker resumes after the last acked
 //!   user record, and emits none of the acked ones again;
-//! - after a split, a user record packed into an aggregate of the wrong child (a stale KPL shard
-//!   map) is dropped there and counted, and delivered once from its own shard;
+//! - one stale aggregate and the KPL's re-send of it, in both modes (delivered twice / dropped
+//!   whole, counted, and delivered once from the re-send);
 //! - corrupt aggregates (bad MD5, bad protobuf) are delivered once each as plain records, counted.
 
 use squall_test_support as support;
@@ -21,7 +29,7 @@ use squall::kinesis::kpl::{self, NewUserRecord};
 use squall::kinesis::payload::{AuditPayload, Manifest};
 use squall::kinesis::{self, ShardDescription};
 use support::TestStream;
-use support::workers::{Cluster, read_deliveries, scratch};
+use support::workers::{Cluster, Worker, read_deliveries, scratch};
 
 /// The reference aggregator's Python (a project-local venv made by `localstack/up`).
 fn reference_python() -> PathBuf {
@@ -31,6 +39,9 @@ fn reference_python() -> PathBuf {
     assert!(py.exists(), "{} missing: run localstack/up (it installs aws-kinesis-agg)", py.display());
     py
 }
+
+/// One user record to aggregate: (partition key, data).
+type UserPut = (String, Vec<u8>);
 
 /// One Kinesis record to put: (partition key, explicit hash key, data).
 type Put = (String, Option<String>, Vec<u8>);
@@ -133,28 +144,82 @@ async fn put_reference(
     }
 }
 
+/// Writes `per_key` more audit records of each key as AWS's aggregation library writes them from a
+/// Lambda producer (`aws-kinesis-agg`, awslabs/kinesis-aggregation): user records of ANY keys packed
+/// in the order they come, `per_aggregate` per aggregated record by the reference aggregator, each
+/// aggregate put with its first user record's partition key and explicit hash key (so it lands where
+/// that record's key hashes), and never sent again. Adds what it wrote to `counts`; returns how many
+/// user records landed in a shard whose hash range does not hold their own key.
+async fn put_lambda_style(
+    s: &TestStream,
+    run: &str,
+    keys: &[String],
+    per_key: u64,
+    per_aggregate: usize,
+    counts: &mut BTreeMap<String, u64>,
+) -> u64 {
+    let mut users = Vec::new();
+    for _ in 0..per_key {
+        for k in keys {
+            let seq = counts.entry(k.clone()).or_default();
+            users.push((k.clone(), AuditPayload::new(run, k, *seq, 0).to_bytes()));
+            *seq += 1;
+        }
+    }
+    let groups: Vec<Vec<(String, Vec<u8>)>> = users.chunks(per_aggregate).map(<[_]>::to_vec).collect();
+    let ranges: BTreeMap<String, (u128, u128)> = kinesis::list_shards(&s.client, &s.label(), &s.name)
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| (d.shard_id.clone(), range(d)))
+        .collect();
+    let mut outside = 0;
+    for (agg, group) in reference_aggregate(&groups).iter().zip(&groups) {
+        assert!(agg.2.starts_with(&kpl::MAGIC), "the reference aggregator wrote the KPL format");
+        assert_eq!(agg.0, group[0].0, "an aggregate is put with its first user record's partition key");
+        let (lo, hi) = ranges[&put_one(s, agg).await];
+        outside += group.iter().filter(|(k, _)| !(lo..=hi).contains(&kpl::partition_key_hash(k))).count() as u64;
+    }
+    outside
+}
+
 fn manifest(run: &str, stream: &str, counts: &BTreeMap<String, u64>) -> Manifest {
     Manifest { run: run.into(), stream: stream.into(), counts: counts.clone(), total: counts.values().sum() }
 }
 
-/// The worker statuses' KPL counters, summed: (aggregates, user records, out of range, corrupt).
-async fn kpl_counters(cluster: &Cluster) -> (u64, u64, u64, u64) {
+/// The worker statuses' KPL counters, summed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Kpl {
+    aggregates: u64,
+    users: u64,
+    out_of_range: u64,
+    dropped: u64,
+    dropped_aggregates: u64,
+    corrupt: u64,
+}
+
+async fn kpl_counters(cluster: &Cluster) -> Kpl {
     let zk = support::zk_client().await;
-    let mut t = (0, 0, 0, 0);
+    let mut t = Kpl::default();
     for w in support::ops::worker_statuses(&zk, cluster).await {
         let k = &w["kpl"];
         let n = |f: &str| k[f].as_u64().unwrap_or(0);
-        t = (t.0 + n("aggregates"), t.1 + n("user_records"), t.2 + n("out_of_range"), t.3 + n("corrupt"));
+        t.aggregates += n("aggregates");
+        t.users += n("user_records");
+        t.out_of_range += n("out_of_range");
+        t.dropped += n("dropped");
+        t.dropped_aggregates += n("dropped_aggregates");
+        t.corrupt += n("corrupt");
     }
     t
 }
 
 /// Polls the KPL counters until `done` holds (worker statuses are refreshed every few seconds).
-async fn wait_counters(cluster: &Cluster, done: impl Fn((u64, u64, u64, u64)) -> bool) -> (u64, u64, u64, u64) {
-    let mut last = (0, 0, 0, 0);
-    for _ in 0..100 {
+async fn wait_counters(cluster: &Cluster, done: impl Fn(&Kpl) -> bool) -> Kpl {
+    let mut last = Kpl::default();
+    for _ in 0..150 {
         last = kpl_counters(cluster).await;
-        if done(last) {
+        if done(&last) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -197,10 +262,207 @@ async fn reference_aggregates_through_a_split_and_a_merge_lose_nothing_and_keep_
     assert_eq!(report.duplicates, 0, "nothing failed, so nothing is delivered twice: {report:?}");
     let deliveries = read_deliveries(&cluster.delivery_files());
     assert!(deliveries.iter().any(|d| d.sub_sequence == 24), "user records carry their index in the aggregate");
-    let (aggregates, users, dropped, corrupt) = wait_counters(&cluster, |c| c.1 >= 600).await;
-    assert_eq!((users, dropped, corrupt), (600, 0, 0), "aggregates {aggregates}");
+    let k = wait_counters(&cluster, |c| c.users >= 600).await;
+    assert_eq!((k.users, k.out_of_range, k.dropped, k.corrupt), (600, 0, 0, 0), "{k:?}");
     assert_eq!(w.stop(Duration::from_secs(30)), Some(0));
     cleanup(&cluster, s).await;
+}
+
+/// A spout configuration with `kpl_out_of_range` set (`None`: the default).
+fn cluster_with(s: &TestStream, dir: &std::path::Path, mode: Option<&str>) -> Cluster {
+    match mode {
+        Some(m) => Cluster::with_spout_config(&s.name, dir, serde_json::json!({ "kpl_out_of_range": m })),
+        None => Cluster::new(&s.name, dir),
+    }
+}
+
+/// 3000 user records from Lambda-style producers (AWS's `aws-kinesis-agg`: mixed keys in one
+/// aggregate, routed by the first record's key, never re-sent) into a 3-shard stream through a
+/// split, read with `kpl_out_of_range` = `mode`. Returns the audit, the counters and how many user
+/// records landed in a shard whose range does not hold their key.
+async fn lambda_style_through_a_split(name: &str, mode: Option<&str>) -> (squall::audit::AuditReport, Kpl, u64) {
+    let s = TestStream::create(name, 3).await;
+    let dir = scratch(name);
+    let cluster = cluster_with(&s, &dir, mode);
+    let mut w = cluster.start("w", 2);
+    let run = "kpllambda";
+    let keys: Vec<String> = (0..60).map(|i| format!("key-{i}")).collect();
+    let mut counts = BTreeMap::new();
+    let mut outside = put_lambda_style(&s, run, &keys, 25, 25, &mut counts).await;
+    kinesis::split_shard(&s.client, &s.label(), &s.name, "shardId-000000000000").await.unwrap();
+    outside += put_lambda_style(&s, run, &keys, 25, 25, &mut counts).await;
+    let m = manifest(run, &s.name, &counts);
+    assert_eq!(m.total, 3000);
+    assert!(outside > 1000, "most user records of a mixed aggregate belong to other shards: {outside}");
+    let k = wait_counters(&cluster, |c| c.users >= 3000).await;
+    let report = cluster.wait_delivered(std::slice::from_ref(&m), Duration::from_secs(10)).await;
+    if mode.is_none() {
+        assert_eq!(
+            report.lost,
+            0,
+            "{} of 3000 user records lost ({outside} were outside the hash range of the shard they landed in; {k:?}): \
+             {report:?}\n{}",
+            report.lost,
+            cluster.logs()
+        );
+    }
+    eprintln!("lambda-style, kpl_out_of_range {mode:?}: {report:?}\n  {k:?}, {outside} landed outside their shard");
+    assert_eq!(w.stop(Duration::from_secs(30)), Some(0));
+    cleanup(&cluster, s).await;
+    (report, k, outside)
+}
+
+/// Lambda-style producers through a split, by default: every user record is delivered, those
+/// outside the hash range of the shard they were read from counted (and delivered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lambda_style_aggregates_of_mixed_keys_through_a_split_lose_nothing() {
+    let (report, k, outside) = lambda_style_through_a_split("kpl-lambda", None).await;
+    assert_eq!(report.lost, 0, "{report:?}");
+    assert_eq!(report.duplicates, 0, "nothing is sent twice, so nothing is delivered twice: {report:?}");
+    assert_eq!(
+        (k.users, k.out_of_range, k.dropped, k.dropped_aggregates, k.corrupt),
+        (3000, outside, 0, 0, 0),
+        "every user record outside its shard's range counted, none dropped: {k:?}"
+    );
+}
+
+/// The cost of the opt-in KCL semantics with such a producer, made visible: the records are
+/// lost, and every lost one is counted as dropped (with its aggregate) and logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lambda_style_aggregates_with_drop_aggregate_lose_only_what_is_counted_as_dropped() {
+    let (report, k, outside) = lambda_style_through_a_split("kpl-lambda-drop", Some("drop_aggregate")).await;
+    assert!(report.lost > 0, "mixed aggregates are dropped whole: {report:?}");
+    assert_eq!(report.lost, k.dropped, "every lost user record is counted as dropped: {report:?} {k:?}");
+    assert_eq!(k.out_of_range, outside, "{k:?}");
+    assert!(k.dropped_aggregates > 0 && k.dropped >= k.out_of_range, "{k:?}");
+    assert_eq!(report.duplicates, 0, "{report:?}");
+}
+
+/// How many user records a KPL-like producer put, and sent again.
+#[derive(Debug, Default, Clone, Copy)]
+struct KplPut {
+    /// User records of aggregates that landed on another shard than predicted, sent again.
+    resent: u64,
+    /// Of those, the ones in an aggregate that held a user record outside the shard it landed on.
+    resent_mixed: u64,
+    /// User records that landed in a shard whose hash range does not hold their key.
+    outside: u64,
+}
+
+/// Writes `per_key` more audit records of each key as the KPL does with the shard map `map` it
+/// has (which may be stale): user records grouped by the open shard `map` predicts for their
+/// key, `per_aggregate` per aggregate (packed by the reference aggregator), each put with its
+/// first user record's key. An aggregate that lands on another shard than predicted (the map is
+/// stale: a split since) is sent again WHOLE, as the KPL does: each of its user records, grouped
+/// and aggregated by the fresh shard map. Adds what it wrote to `counts`.
+async fn put_kpl_like(
+    s: &TestStream,
+    run: &str,
+    keys: &[String],
+    per_key: u64,
+    per_aggregate: usize,
+    map: &[ShardDescription],
+    counts: &mut BTreeMap<String, u64>,
+) -> KplPut {
+    let now = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap();
+    let ranges: BTreeMap<String, (u128, u128)> = now.iter().map(|d| (d.shard_id.clone(), range(d))).collect();
+    let fresh: Vec<ShardDescription> = now.iter().filter(|d| !d.closed).cloned().collect();
+    let group = |map: &[ShardDescription], users: &[(String, Vec<u8>)]| {
+        let mut out: Vec<(String, Vec<Vec<UserPut>>)> = Vec::new();
+        for shard in map.iter().filter(|d| !d.closed) {
+            let (lo, hi) = range(shard);
+            let mine: Vec<(String, Vec<u8>)> =
+                users.iter().filter(|(k, _)| (lo..=hi).contains(&kpl::partition_key_hash(k))).cloned().collect();
+            if !mine.is_empty() {
+                out.push((shard.shard_id.clone(), mine.chunks(per_aggregate).map(<[_]>::to_vec).collect()));
+            }
+        }
+        out
+    };
+    let mut users = Vec::new();
+    for _ in 0..per_key {
+        for k in keys {
+            let seq = counts.entry(k.clone()).or_default();
+            users.push((k.clone(), AuditPayload::new(run, k, *seq, 0).to_bytes()));
+            *seq += 1;
+        }
+    }
+    let mut put = KplPut::default();
+    for (predicted, groups) in group(map, &users) {
+        for (agg, g) in reference_aggregate(&groups).iter().zip(&groups) {
+            let landed = put_one(s, agg).await;
+            let (lo, hi) = ranges[&landed];
+            let outside = g.iter().filter(|(k, _)| !(lo..=hi).contains(&kpl::partition_key_hash(k))).count() as u64;
+            put.outside += outside;
+            if landed != predicted {
+                // "Wrong Shard": every user record of the aggregate again, with the fresh map.
+                put.resent += g.len() as u64;
+                if outside > 0 {
+                    put.resent_mixed += g.len() as u64;
+                }
+                for (shard, again) in group(&fresh, g) {
+                    for a in reference_aggregate(&again) {
+                        assert_eq!(put_one(s, &a).await, shard, "the fresh map predicts right");
+                    }
+                }
+            }
+        }
+    }
+    put
+}
+
+/// 3000 user records from a KPL-like producer (one aggregate per predicted shard) into a
+/// 3-shard stream through a split, its shard map stale for the first round after it; read with
+/// `kpl_out_of_range` = `mode`.
+async fn kpl_like_through_a_split(name: &str, mode: Option<&str>) -> (squall::audit::AuditReport, Kpl, KplPut) {
+    let s = TestStream::create(name, 3).await;
+    let dir = scratch(name);
+    let cluster = cluster_with(&s, &dir, mode);
+    let mut w = cluster.start("w", 2);
+    let run = "kpllike";
+    let keys: Vec<String> = (0..60).map(|i| format!("key-{i}")).collect();
+    let mut counts = BTreeMap::new();
+    let map = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap();
+    let before = put_kpl_like(&s, run, &keys, 25, 25, &map, &mut counts).await;
+    assert_eq!((before.resent, before.outside), (0, 0), "a fresh map: every aggregate where predicted");
+    kinesis::split_shard(&s.client, &s.label(), &s.name, "shardId-000000000000").await.unwrap();
+    // The same (now stale) map: the aggregates predicted for the split shard land on a child.
+    let stale = put_kpl_like(&s, run, &keys, 25, 25, &map, &mut counts).await;
+    assert!(stale.resent > 0 && stale.outside > 0, "{stale:?}");
+    let m = manifest(run, &s.name, &counts);
+    assert_eq!(m.total, 3000);
+    let k = wait_counters(&cluster, |c| c.users >= 3000 + stale.resent).await;
+    let report = cluster.wait_delivered(std::slice::from_ref(&m), Duration::from_secs(30)).await;
+    assert_eq!(report.lost, 0, "{report:?} {k:?} {stale:?}\n{}", cluster.logs());
+    eprintln!("kpl-like, kpl_out_of_range {mode:?}: {report:?}\n  {k:?}, {stale:?}");
+    assert_eq!(w.stop(Duration::from_secs(30)), Some(0));
+    cleanup(&cluster, s).await;
+    (report, k, stale)
+}
+
+/// By default a KPL-like producer loses nothing through a split; the price is its re-sends
+/// delivered a second time (the documented cost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kpl_like_aggregates_through_a_split_lose_nothing_and_resends_are_duplicates_by_default() {
+    let (report, k, stale) = kpl_like_through_a_split("kpl-like", None).await;
+    assert_eq!(report.lost, 0);
+    assert_eq!(report.duplicates, stale.resent, "each re-sent user record delivered twice: {report:?} {stale:?}");
+    assert_eq!((k.users, k.out_of_range, k.dropped), (3000 + stale.resent, stale.outside, 0), "{k:?}");
+}
+
+/// With the KCL's semantics (opt-in) the same producer loses nothing and its re-sends are not
+/// duplicates: each aggregate holding a user record of the sibling shard is dropped whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kpl_like_aggregates_through_a_split_with_drop_aggregate_lose_nothing_and_drop_the_stale_aggregates() {
+    let (report, k, stale) = kpl_like_through_a_split("kpl-like-drop", Some("drop_aggregate")).await;
+    assert_eq!(report.lost, 0);
+    assert_eq!(
+        report.duplicates,
+        stale.resent - stale.resent_mixed,
+        "only a re-sent aggregate whose records all hashed into the shard it landed on is delivered twice: {stale:?}"
+    );
+    assert_eq!((k.out_of_range, k.dropped), (stale.outside, stale.resent_mixed), "{k:?} {stale:?}");
+    assert!(k.dropped_aggregates > 0, "{k:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -263,11 +525,17 @@ async fn a_graceful_restart_mid_aggregate_emits_no_acked_user_record_again() {
     cleanup(&cluster, s).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn user_records_outside_the_shards_hash_range_are_dropped_counted_and_delivered_by_the_sibling() {
-    let s = TestStream::create("kpl-range", 1).await;
-    let dir = scratch("kpl-range");
-    let cluster = Cluster::new(&s.name, &dir);
+/// After a split, an aggregate packed with a stale KPL shard map: 5 user records of the low
+/// child and, at index 2, a stray one of the high child, put (first key low) to the low child;
+/// then, as the KPL does when a record lands on another shard than predicted, the WHOLE aggregate
+/// again, each user record to its own child. Read with `kpl_out_of_range` = `mode`.
+async fn stale_aggregate_and_its_resend(
+    name: &str,
+    mode: Option<&str>,
+) -> (Cluster, TestStream, Worker, String, String, Kpl) {
+    let s = TestStream::create(name, 1).await;
+    let dir = scratch(name);
+    let cluster = cluster_with(&s, &dir, mode);
     let label = s.label();
     kinesis::split_shard(&s.client, &label, &s.name, "shardId-000000000000").await.unwrap();
     let shards = kinesis::list_shards(&s.client, &label, &s.name).await.unwrap();
@@ -278,28 +546,55 @@ async fn user_records_outside_the_shards_hash_range_are_dropped_counted_and_deli
     let low_keys: Vec<String> = (0..).map(|i| format!("key-{i}")).filter(in_low).take(5).collect();
     let stray = (0..).map(|i| format!("stray-{i}")).find(|k| !in_low(k)).unwrap();
     let run = "kplrange";
-    // An aggregate for the low child, packed with a stale shard map: the stray key belongs to the
-    // high child. Then the stray record again, to its own shard (as the KPL re-sends it).
     let mut payloads: Vec<(String, Vec<u8>)> =
         low_keys.iter().map(|k| (k.clone(), AuditPayload::new(run, k, 0, 0).to_bytes())).collect();
     payloads.insert(2, (stray.clone(), AuditPayload::new(run, &stray, 0, 0).to_bytes()));
-    let stale = reference_aggregate(&[payloads.clone()]).remove(0);
+    let stale = reference_aggregate(std::slice::from_ref(&payloads)).remove(0);
     assert_eq!(put_one(&s, &stale).await, low.shard_id);
-    let resent = reference_aggregate(&[vec![payloads[2].clone()]]).remove(0);
-    assert_eq!(put_one(&s, &resent).await, high.shard_id);
+    // The KPL's re-send of the whole aggregate, grouped by the fresh map.
+    let (mine, theirs): (Vec<_>, Vec<_>) = payloads.iter().cloned().partition(|(k, _)| in_low(k));
+    for (group, shard) in [(mine, &low.shard_id), (theirs, &high.shard_id)] {
+        let again = reference_aggregate(&[group]).remove(0);
+        assert_eq!(&put_one(&s, &again).await, shard);
+    }
     let counts: BTreeMap<String, u64> = payloads.iter().map(|(k, _)| (k.clone(), 1)).collect();
     let m = manifest(run, &s.name, &counts);
 
-    let mut w = cluster.start("w", 2);
+    let w = cluster.start("w", 2);
+    let k = wait_counters(&cluster, |c| c.users >= 12).await;
     let report = cluster.wait_delivered(std::slice::from_ref(&m), Duration::from_secs(60)).await;
     assert_eq!(report.lost, 0, "{report:?}\n{}", cluster.logs());
-    assert_eq!(report.duplicates, 0, "the stray record is delivered once: {report:?}");
+    (cluster, s, w, stray, high.shard_id.clone(), k)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_kpl_aggregate_is_delivered_whole_by_default_and_its_resend_again() {
+    let (cluster, s, mut w, stray, high, k) = stale_aggregate_and_its_resend("kpl-range", None).await;
     let deliveries = read_deliveries(&cluster.delivery_files());
+    let stray_from: BTreeSet<&str> = deliveries.iter().filter(|d| d.key == stray).map(|d| d.shard.as_str()).collect();
+    assert_eq!(stray_from.len(), 2, "the stray record from the low child (the stale aggregate) and from {high}");
+    let dups =
+        deliveries.len() as u64 - deliveries.iter().map(|d| (&d.key, d.seq)).collect::<BTreeSet<_>>().len() as u64;
+    assert_eq!(dups, 6, "the whole stale aggregate delivered, and its re-send: the documented cost");
+    assert_eq!((k.users, k.out_of_range, k.dropped, k.dropped_aggregates), (12, 1, 0, 0), "{k:?}");
+    assert_eq!(w.stop(Duration::from_secs(30)), Some(0));
+    cleanup(&cluster, s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_drop_aggregate_a_stale_kpl_aggregate_is_dropped_whole_counted_and_its_resend_delivered_once() {
+    let (cluster, s, mut w, stray, high, k) =
+        stale_aggregate_and_its_resend("kpl-range-drop", Some("drop_aggregate")).await;
+    let deliveries = read_deliveries(&cluster.delivery_files());
+    assert_eq!(deliveries.len(), 6, "each user record once, from the re-send: {deliveries:?}");
     let stray_from: Vec<&str> = deliveries.iter().filter(|d| d.key == stray).map(|d| d.shard.as_str()).collect();
-    assert_eq!(stray_from, vec![high.shard_id.as_str()], "delivered by its own shard only");
-    let (_, users, dropped, corrupt) = wait_counters(&cluster, |c| c.2 > 0 && c.1 >= 7).await;
-    assert_eq!((users, dropped, corrupt), (7, 1, 0), "the drop happened and was counted");
-    assert!(cluster.logs().contains("outside the shard's hash range"), "the drop is logged\n{}", cluster.logs());
+    assert_eq!(stray_from, vec![high.as_str()], "delivered by its own shard only");
+    assert_eq!(
+        (k.users, k.out_of_range, k.dropped, k.dropped_aggregates, k.corrupt),
+        (12, 1, 6, 1, 0),
+        "the whole aggregate (6 user records, 1 outside the range) dropped and counted: {k:?}"
+    );
+    assert!(cluster.logs().contains("dropped whole KPL aggregates"), "the drop is logged\n{}", cluster.logs());
     assert_eq!(w.stop(Duration::from_secs(30)), Some(0));
     cleanup(&cluster, s).await;
 }
@@ -333,8 +628,8 @@ async fn corrupt_aggregates_are_delivered_once_as_plain_records_and_counted() {
     let mut w = cluster.start_with("w", 1, &["--non-audit", non_audit.to_str().unwrap()]);
     let report = cluster.wait_delivered(std::slice::from_ref(&m), Duration::from_secs(60)).await;
     assert_eq!((report.lost, report.duplicates), (0, 0), "{report:?}\n{}", cluster.logs());
-    let (_, _, _, corrupt) = wait_counters(&cluster, |c| c.3 >= 2).await;
-    assert_eq!(corrupt, 2, "both corrupt aggregates counted");
+    let k = wait_counters(&cluster, |c| c.corrupt >= 2).await;
+    assert_eq!(k.corrupt, 2, "both corrupt aggregates counted");
     assert_eq!(w.stop(Duration::from_secs(30)), Some(0));
     let plain: Vec<serde_json::Value> = support::ops::json_lines(&non_audit);
     let got: BTreeSet<(String, u64, String)> = plain

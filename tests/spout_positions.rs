@@ -82,13 +82,46 @@ async fn latest_skips_old_records_and_closed_shards_but_children_start_at_trim_h
     s.delete().await;
 }
 
+/// The latest arrival time of the stream's records (ms), by the Kinesis engine's clock.
+async fn last_arrival_ms(s: &TestStream) -> i64 {
+    let mut last = 0;
+    for shard in kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap() {
+        let it = s
+            .client
+            .get_shard_iterator()
+            .stream_name(&s.name)
+            .shard_id(&shard.shard_id)
+            .shard_iterator_type(aws_sdk_kinesis::types::ShardIteratorType::TrimHorizon)
+            .send()
+            .await
+            .unwrap();
+        let mut it = it.shard_iterator;
+        while let Some(i) = it {
+            let r = s.client.get_records().shard_iterator(i).send().await.unwrap();
+            for rec in r.records() {
+                // Rounded: the SDK reads the JSON number through an f64, and `to_millis` (which
+                // truncates) then says 1 ms early about half the time.
+                let at =
+                    rec.approximate_arrival_timestamp().map_or(0, |t| (t.as_nanos() + 500_000).div_euclid(1_000_000));
+                last = last.max(at as i64);
+            }
+            if r.records().is_empty() {
+                break;
+            }
+            it = r.next_shard_iterator;
+        }
+    }
+    last
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_timestamp_starts_there() {
     let s = TestStream::create("atts", 2).await;
     let before = put(&s, 150).await;
+    // The timestamp by the Kinesis engine's clock, which AT_TIMESTAMP is compared with (this
+    // process's clock may differ: kinesis-local's clock does not follow steps of the system clock).
+    let t = last_arrival_ms(&s).await + 500;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let t = squall::coord::now_ms();
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let after = put(&s, 150).await;
     let dir = scratch("atts");
     let mut cluster = Cluster::new(&s.name, &dir);

@@ -157,8 +157,15 @@ pub(crate) fn render(r: &StatusReport, now_ms: i64) -> String {
         for w in &r.workers {
             if let Some(k) = &w.kpl {
                 out.push(format!(
-                    "  {} KPL: {} aggregates, {} user records, {} dropped outside the shard's hash range, {} corrupt (delivered whole)",
-                    w.worker_id, k.aggregates, k.user_records, k.out_of_range, k.corrupt
+                    "  {} KPL: {} aggregates, {} user records, {} outside their shard's hash range, {} dropped in {} \
+                     whole aggregates (kpl_out_of_range: drop_aggregate), {} corrupt (delivered whole)",
+                    w.worker_id,
+                    k.aggregates,
+                    k.user_records,
+                    k.out_of_range,
+                    k.dropped,
+                    k.dropped_aggregates,
+                    k.corrupt
                 ));
             }
         }

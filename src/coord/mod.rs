@@ -55,6 +55,8 @@ pub use model::{
     RebalanceRequest, ShardList, ShardRecord, ShardRuntime, StageRuntime, TaskInfo, TopologyState, Versioned,
     WatermarkReport, WorkerStatus, now_ms,
 };
+#[doc(hidden)]
+pub use model::{CLOCK_OFFSET_ENV, clock_offset_ms};
 pub use paths::TopologyPaths;
 pub use session::{
     FaultHook, Health, InjectedFault, Liveness, SessionView, SharedSession, ZkCounters, ZkOp, ZkSession, zk_counters,

@@ -274,11 +274,19 @@ pub struct WorkerStatus {
 pub struct KplRuntime {
     /// Valid aggregates read.
     pub aggregates: u64,
-    /// User records taken out of them.
+    /// User records taken out of them (delivered or dropped).
     pub user_records: u64,
-    /// User records dropped because their hash key is outside the hash range of the shard they
-    /// were read from (after a reshard; the producer put them to their own shard).
+    /// User records whose hash key is outside the hash range of the shard they were read from:
+    /// delivered with `kpl_out_of_range: deliver` (the default), dropped with their aggregate with
+    /// `drop_aggregate` (then also in `dropped`). Before Squall delivered them by default this
+    /// counted drops.
     pub out_of_range: u64,
+    /// User records dropped with their whole aggregate (`kpl_out_of_range: drop_aggregate` only).
+    #[serde(default)]
+    pub dropped: u64,
+    /// Aggregates dropped whole (`kpl_out_of_range: drop_aggregate` only).
+    #[serde(default)]
+    pub dropped_aggregates: u64,
     /// Records with the KPL magic bytes that were not valid aggregates (bad MD5 or protobuf),
     /// delivered whole as plain records.
     pub corrupt: u64,
@@ -427,9 +435,36 @@ pub(crate) fn encode<T: Serialize>(path: &str, value: &T) -> Result<Vec<u8>, Coo
         .map_err(|e| CoordError::Malformed { path: path.to_string(), reason: format!("cannot serialize: {e}") })
 }
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch, by this process's wall clock: the system clock plus the
+/// offset of [`CLOCK_OFFSET_ENV`] (0 unless set; read once).
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or_default()
+    static OFFSET: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let offset = *OFFSET.get_or_init(|| clock_offset_ms().unwrap_or(0));
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+        .saturating_add(offset)
+}
+
+/// Fault injection for tests: milliseconds added to this process's wall clock ([`now_ms`]), so a
+/// worker runs with its clock ahead of (or behind) the Kinesis service's. Not for production.
+#[doc(hidden)]
+pub const CLOCK_OFFSET_ENV: &str = "SQUALL_CLOCK_OFFSET_MS";
+
+/// The offset [`CLOCK_OFFSET_ENV`] sets (0 when unset); the error names the variable and the fix.
+#[doc(hidden)]
+pub fn clock_offset_ms() -> Result<i64, String> {
+    match std::env::var(CLOCK_OFFSET_ENV) {
+        Err(_) => Ok(0),
+        Ok(v) if v.trim().is_empty() => Ok(0),
+        Ok(v) => v.trim().parse::<i64>().map_err(|_| {
+            format!(
+                "{CLOCK_OFFSET_ENV}={v:?} is not a whole number of milliseconds; unset it (it shifts this process's \
+                 wall clock, for tests only) or give e.g. 60000"
+            )
+        }),
+    }
 }
 
 #[cfg(test)]

@@ -52,6 +52,28 @@ pub enum KinesisError {
         /// Service message.
         message: String,
     },
+    /// A start timestamp (AT_TIMESTAMP of GetShardIterator or SubscribeToShard) later than the
+    /// service's clock: "Timestamp cannot be in the future" (kinesis-local), "The timestampInMillis
+    /// parameter cannot be greater than the currentTimestampInMillis" (AWS). The clock the
+    /// timestamp was taken from (this worker's, for LATEST) runs ahead of the service's. It fixes
+    /// itself once the service's clock passes the timestamp: retry the same call after a back-off.
+    #[error(
+        "{op} on stream {stream:?} refused the start timestamp{} as later than the Kinesis service's clock{}: {message}",
+        timestamp_ms.map(|t| format!(" AT_TIMESTAMP {t} ({})", iso_ms(t))).unwrap_or_default(),
+        service_ms.map(|s| format!(" ({s}, {} ms earlier)", timestamp_ms.map_or(0, |t| t - s))).unwrap_or_default()
+    )]
+    TimestampAhead {
+        /// Operation.
+        op: &'static str,
+        /// Stream name.
+        stream: String,
+        /// The refused timestamp (ms since the epoch), when the caller named it.
+        timestamp_ms: Option<i64>,
+        /// The service's clock then (ms since the epoch), when its message says (AWS does).
+        service_ms: Option<i64>,
+        /// Service message.
+        message: String,
+    },
     /// Throttled (ProvisionedThroughputExceeded, LimitExceeded, KMSThrottling): retry with back-off.
     #[error("{op} on stream {stream:?} throttled: {message}")]
     Throttled {
@@ -134,6 +156,9 @@ pub enum ErrorKind {
     Transient,
     /// The shard iterator expired or is invalid: get a new one, then retry.
     IteratorInvalid,
+    /// A start timestamp later than the service's clock (a clock ahead of the service's): retry
+    /// the same call after a back-off; it succeeds once the service's clock passes it.
+    TimestampAhead,
     /// The credentials are not allowed (IAM policy). Retrying cannot fix it.
     AccessDenied,
     /// The stream's KMS key refuses (disabled, missing, not allowed). Retrying cannot fix it.
@@ -153,7 +178,7 @@ impl ErrorKind {
     /// fix (IAM policy, KMS key, a deleted stream, an invalid request or configuration), and for
     /// an invalid iterator (a new one is needed, not a retry).
     pub fn is_retryable(self) -> bool {
-        matches!(self, ErrorKind::Throttled | ErrorKind::Transient)
+        matches!(self, ErrorKind::Throttled | ErrorKind::Transient | ErrorKind::TimestampAhead)
     }
 
     /// The kinds only an operator can fix.
@@ -174,6 +199,7 @@ impl ErrorKind {
             ErrorKind::Throttled => "throttled",
             ErrorKind::Transient => "transient",
             ErrorKind::IteratorInvalid => "iterator_invalid",
+            ErrorKind::TimestampAhead => "timestamp_ahead",
             ErrorKind::AccessDenied => "access_denied",
             ErrorKind::KmsKey => "kms_key",
             ErrorKind::NotFound => "not_found",
@@ -200,14 +226,23 @@ impl KinesisError {
             KinesisError::Refused { .. } => ErrorKind::InvalidArgument,
             KinesisError::Throttled { .. } => ErrorKind::Throttled,
             KinesisError::IteratorExpired { .. } => ErrorKind::IteratorInvalid,
+            KinesisError::TimestampAhead { .. } => ErrorKind::TimestampAhead,
             KinesisError::AccessDenied { .. } => ErrorKind::AccessDenied,
             KinesisError::Kms { .. } => ErrorKind::KmsKey,
             KinesisError::Timeout { .. } => ErrorKind::Timeout,
         }
     }
 
+    /// Names the start timestamp of a [`KinesisError::TimestampAhead`] (other errors unchanged).
+    pub fn with_start_timestamp(mut self, millis: i64) -> Self {
+        if let KinesisError::TimestampAhead { timestamp_ms, .. } = &mut self {
+            *timestamp_ms = Some(millis);
+        }
+        self
+    }
+
     /// Whether retrying the same call later can succeed (throttling, transport and server
-    /// errors). See [`ErrorKind::is_retryable`].
+    /// errors, a start timestamp ahead of the service's clock). See [`ErrorKind::is_retryable`].
     pub fn is_retryable(&self) -> bool {
         self.kind().is_retryable()
     }
@@ -254,12 +289,38 @@ impl KinesisError {
             | "KMSInvalidStateException"
             | "KMSOptInRequired"
             | "KMSOptInRequiredException" => KinesisError::Kms { op, stream, code: code.to_string(), message },
+            // A start timestamp later than the service's clock: kinesis-local says "Timestamp
+            // cannot be in the future", AWS "The timestampInMillis parameter cannot be greater
+            // than the currentTimestampInMillis. timestampInMillis: T, currentTimestampInMillis: N".
+            "InvalidArgumentException" if timestamp_ahead(&message) => {
+                let service_ms = number_after(&message, "currentTimestampInMillis:");
+                KinesisError::TimestampAhead { op, stream, timestamp_ms: None, service_ms, message }
+            }
             "InvalidArgumentException" | "ResourceInUseException" | "ValidationException" => {
                 KinesisError::Refused { op, stream, message }
             }
             _ => KinesisError::Service { op, stream, endpoint, message },
         }
     }
+}
+
+/// Whether an InvalidArgumentException's message refuses a timestamp ahead of the service's clock.
+fn timestamp_ahead(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("timestamp") && (m.contains("in the future") || m.contains("cannot be greater than the current"))
+}
+
+/// The integer after `label` in `message`, if any.
+fn number_after(message: &str, label: &str) -> Option<i64> {
+    let rest = &message[message.find(label)? + label.len()..];
+    let digits: String = rest.trim_start().chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// `millis` as an RFC 3339 time, for messages.
+pub(crate) fn iso_ms(millis: i64) -> String {
+    use aws_sdk_kinesis::primitives::{DateTime, DateTimeFormat};
+    DateTime::from_millis(millis).fmt(DateTimeFormat::DateTime).unwrap_or_else(|_| millis.to_string())
 }
 
 /// The full message of an SDK error (the bare Display says only "dispatch failure").
@@ -350,5 +411,54 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::Transient);
         assert!(e.is_retryable());
         assert_eq!(classify("", "HTTP 500 with no body").kind(), ErrorKind::Transient);
+    }
+
+    #[test]
+    fn a_timestamp_ahead_of_the_service_clock_is_retryable_and_other_invalid_arguments_are_not() {
+        // kinesis-local (GetShardIterator) and, through a proxy, SubscribeToShard.
+        for op in ["GetShardIterator", "SubscribeToShard"] {
+            let e = KinesisError::classify(
+                op,
+                "clicks",
+                "http://x",
+                "InvalidArgumentException",
+                "Timestamp cannot be in the future".into(),
+            )
+            .with_start_timestamp(1_796_323_644_157);
+            assert_eq!(e.kind(), ErrorKind::TimestampAhead, "{op}");
+            assert!(e.is_retryable() && !e.kind().needs_operator());
+            let m = e.to_string();
+            assert!(m.contains("1796323644157") && m.contains("2026-12-03T") && m.contains("clicks"), "{m}");
+        }
+        // AWS names the service's clock.
+        let e = KinesisError::classify(
+            "GetShardIterator",
+            "clicks",
+            "http://x",
+            "InvalidArgumentException",
+            "The timestampInMillis parameter cannot be greater than the currentTimestampInMillis. \
+             timestampInMillis: 1612801873966, currentTimestampInMillis: 1612801873011"
+                .into(),
+        )
+        .with_start_timestamp(1_612_801_873_966);
+        assert_eq!(e.kind(), ErrorKind::TimestampAhead);
+        assert!(matches!(e, KinesisError::TimestampAhead { service_ms: Some(1_612_801_873_011), .. }));
+        assert!(e.to_string().contains("955 ms earlier"), "{e}");
+        assert_eq!(ErrorKind::TimestampAhead.as_str(), "timestamp_ahead");
+        // Other invalid arguments stay errors only an operator can fix.
+        for msg in ["Timestamp must be provided for ShardIteratorType AT_TIMESTAMP", "Limit must be at most 10000"] {
+            let e = KinesisError::classify(
+                "GetShardIterator",
+                "clicks",
+                "http://x",
+                "InvalidArgumentException",
+                msg.into(),
+            );
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{msg}");
+            assert!(!e.is_retryable() && e.kind().needs_operator());
+        }
+        // with_start_timestamp leaves other errors alone.
+        let e = classify("ExpiredIteratorException", "x").with_start_timestamp(5);
+        assert_eq!(e.kind(), ErrorKind::IteratorInvalid);
     }
 }

@@ -2,6 +2,7 @@
 //! behind `squall stream` (create, describe, put, split, merge, scale, delete).
 
 mod admin;
+pub mod clock;
 mod error;
 pub mod kpl;
 pub mod payload;
@@ -118,7 +119,10 @@ impl KinesisEndpoint {
             .operation_attempt_timeout(std::time::Duration::from_secs(30))
             .build();
         let shared = loader.timeout_config(timeouts).load().await;
-        let conf = aws_sdk_kinesis::config::Builder::from(&shared).build();
+        // Every answer's Date header tells the service's clock (for LATEST; see `clock`).
+        let conf = aws_sdk_kinesis::config::Builder::from(&shared)
+            .interceptor(clock::DateHeader { endpoint: self.label() })
+            .build();
         Ok(aws_sdk_kinesis::Client::from_conf(conf))
     }
 }

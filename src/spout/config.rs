@@ -20,8 +20,13 @@ pub enum InitialPosition {
     TrimHorizon,
     /// Records that arrive after the first start. Persisted as AT_TIMESTAMP(first start), so a
     /// restart before the first record arrives still loses nothing; closed shards are skipped.
+    /// The first start's time is the Kinesis service's (from the `Date` header of its answers)
+    /// when this worker's clock is off by more than a second: a clock ahead would skip what is
+    /// written until the service's clock catches up.
     Latest,
-    /// Records that arrived at or after this time (milliseconds since the epoch).
+    /// Records that arrived at or after this time (milliseconds since the epoch, compared with
+    /// the Kinesis service's clock). A time later than the service's clock is refused by Kinesis
+    /// until the service's clock passes it; the reader retries until then.
     AtTimestamp {
         /// Milliseconds since the Unix epoch.
         millis: i64,
@@ -114,6 +119,81 @@ impl Serialize for Consumer {
 }
 
 impl<'de> Deserialize<'de> for Consumer {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// What the spout does with a KPL aggregate that holds user records whose hash key (explicit hash
+/// key, else MD5 of the partition key) is outside the hash range of the shard it was read from.
+/// Either way they are counted (`kpl.out_of_range` in `squall status`,
+/// `squall_spout_kpl_out_of_range_total`).
+///
+/// Two producers put such aggregates, and each choice costs something with one of them:
+/// - AWS's aggregation library (`aws-kinesis-agg`, typical of Lambda producers) packs user
+///   records of ANY keys into one aggregate, routed by the first record's key, and never sends
+///   them again: dropping them loses them for good (the KCL's oldest data-loss trap,
+///   awslabs/kinesis-aggregation#11).
+/// - The KPL packs only records it predicts for one shard; when an aggregate lands on another
+///   shard (its shard map was stale after a reshard) it sends the WHOLE aggregate's user records
+///   again, to the right shards: delivering them delivers those records twice.
+///
+/// Written `deliver` or `drop_aggregate` (JSON key `kpl_out_of_range`; worker flag
+/// `--kpl-out-of-range`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KplOutOfRange {
+    /// Deliver every user record of every aggregate (the default): nothing is lost whatever wrote
+    /// it; after a reshard a KPL producer with a stale shard map causes duplicates (the records
+    /// of its re-sent aggregates, delivered again from their own shards).
+    #[default]
+    Deliver,
+    /// The KCL's behaviour: an aggregate holding any user record outside the shard's hash range
+    /// is dropped whole (every user record of it), counted (`kpl.dropped`,
+    /// `kpl.dropped_aggregates`) and logged. No duplicates from the KPL's re-sends, but records of
+    /// producers that never re-send (`aws-kinesis-agg`, Lambda) are LOST.
+    DropAggregate,
+}
+
+impl KplOutOfRange {
+    /// The configuration word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KplOutOfRange::Deliver => "deliver",
+            KplOutOfRange::DropAggregate => "drop_aggregate",
+        }
+    }
+}
+
+impl fmt::Display for KplOutOfRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for KplOutOfRange {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().replace('-', "_").as_str() {
+            "deliver" => Ok(KplOutOfRange::Deliver),
+            "drop_aggregate" => Ok(KplOutOfRange::DropAggregate),
+            _ => Err(format!(
+                "kpl_out_of_range {s:?} is not a choice: use `deliver` (the default: every user record delivered, \
+                 duplicates possible after a reshard with a KPL producer) or `drop_aggregate` (the KCL's: an \
+                 aggregate holding a user record outside the shard's hash range dropped whole; loses the records \
+                 of producers that never re-send, such as aws-kinesis-agg)"
+            )),
+        }
+    }
+}
+
+impl Serialize for KplOutOfRange {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for KplOutOfRange {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         s.parse().map_err(serde::de::Error::custom)
@@ -405,6 +485,12 @@ pub struct KinesisSpoutConfig {
     /// Enhanced fan-out tuning (subscription renewal, silence watchdog, registration wait).
     #[serde(default)]
     pub efo: EfoSettings,
+    /// KPL aggregates holding user records outside the shard's hash range: `deliver` (the
+    /// default: nothing lost; duplicates after a reshard with a stale KPL producer) or
+    /// `drop_aggregate` (the KCL's: dropped whole, counted and logged; loses the records of
+    /// producers that never re-send, such as `aws-kinesis-agg` in Lambda). See [`KplOutOfRange`].
+    #[serde(default)]
+    pub kpl_out_of_range: KplOutOfRange,
 }
 
 /// The shortest `committed_watermark_interval_ms` other than 0 (the coordinator's tick).
@@ -482,6 +568,7 @@ impl KinesisSpoutConfig {
             stream_tasks: false,
             consumer: Consumer::default(),
             efo: EfoSettings::default(),
+            kpl_out_of_range: KplOutOfRange::default(),
         }
     }
 
@@ -691,6 +778,23 @@ mod tests {
         let e = serde_json::from_str::<KinesisSpoutConfig>(r#"{"topology":"t","stream":"s","consumer":"efo:"}"#)
             .unwrap_err();
         assert!(e.to_string().contains("consumer name"), "{e}");
+    }
+
+    #[test]
+    fn kpl_out_of_range_parses_and_bad_values_name_the_key_and_the_choices() {
+        let c: KinesisSpoutConfig = serde_json::from_str(r#"{"topology":"t","stream":"s"}"#).unwrap();
+        assert_eq!(c.kpl_out_of_range, KplOutOfRange::Deliver, "nothing is dropped by default");
+        let c: KinesisSpoutConfig =
+            serde_json::from_str(r#"{"topology":"t","stream":"s","kpl_out_of_range":"drop_aggregate"}"#).unwrap();
+        assert_eq!(c.kpl_out_of_range, KplOutOfRange::DropAggregate);
+        c.validate().unwrap();
+        assert_eq!(serde_json::to_value(&c).unwrap()["kpl_out_of_range"], "drop_aggregate");
+        assert_eq!("drop-aggregate".parse::<KplOutOfRange>().unwrap(), KplOutOfRange::DropAggregate);
+        let e =
+            serde_json::from_str::<KinesisSpoutConfig>(r#"{"topology":"t","stream":"s","kpl_out_of_range":"drop"}"#)
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("kpl_out_of_range") && e.contains("deliver") && e.contains("drop_aggregate"), "{e}");
     }
 
     #[test]

@@ -354,7 +354,16 @@ impl ReaderCtx {
             .starting_position(pos)
             .send()
             .await
-            .map_err(|e| classify("SubscribeToShard", stream, endpoint, e, |e| e.is_resource_in_use_exception()))?;
+            .map_err(|e| {
+                let (e, in_use) =
+                    classify("SubscribeToShard", stream, endpoint, e, |e| e.is_resource_in_use_exception());
+                match from {
+                    Start::Checkpoint(CheckpointPosition::AtTimestamp { millis }) => {
+                        (e.with_start_timestamp(*millis), in_use)
+                    }
+                    _ => (e, in_use),
+                }
+            })?;
         Ok(out)
     }
 
@@ -549,8 +558,8 @@ impl ReaderCtx {
             if let Some(last) = records.last() {
                 *last_fetched = Some(last.sequence.clone());
             }
-            let (records, counts) = deagg::split(&self.stream, records, range, skip);
-            self.stats.kpl.add(&counts);
+            let (records, counts) = deagg::split(&self.stream, records, range, self.kpl_out_of_range, skip);
+            self.stats.kpl.add(&counts, &self.stream, shard);
             self.set_status(shard, |s| {
                 s.millis_behind_latest = Some(behind);
                 s.clear_error();

@@ -47,7 +47,8 @@ mod stream;
 mod tracker;
 
 pub use config::{
-    Consumer, EfoSettings, InitialPosition, KinesisSpoutConfig, RetryPolicy, SpoutConfigError, ZkSettings,
+    Consumer, EfoSettings, InitialPosition, KinesisSpoutConfig, KplOutOfRange, RetryPolicy, SpoutConfigError,
+    ZkSettings,
 };
 pub use deagg::KplStats;
 pub use readlog::ReadLogEntry;
@@ -685,6 +686,7 @@ impl Spout for KinesisSpout {
             stats: self.stats.clone(),
             hash_ranges: tokio::sync::Mutex::default(),
             efo,
+            kpl_out_of_range: self.cfg.kpl_out_of_range,
         });
         let coordinator = coordinator::Coordinator {
             cfg: self.cfg.clone(),

@@ -18,6 +18,12 @@
 //!     stays valid for 5 minutes; dropping it would cost a GetShardIterator call per throttle.
 //!     After [`TRANSIENT_RUN_RESET`] such errors in a row (an emulator answers an iterator it
 //!     cannot use with HTTP 500) a new iterator is taken once.
+//!   - a start timestamp later than the Kinesis service's clock ("Timestamp cannot be in the
+//!     future": the clock it was taken from runs ahead of the service's): the same
+//!     AT_TIMESTAMP is asked again after the call back-off (or, when AWS says its time, once
+//!     that passed it), never TRIM_HORIZON or LATEST instead, so nothing at or after it is
+//!     skipped; WARN with stream, shard, timestamp and cause, counted as `timestamp_ahead`.
+//!     Enhanced fan-out's SubscribeToShard takes the same path.
 //!   - ExpiredIteratorException (or an error saying the iterator is invalid): a new iterator
 //!     AFTER_SEQUENCE_NUMBER of the last record fetched (or the start position if none was), so
 //!     nothing is fetched twice; no wait.
@@ -155,6 +161,8 @@ pub(crate) struct ReaderCtx {
     pub hash_ranges: tokio::sync::Mutex<std::collections::HashMap<Arc<str>, HashRange>>,
     /// Set when the spout is an enhanced fan-out consumer: shards are read by subscriptions.
     pub efo: Option<Arc<super::efo::EfoCtx>>,
+    /// What to do with KPL aggregates holding user records outside the shard's hash range.
+    pub kpl_out_of_range: super::KplOutOfRange,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -286,7 +294,7 @@ impl ReaderCtx {
         let found = ranges.get(shard).copied();
         if found.is_none() {
             tracing::warn!(stream = %self.stream, shard = %shard,
-                "ListShards does not name this shard: its KPL user records are not filtered by hash range");
+                "ListShards does not name this shard: its KPL user records are not checked against a hash range (none counted out of range, none dropped)");
         }
         Ok(found)
     }
@@ -433,7 +441,7 @@ impl ReaderCtx {
                 iterator = Some(it);
                 continue;
             }
-            // KPL aggregates are filtered by the shard's hash range, which a first aggregate on
+            // KPL user records are checked against the shard's hash range, which a first aggregate on
             // this shard looks up (ListShards); if that fails, the same iterator is used again.
             let range = if deagg::any_aggregate(&out.records) {
                 let res = tokio::select! {
@@ -467,8 +475,8 @@ impl ReaderCtx {
             if let Some(last) = out.records.last() {
                 last_fetched = Some(last.sequence.clone());
             }
-            let (records, counts) = deagg::split(&self.stream, out.records, range, &mut skip);
-            self.stats.kpl.add(&counts);
+            let (records, counts) = deagg::split(&self.stream, out.records, range, self.kpl_out_of_range, &mut skip);
+            self.stats.kpl.add(&counts, &self.stream, &shard);
             sizes.observe_batch(records.iter().map(Record::mem_size).sum(), n, records.len());
             self.set_status(&shard, |s| {
                 s.millis_behind_latest = behind;
@@ -533,6 +541,35 @@ impl ReaderCtx {
             ErrorKind::Throttled => {
                 let delay = b.transient.next().unwrap_or(self.call_max_backoff);
                 tracing::debug!(stream = %self.stream, shard = %shard, ?delay, "throttled; backing off");
+                delay
+            }
+            ErrorKind::TimestampAhead => {
+                // It fixes itself once the service's clock passes the timestamp, and the same
+                // AT_TIMESTAMP asked then skips nothing that arrived at or after it (a start at
+                // TRIM_HORIZON or LATEST instead would read too much or skip records). When the
+                // service said its time (AWS does), wait until it passes; else back off.
+                let (timestamp, service) = match e {
+                    KinesisError::TimestampAhead { timestamp_ms, service_ms, .. } => (*timestamp_ms, *service_ms),
+                    _ => (None, None),
+                };
+                let delay = match (timestamp, service) {
+                    (Some(t), Some(s)) => Duration::from_millis((t - s).max(0) as u64 + 100)
+                        .clamp(self.call_min_backoff, self.fatal_max_backoff),
+                    _ => b.transient.next().unwrap_or(self.call_max_backoff),
+                };
+                // How far ahead: from the service's own word (AWS), else from the Date headers
+                // of its answers (at most about 1 s more).
+                let ahead_of_service_ms =
+                    timestamp.and_then(|t| service.or_else(|| self.source.service_now_lower()).map(|s| t - s));
+                if repeated {
+                    tracing::debug!(stream = %self.stream, shard = %shard, ?timestamp, next_attempt_in = ?delay,
+                        "start timestamp still later than the Kinesis service's clock; retrying");
+                } else {
+                    tracing::warn!(stream = %self.stream, shard = %shard, ?timestamp, ?ahead_of_service_ms, next_attempt_in = ?delay,
+                        "{e}. The clock the timestamp was taken from (this worker's, for LATEST) is likely ahead of the \
+                         Kinesis service's clock: check NTP/chrony on the workers. Retrying until the service's clock \
+                         passes the timestamp; nothing that arrives at or after it is skipped");
+                }
                 delay
             }
             k if k.needs_operator() => {

@@ -575,6 +575,34 @@ impl StreamCoordinator {
         // The topology's first start on the stream: no list and no checkpoint yet. (A list deleted
         // by an operator is not a first start: later shards still start at TRIM_HORIZON.)
         let first_start = l.list.is_none() && l.checkpointed.is_empty();
+        // LATEST is the first start's time as the Kinesis service's clock has it (from the Date
+        // header of its answers, ListShards' just now) when this worker's clock is clearly off:
+        // a clock ahead would skip what is written until the service's clock catches up.
+        let latest_ms = if first_start && self.cfg.initial_position == InitialPosition::Latest {
+            let mut now = now_ms();
+            let (mut at, mut skew) = crate::kinesis::clock::latest_start_ms(now, self.source.service_now_lower());
+            if skew.is_some() {
+                // Off by more than a Date header tells: sharpen the bound to about 50 ms first,
+                // so LATEST reads no more than that from before the first start.
+                self.source.sharpen_service_clock().await;
+                now = now_ms();
+                let lower = self.source.service_now_lower();
+                (at, skew) = match lower {
+                    Some(s) => (s, Some(now - s)),
+                    None => (now, None),
+                };
+            }
+            if let Some(skew) = skew {
+                let (dir, by) = if skew > 0 { ("ahead of", skew) } else { ("behind", -skew) };
+                tracing::warn!(stream = %self.cfg.stream, worker_clock_ms = now, service_clock_ms = at, skew_ms = skew,
+                    "this worker's clock is about {by} ms {dir} the Kinesis service's clock (from the Date header of \
+                     its answers): LATEST persisted as the service's time of the first start, AT_TIMESTAMP {at}, not \
+                     this worker's {now}. Check the workers' clocks (NTP, chrony)");
+            }
+            at
+        } else {
+            0
+        };
         let ids: BTreeSet<&str> = listed.iter().map(|s| s.shard_id.as_str()).collect();
         // Persist every starting position before the list names the shard.
         for sh in &listed {
@@ -582,7 +610,7 @@ impl StreamCoordinator {
                 continue;
             }
             let cp = if first_start {
-                initial_checkpoint(self.cfg.initial_position, sh.closed)
+                initial_checkpoint(self.cfg.initial_position, sh.closed, latest_ms)
             } else {
                 Checkpoint::at(CheckpointPosition::TrimHorizon, now_ms())
             };
@@ -769,8 +797,9 @@ fn apply(dirty: &mut Dirty, ev: ChangeEvent) {
     }
 }
 
-/// The checkpoint a shard gets at the topology's first start on the stream.
-pub(crate) fn initial_checkpoint(pos: InitialPosition, closed: bool) -> Checkpoint {
+/// The checkpoint a shard gets at the topology's first start on the stream; LATEST starts at
+/// `latest_ms` (the first start's time, see `kinesis::clock::latest_start_ms`).
+pub(crate) fn initial_checkpoint(pos: InitialPosition, closed: bool, latest_ms: i64) -> Checkpoint {
     let now = now_ms();
     match pos {
         InitialPosition::TrimHorizon => Checkpoint::at(CheckpointPosition::TrimHorizon, now),
@@ -779,6 +808,6 @@ pub(crate) fn initial_checkpoint(pos: InitialPosition, closed: bool) -> Checkpoi
             // Nothing new will ever arrive in a closed shard: it is done.
             Checkpoint { finished: true, ..Checkpoint::at(CheckpointPosition::TrimHorizon, now) }
         }
-        InitialPosition::Latest => Checkpoint::at(CheckpointPosition::AtTimestamp { millis: now }, now),
+        InitialPosition::Latest => Checkpoint::at(CheckpointPosition::AtTimestamp { millis: latest_ms }, now),
     }
 }

@@ -252,8 +252,9 @@ fn workers(h: &mut String, workers: &[WorkerReport], live: &LiveView) {
         if let Some(k) = &w.kpl {
             let _ = write!(
                 h,
-                "<div class=\"muted\">KPL: {} aggregates, {} user records, {} outside the hash range, {} corrupt</div>",
-                k.aggregates, k.user_records, k.out_of_range, k.corrupt
+                "<div class=\"muted\">KPL: {} aggregates, {} user records, {} outside the hash range, {} dropped in {} \
+                 whole aggregates, {} corrupt</div>",
+                k.aggregates, k.user_records, k.out_of_range, k.dropped, k.dropped_aggregates, k.corrupt
             );
         }
         h.push_str("</td>");

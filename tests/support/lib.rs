@@ -8,6 +8,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+pub mod clockproxy;
 pub mod ensemble;
 pub mod faultproxy;
 pub mod netns;

@@ -122,7 +122,18 @@ impl Cluster {
     /// Starts worker `name` running the example binary `bin` (which takes the standard worker
     /// flags and `--deliveries`).
     pub fn start_example(&self, bin: &Path, name: &str, tasks: usize, extra: &[&str]) -> Worker {
+        self.start_example_env(bin, name, tasks, extra, &[])
+    }
+
+    /// Like [`Cluster::start_with`], with extra environment variables for the worker (e.g.
+    /// `SQUALL_CLOCK_OFFSET_MS`).
+    pub fn start_with_env(&self, name: &str, tasks: usize, extra: &[&str], env: &[(&str, &str)]) -> Worker {
+        self.start_example_env(&audit_bin(), name, tasks, extra, env)
+    }
+
+    fn start_example_env(&self, bin: &Path, name: &str, tasks: usize, extra: &[&str], env: &[(&str, &str)]) -> Worker {
         let (mut cmd, _) = self.worker_command(bin, name, tasks, extra);
+        cmd.envs(env.iter().copied());
         let child = cmd.spawn().expect("start worker");
         Worker {
             name: name.to_string(),
