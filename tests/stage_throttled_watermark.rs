@@ -7,7 +7,9 @@
 //! writer puts them again later. No record (data, watermark or drain marker) may land in a shard
 //! behind a record of the same producer that carries a later watermark: no tuple may reach the
 //! windows after the watermark passed it (late), and every window counts the records of the
-//! source stream in it.
+//! source stream in it. And a drain under the same faults: no drain marker lands ahead of a
+//! record of its producer, so the second stage counts every record the first delivered before
+//! it stopped.
 
 use squall_test_support as support;
 
@@ -17,8 +19,8 @@ use std::time::{Duration, Instant};
 use squall::kinesis::{self, PutOptions};
 use support::TestStream;
 use support::faultproxy::{FaultPlan, FaultProxy};
-use support::ops::json_lines;
-use support::workers::{Cluster, Worker, example_bin, scratch};
+use support::ops::{json_lines, squall_run};
+use support::workers::{Cluster, Worker, example_bin, read_deliveries, scratch};
 
 const WINDOW_MS: u64 = 1000;
 
@@ -61,23 +63,37 @@ fn outputs(cluster: &Cluster) -> (BTreeMap<String, Vec<u64>>, Vec<serde_json::Va
     (fired, late)
 }
 
+/// A proxy to Kinesis failing each entry of every PutRecords with probability `rate`.
+async fn throttling_proxy(rate: f64) -> FaultProxy {
+    FaultProxy::start(
+        &support::kinesis_endpoint().endpoint,
+        FaultPlan {
+            partial: 1.0,
+            partial_entries: rate,
+            partial_at_least_one: false,
+            only_ops: vec!["PutRecords".into()],
+            ..FaultPlan::default()
+        },
+    )
+    .await
+}
+
+async fn clean_up(cluster: &Cluster, s: TestStream) {
+    let zk = support::zk_client().await;
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    let endpoint = support::kinesis_endpoint();
+    let client = endpoint.client().await.unwrap();
+    let _ = kinesis::delete_stream(&client, &endpoint.label(), &format!("{}-keys", cluster.topology)).await;
+    s.delete().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_record_throttling_of_the_intermediate_stream_makes_no_tuple_late() {
     let t0 = Instant::now();
     let mark = |what: &str| eprintln!("[{:>6.1} s] {what}", t0.elapsed().as_secs_f64());
     let s = TestStream::create("sthrottle", 2).await;
     let dir = scratch("sthrottle");
-    let proxy = FaultProxy::start(
-        &support::kinesis_endpoint().endpoint,
-        FaultPlan {
-            partial: 1.0,
-            partial_entries: 0.05,
-            partial_at_least_one: false,
-            only_ops: vec!["PutRecords".into()],
-            ..FaultPlan::default()
-        },
-    )
-    .await;
+    let proxy = throttling_proxy(0.05).await;
     let url = proxy.url();
     let cluster = Cluster::with_spout_config(&s.name, &dir, serde_json::json!({"watermark_idle_timeout_ms": 1000}));
     let mut a = start_windows(&cluster, "a", &url);
@@ -131,10 +147,52 @@ async fn per_record_throttling_of_the_intermediate_stream_makes_no_tuple_late() 
     assert!(wrong.is_empty(), "fired windows differ from the source stream\n{}", cluster.logs());
     assert_eq!(a.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());
     assert_eq!(b.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());
-    let zk = support::zk_client().await;
-    support::zk_delete_tree(&zk, &cluster.zk_root).await;
-    let endpoint = support::kinesis_endpoint();
-    let client = endpoint.client().await.unwrap();
-    let _ = kinesis::delete_stream(&client, &endpoint.label(), &format!("{}-keys", cluster.topology)).await;
-    s.delete().await;
+    clean_up(&cluster, s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_under_per_record_throttling_counts_every_record_the_first_stage_delivered() {
+    let s = TestStream::create("sthrdrain", 2).await;
+    let dir = scratch("sthrdrain");
+    // 20%: the drain's last calls, a few records each, often hold a throttled one
+    let proxy = throttling_proxy(0.2).await;
+    let url = proxy.url();
+    let mut cluster = Cluster::with_spout_config(&s.name, &dir, serde_json::json!({"watermark_idle_timeout_ms": 1000}));
+    // at 20% the writer backs off for seconds at a time: no replay after a message timeout
+    // (a replay after its window fired is late by design, and would hide what is tested here)
+    cluster.message_timeout_ms = 120_000;
+    let mut a = start_windows(&cluster, "a", &url);
+    let mut b = start_windows(&cluster, "b", &url);
+    let producer = {
+        let (client, label, name) = (s.client.clone(), s.label(), s.name.clone());
+        tokio::spawn(async move {
+            let opts = PutOptions { count: 3000, keys: 12, rate: Some(150.0), ..PutOptions::default() };
+            kinesis::put_records(&client, &label, &name, &opts).await.expect("put").manifest
+        })
+    };
+    let start = Instant::now();
+    while read_deliveries(&cluster.delivery_files()).len() < 1000 {
+        assert!(start.elapsed() < Duration::from_secs(60), "fewer than 1000 delivered in 60 s\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // drain under load, while records of the boundary are throttled and put again
+    let drain_at = proxy.elapsed();
+    let (rc, out, err) = squall_run(&cluster, &["drain", &cluster.topology, "--wait", "90"]);
+    assert_eq!(rc, 0, "{out}{err}\n{}", cluster.logs());
+    assert_eq!(a.stop(Duration::from_secs(30)), Some(0), "worker exits 0 after the drain\n{}", cluster.logs());
+    assert_eq!(b.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());
+    producer.abort();
+    let c = proxy.counters();
+    eprintln!("PutRecords entries failed {} in {} calls", c.partial_entries, c.partial_calls);
+    assert!(c.partial_entries >= 20, "too few records throttled: {c:?}");
+    let puts_after = proxy.request_times("PutRecords").into_iter().filter(|(t, _)| *t >= drain_at).count();
+    eprintln!("PutRecords calls from the drain on: {puts_after}");
+    let delivered = read_deliveries(&cluster.delivery_files()).len() as u64;
+    let (fired, late) = outputs(&cluster);
+    let counted: u64 = fired.values().flatten().sum();
+    eprintln!("delivered by the first stage {delivered}; counted in the second {counted}; late {}", late.len());
+    assert!(delivered < 3000, "the drain came under load: {delivered} delivered");
+    assert!(late.is_empty(), "tuples reached the windows after the watermark passed them\n{}", cluster.logs());
+    assert_eq!(counted, delivered, "the second stage counted every record the first delivered\n{}", cluster.logs());
+    clean_up(&cluster, s).await;
 }

@@ -261,9 +261,10 @@ impl StageInput {
         }
     }
 
-    /// The live producers of the current deployment; `None` before the first registry listing.
+    /// The live producers of the current deployment in the listing last observed (the one the
+    /// departures were taken from); `None` before the first registry listing.
     fn live(&self) -> Option<Vec<u64>> {
-        let p = self.spec.producers.borrow().clone()?;
+        let p = self.registry.last.as_ref()?;
         Some(p.live.iter().filter(|(_, d)| **d == self.spec.deployment).map(|(p, _)| *p).collect())
     }
 
