@@ -35,6 +35,71 @@ pub fn readable(list: &ShardList, finished_set: &BTreeSet<String>) -> Vec<String
     out
 }
 
+/// What keeps the leader from writing an assignment now: empty when every shard that may hold
+/// unread records is known, with its starting position persisted. Otherwise one reason per gap,
+/// naming the shard:
+/// - a finished shard of the list whose children the list does not (or not all) name: a finished
+///   shard was closed by a split or a merge, so its hash range lives on in children whose
+///   records arrived after it closed. The union of the children's hash ranges must cover the
+///   parent's (a listing that returned one child of a split is a gap too);
+/// - a readable shard without a starting position (`positioned`: shards with a checkpoint).
+///
+/// An assignment written over such a list would leave those records unassigned, and its tasks
+/// would report a committed watermark that nothing of those records holds back: windows would
+/// fire without them (issue #31, point 4). So the leader writes nothing until a listing closes
+/// every gap; the previous assignment stays, in which the finished shard is still assigned to
+/// the task that finished it, whose watermark stays unknown (it owns fewer shards than
+/// assigned) until the next assignment.
+pub fn lineage_gaps(list: &ShardList, finished: &BTreeSet<String>, positioned: &BTreeSet<String>) -> Vec<String> {
+    let mut gaps = Vec::new();
+    let range = |s: &super::model::ShardRecord| -> Option<(u128, u128)> {
+        Some((s.starting_hash_key.parse().ok()?, s.ending_hash_key.parse().ok()?))
+    };
+    for parent in list.shards.iter().filter(|s| finished.contains(&s.shard_id)) {
+        let children: Vec<&super::model::ShardRecord> =
+            list.shards.iter().filter(|c| c.parents().any(|p| p == parent.shard_id)).collect();
+        let covered = match (range(parent), children.iter().map(|c| range(c)).collect::<Option<Vec<_>>>()) {
+            (Some(p), Some(mut kids)) => covers(p, &mut kids),
+            // Hash keys that do not parse (never from Kinesis): at least one child.
+            _ => !children.is_empty(),
+        };
+        if !covered {
+            let names: Vec<&str> = children.iter().map(|c| c.shard_id.as_str()).collect();
+            gaps.push(if names.is_empty() {
+                format!("shard {} finished, but the shard list names none of its children yet", parent.shard_id)
+            } else {
+                format!(
+                    "shard {} finished, but the children the shard list names ({}) do not cover its hash range",
+                    parent.shard_id,
+                    names.join(", ")
+                )
+            });
+        }
+    }
+    for s in readable(list, finished) {
+        if !positioned.contains(&s) {
+            gaps.push(format!("shard {s} is readable but its starting position is not persisted yet"));
+        }
+    }
+    gaps
+}
+
+/// Whether the ranges `kids` (inclusive) cover the inclusive range `parent`.
+fn covers(parent: (u128, u128), kids: &mut [(u128, u128)]) -> bool {
+    kids.sort_unstable();
+    let mut next = parent.0; // the lowest hash key not covered yet
+    for &(start, end) in kids.iter() {
+        if start > next {
+            break;
+        }
+        if end >= parent.1 {
+            return true;
+        }
+        next = next.max(end + 1);
+    }
+    false
+}
+
 /// Orders task node names by their sequence number (then by name).
 pub fn task_cmp(a: &str, b: &str) -> Ordering {
     match (sequence_of(a), sequence_of(b)) {
@@ -503,6 +568,193 @@ mod tests {
             let expected = a.len().cmp(&b.len()).then_with(|| a.cmp(&b));
             prop_assert_eq!(sequence_cmp(&a, &b), expected);
             prop_assert_eq!(sequence_cmp(&b, &a), expected.reverse());
+        }
+    }
+
+    fn ranged(id: &str, parents: &[&str], start: u128, end: u128, closed: bool) -> ShardRecord {
+        ShardRecord {
+            shard_id: id.into(),
+            parent_shard_id: parents.first().map(|p| p.to_string()),
+            adjacent_parent_shard_id: parents.get(1).map(|p| p.to_string()),
+            starting_hash_key: start.to_string(),
+            ending_hash_key: end.to_string(),
+            closed,
+        }
+    }
+
+    fn set(ids: &[&str]) -> BTreeSet<String> {
+        ids.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_finished_shard_whose_children_are_not_listed_is_a_gap() {
+        let half = u128::MAX / 2;
+        let stale =
+            ShardList::new(vec![ranged("s0", &[], 0, half, false), ranged("s1", &[], half + 1, u128::MAX, false)], 0);
+        let all = set(&["s0", "s1", "s2", "s3"]);
+        assert!(lineage_gaps(&stale, &set(&[]), &all).is_empty(), "nothing finished: nothing missing");
+        // s1 split into s2, s3 and finished, but the list predates the split
+        let gaps = lineage_gaps(&stale, &set(&["s1"]), &all);
+        assert_eq!(gaps, ["shard s1 finished, but the shard list names none of its children yet"]);
+        // a listing that returned one child of the split
+        let quarter = half + 1 + half / 2;
+        let one = ShardList::new(
+            vec![
+                ranged("s0", &[], 0, half, false),
+                ranged("s1", &[], half + 1, u128::MAX, true),
+                ranged("s2", &["s1"], half + 1, quarter, false),
+            ],
+            0,
+        );
+        let gaps = lineage_gaps(&one, &set(&["s1"]), &all);
+        assert_eq!(gaps, ["shard s1 finished, but the children the shard list names (s2) do not cover its hash range"]);
+        let mut both = one.clone();
+        both.shards.push(ranged("s3", &["s1"], quarter + 1, u128::MAX, false));
+        assert!(lineage_gaps(&both, &set(&["s1"]), &all).is_empty());
+        // a child without a persisted starting position
+        let gaps = lineage_gaps(&both, &set(&["s1"]), &set(&["s0", "s1", "s2"]));
+        assert_eq!(gaps, ["shard s3 is readable but its starting position is not persisted yet"]);
+        // a merge child covers both parents: the first parent finishing is no gap
+        let merged = ShardList::new(
+            vec![
+                ranged("s0", &[], 0, half, true),
+                ranged("s1", &[], half + 1, u128::MAX, true),
+                ranged("s4", &["s0", "s1"], 0, u128::MAX, false),
+            ],
+            0,
+        );
+        assert!(lineage_gaps(&merged, &set(&["s0"]), &set(&["s0", "s1", "s4"])).is_empty());
+        // a parent trimmed from the list: nothing to check
+        let trimmed = ShardList::new(vec![ranged("s4", &["s0", "s1"], 0, u128::MAX, false)], 0);
+        assert!(lineage_gaps(&trimmed, &set(&["s0", "s1"]), &set(&["s4"])).is_empty());
+    }
+
+    /// A resharding history over the whole hash key space: each step splits an open shard at a
+    /// point inside it or merges two adjacent open shards. Each shard: (record, step created,
+    /// step closed).
+    fn history() -> impl Strategy<Value = Vec<(ShardRecord, usize, Option<usize>)>> {
+        let roots = 1usize..4;
+        let steps = proptest::collection::vec((any::<bool>(), any::<prop::sample::Index>(), 1u128..u128::MAX), 0..12);
+        (roots, steps).prop_map(|(n, steps)| {
+            let mut shards: Vec<(ShardRecord, usize, Option<usize>)> = Vec::new();
+            let width = u128::MAX / n as u128;
+            for i in 0..n {
+                let start = i as u128 * width;
+                let end = if i + 1 == n { u128::MAX } else { start + width - 1 };
+                shards.push((ranged(&format!("shardId-{i:012}"), &[], start, end, false), 0, None));
+            }
+            for (step, (split, pick, cut)) in steps.into_iter().enumerate() {
+                let step = step + 1;
+                let mut open: Vec<usize> = (0..shards.len()).filter(|i| shards[*i].2.is_none()).collect();
+                open.sort_by_key(|i| shards[*i].0.starting_hash_key.parse::<u128>().unwrap());
+                let bounds = |i: usize| {
+                    let r = &shards[i].0;
+                    (r.starting_hash_key.parse::<u128>().unwrap(), r.ending_hash_key.parse::<u128>().unwrap())
+                };
+                let next_id =
+                    |shards: &Vec<(ShardRecord, usize, Option<usize>)>| format!("shardId-{:012}", shards.len());
+                if split || open.len() < 2 {
+                    let p = open[pick.index(open.len())];
+                    let (start, end) = bounds(p);
+                    if start == end {
+                        continue;
+                    }
+                    let at = start + cut % (end - start); // start..end-1: both halves non-empty
+                    shards[p].2 = Some(step);
+                    let pid = shards[p].0.shard_id.clone();
+                    let a = ranged(&next_id(&shards), &[&pid], start, at, false);
+                    shards.push((a, step, None));
+                    let b = ranged(&next_id(&shards), &[&pid], at + 1, end, false);
+                    shards.push((b, step, None));
+                } else {
+                    let i = pick.index(open.len() - 1);
+                    let (x, y) = (open[i], open[i + 1]);
+                    let (start, end) = (bounds(x).0, bounds(y).1);
+                    shards[x].2 = Some(step);
+                    shards[y].2 = Some(step);
+                    let (px, py) = (shards[x].0.shard_id.clone(), shards[y].0.shard_id.clone());
+                    let m = ranged(&next_id(&shards), &[&px, &py], start, end, false);
+                    shards.push((m, step, None));
+                }
+            }
+            shards
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// Whatever the leader's list lags behind (a listing as of step `k`, while readers
+        /// finished shards closed later), when `lineage_gaps` finds nothing, every hash key's
+        /// unread records are held: the first unfinished shard of the key's lineage, or an
+        /// unfinished ancestor of it that it waits for, is readable, so assigned, and its
+        /// owner's committed watermark holds everything that arrived after. And with the whole
+        /// history listed there is never a gap (the leader is never stuck).
+        #[test]
+        fn without_gaps_every_hash_key_has_a_readable_holder(
+            h in history(),
+            view_at in any::<prop::sample::Index>(),
+            finish in proptest::collection::vec(any::<bool>(), 40),
+            keys in proptest::collection::vec(any::<u128>(), 16),
+        ) {
+            let last = h.iter().map(|(_, c, _)| *c).max().unwrap_or(0);
+            let k = view_at.index(last + 1);
+            // Finished: closed shards (in the full history) whose parents finished first, and
+            // that the view lists (a shard is read only once listed and assigned).
+            let by_id: BTreeMap<&str, &(ShardRecord, usize, Option<usize>)> =
+                h.iter().map(|e| (e.0.shard_id.as_str(), e)).collect();
+            let mut finished = BTreeSet::new();
+            for (i, (r, created, closed)) in h.iter().enumerate() {
+                if closed.is_some() && *created <= k && finish[i % finish.len()]
+                    && r.parents().all(|p| finished.contains(p))
+                {
+                    finished.insert(r.shard_id.clone());
+                }
+            }
+            let view = ShardList::new(
+                h.iter()
+                    .filter(|(_, c, _)| *c <= k)
+                    .map(|(r, _, closed)| ShardRecord { closed: closed.is_some_and(|s| s <= k), ..r.clone() })
+                    .collect(),
+                0,
+            );
+            let positioned: BTreeSet<String> = view.shards.iter().map(|s| s.shard_id.clone()).collect();
+            let gaps = lineage_gaps(&view, &finished, &positioned);
+            if k == last {
+                prop_assert!(gaps.is_empty(), "the whole history listed, yet gaps: {:?}", gaps);
+            }
+            if !gaps.is_empty() {
+                return Ok(());
+            }
+            let assigned: BTreeSet<String> = readable(&view, &finished).into_iter().collect();
+            let range = |r: &ShardRecord| -> (u128, u128) {
+                (r.starting_hash_key.parse().unwrap(), r.ending_hash_key.parse().unwrap())
+            };
+            let mut probes = keys.clone();
+            probes.extend(h.iter().flat_map(|(r, _, _)| [range(r).0, range(r).1]));
+            for key in probes {
+                // The key's lineage: the shards holding it, oldest first; the first unfinished.
+                let mut chain: Vec<&ShardRecord> =
+                    h.iter().map(|e| &e.0).filter(|r| range(r).0 <= key && key <= range(r).1).collect();
+                chain.sort_by_key(|r| by_id[r.shard_id.as_str()].1);
+                let Some(first) = chain.iter().find(|r| !finished.contains(&r.shard_id)) else { continue };
+                // It or an unfinished ancestor it waits for must be assigned.
+                let mut todo = vec![first.shard_id.as_str()];
+                let mut seen = BTreeSet::new();
+                let mut held = false;
+                while let Some(id) = todo.pop() {
+                    if !seen.insert(id) || finished.contains(id) {
+                        continue;
+                    }
+                    if assigned.contains(id) {
+                        held = true;
+                        break;
+                    }
+                    todo.extend(by_id[id].0.parents());
+                }
+                prop_assert!(held, "hash key {} (first unfinished shard {}) is held by no assigned shard; view at step {}, finished {:?}, assigned {:?}",
+                    key, first.shard_id, k, finished, assigned);
+            }
         }
     }
 

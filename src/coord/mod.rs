@@ -48,7 +48,8 @@ pub use admin::Admin;
 pub use config::{Secret, ZkAuth, ZkConfig};
 pub use error::{CoordError, ErrorDomain};
 pub use logic::{
-    assign, committed_watermark, leader, moved, readable, readable_shards, sequence_cmp, sticky_assign, task_cmp,
+    assign, committed_watermark, leader, lineage_gaps, moved, readable, readable_shards, sequence_cmp, sticky_assign,
+    task_cmp,
 };
 pub use model::{
     Assignment, Checkpoint, CheckpointPosition, DrainRequest, EfoRuntime, KplRuntime, LeaseInfo, Lifecycle,

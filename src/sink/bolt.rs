@@ -665,6 +665,9 @@ impl<E: SinkEncoder> Bolt for KinesisSink<E> {
     }
 
     async fn on_watermark(&mut self, wm: Watermark, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        if self.encoder.watermark_barriers() {
+            self.queue.barrier();
+        }
         let shards = self.open_shards().await;
         let records = self.encoder.on_watermark(wm, &shards);
         self.add_hook_records(records, "on_watermark", out).await;
@@ -672,6 +675,9 @@ impl<E: SinkEncoder> Bolt for KinesisSink<E> {
     }
 
     async fn on_drain(&mut self, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        if self.encoder.watermark_barriers() {
+            self.queue.barrier();
+        }
         let shards = self.open_shards().await;
         let records = self.encoder.on_drain(&shards);
         self.add_hook_records(records, "on_drain", out).await;
@@ -712,11 +718,19 @@ mod tests {
         calls: Mutex<Vec<usize>>,
         script: Mutex<Script>,
         delay: Duration,
+        /// What `open_shards` answers.
+        shards: Vec<OpenShard>,
     }
 
     impl Fake {
         fn new(delay: Duration, script: Script) -> Arc<Fake> {
-            Arc::new(Fake { written: Mutex::default(), calls: Mutex::default(), script: Mutex::new(script), delay })
+            Arc::new(Fake {
+                written: Mutex::default(),
+                calls: Mutex::default(),
+                script: Mutex::new(script),
+                delay,
+                shards: Vec::new(),
+            })
         }
         fn ok() -> Script {
             Box::new(|_, r| Ok(vec![None; r.len()]))
@@ -753,7 +767,8 @@ mod tests {
             })
         }
         fn open_shards(&self) -> BoxFuture<Result<Vec<OpenShard>, KinesisError>> {
-            Box::pin(async { Ok(Vec::new()) })
+            let shards = self.0.shards.clone();
+            Box::pin(async move { Ok(shards) })
         }
     }
 
@@ -860,6 +875,86 @@ mod tests {
         assert!(m.get() > 0);
         assert!(h.context().counter(metric::THROTTLED).get() > 0);
         assert!(fake.calls.lock().unwrap().iter().all(|&n| n <= 4), "one record per key per call");
+    }
+
+    /// A stage writer's sink (whose encoder asks for watermark barriers) with throttled records
+    /// retried later: in each shard of the stream, the watermarks of the records written are in
+    /// order (the next stage takes the highest consumed as the shard's: none may land behind a
+    /// later one), the drain marker comes last, and every input is acked once.
+    #[tokio::test]
+    async fn a_stage_writer_never_puts_a_record_behind_a_later_watermark_in_its_shard() {
+        use crate::stage::codec::{self, Payload};
+        use crate::stage::writer::StageEncoder;
+        // two shards; each call throttles about a third of its records
+        let half = u128::MAX / 2;
+        let shards = vec![
+            OpenShard { shard_id: "s0".into(), starting_hash_key: "0".into(), ending_hash_key: half.to_string() },
+            OpenShard {
+                shard_id: "s1".into(),
+                starting_hash_key: (half + 1).to_string(),
+                ending_hash_key: u128::MAX.to_string(),
+            },
+        ];
+        let script: Script = Box::new(|n, r| {
+            Ok((0..r.len())
+                .map(|i| {
+                    ((i + n) % 3 == 0).then(|| EntryError {
+                        code: "ProvisionedThroughputExceededException".into(),
+                        message: "slow down".into(),
+                    })
+                })
+                .collect())
+        });
+        let fake = Arc::new(Fake {
+            written: Mutex::default(),
+            calls: Mutex::default(),
+            script: Mutex::new(script),
+            delay: Duration::from_millis(1),
+            shards,
+        });
+        let c = cfg(|c| {
+            c.max_batch_records = 6;
+            c.linger_ms = 1;
+        });
+        let encoder = StageEncoder::new(7, "dep", vec!["word".into()], Duration::ZERO);
+        let sink = KinesisSink::with_backend(c, Arc::new(Shared(fake.clone())), encoder);
+        let mut h = BoltHarness::new(sink).input("split", "default", &["word"]).prepare().await.unwrap();
+        let mut inputs = 0;
+        for round in 0..30u64 {
+            for i in 0..7 {
+                h.execute(vec![crate::topology::Value::from(format!("w{}", (round + i) % 11))]).await.unwrap();
+                inputs += 1;
+            }
+            h.watermark(Watermark(1_000 + round * 100)).await.unwrap();
+            if round % 3 == 0 {
+                h.advance(Duration::from_millis(5)).await.unwrap();
+            }
+        }
+        h.drain().await.unwrap();
+        assert_eq!(h.acked().len(), inputs, "failed {:?} held {:?}", h.failed(), h.held());
+        let throttled = h.context().counter(metric::THROTTLED).get();
+        assert!(throttled >= 10, "records throttled: {throttled}");
+        let shard_of = |r: &SinkRecord| -> usize {
+            usize::from(r.explicit_hash_key.as_ref().unwrap().parse::<u128>().unwrap() > half)
+        };
+        let mut last = [0u64; 2];
+        let mut drained = [false; 2];
+        let (mut tuples, mut controls) = (0, 0);
+        for r in fake.written.lock().unwrap().iter() {
+            let d = codec::decode(&r.data, 1).unwrap();
+            let s = shard_of(r);
+            assert!(!drained[s], "a record after the drain marker in shard {s}");
+            let wm = d.watermark.unwrap_or(0);
+            assert!(wm >= last[s], "shard {s}: a record with watermark {wm} landed after one with {}", last[s]);
+            last[s] = wm;
+            match d.payload {
+                Payload::Data(t) => tuples += t.len(),
+                Payload::Watermark => controls += 1,
+                Payload::Drain => drained[s] = true,
+            }
+        }
+        assert_eq!(tuples, inputs, "every tuple written once");
+        assert!(controls > 0 && drained == [true, true], "watermark records {controls}, drained {drained:?}");
     }
 
     #[tokio::test]

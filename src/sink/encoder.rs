@@ -91,6 +91,18 @@ pub trait SinkEncoder: Send + 'static {
         false
     }
 
+    /// Whether records must not overtake a watermark or the drain on their way into the stream.
+    /// When true, each watermark the sink receives and its drain start a new epoch: the records
+    /// buffered after it (the hook's own first) are put only once every record buffered before
+    /// it has been put — acknowledged by Kinesis, or given up — whatever their keys and shards
+    /// (so also through throttled records retried later, and shard maps gone stale after a
+    /// reshard). A consumer that derives watermarks from the records in each shard needs it; it
+    /// costs up to one PutRecords round trip per watermark. False by default: only the per-key
+    /// order holds.
+    fn watermark_barriers(&self) -> bool {
+        false
+    }
+
     /// Records to write when the sink's input watermark advances to `wm`.
     fn on_watermark(&mut self, wm: Watermark, shards: &[OpenShard]) -> Vec<SinkRecord> {
         let _ = (wm, shards);

@@ -24,6 +24,11 @@
 //!   is what keeps a retry from overtaking. Upstream, route one key to one sink task (fields
 //!   grouping on the key). An input failed by the sink is replayed by the spout and may then
 //!   come after later records of its key, as with any replay.
+//! - **Watermark barriers (stage boundaries).** An encoder whose records carry watermarks that a
+//!   consumer reads in band ([`SinkEncoder::watermark_barriers`], the stage writer's) also gets
+//!   order across keys: each watermark, and the drain, starts an epoch whose records (the
+//!   hook's own first) go out only once every record buffered before it was written, whatever
+//!   their keys and shards; records are not combined across it.
 //! - **Bounded memory.** Bytes buffered plus bytes in flight never exceed
 //!   `max_in_flight_bytes` (one record larger than the bound is let in alone). At the bound
 //!   `execute` waits for the call in flight: backpressure on the sink's inputs.

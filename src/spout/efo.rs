@@ -102,8 +102,9 @@ pub(crate) struct EfoCtx {
     silence: Duration,
     renew_after: Option<Duration>,
     end_check: Duration,
-    /// Closed shards, from the last ListShards (closed is for ever), and when it was called.
-    closed: tokio::sync::Mutex<(Option<Instant>, HashSet<Arc<str>>)>,
+    /// Closed shards, from the last ListShards (closed is for ever), and when it was called
+    /// (monotonic, and wall ms since the epoch).
+    closed: tokio::sync::Mutex<(Option<Instant>, HashSet<Arc<str>>, i64)>,
 }
 
 /// Registers the stream consumer `name` of the source's stream when missing and waits until it
@@ -274,20 +275,23 @@ where
 }
 
 impl EfoCtx {
-    /// Whether ListShards says `shard` is closed (cached; listed at most once per
+    /// Whether ListShards says `shard` is open: `Some(t)`, open as of the listing started at
+    /// wall time `t` (ms), `None` when closed (cached; listed at most once per
     /// `end_check_interval_ms`).
-    async fn is_closed(&self, source: &ShardSource, shard: &Arc<str>) -> Result<bool, KinesisError> {
+    async fn open_as_of(&self, source: &ShardSource, shard: &Arc<str>) -> Result<Option<i64>, KinesisError> {
         let mut c = self.closed.lock().await;
         if c.1.contains(shard) {
-            return Ok(true);
+            return Ok(None);
         }
         if c.0.is_some_and(|t| t.elapsed() < self.end_check) {
-            return Ok(false);
+            return Ok(Some(c.2));
         }
+        let started = crate::coord::now_ms();
         let shards = source.list_shards().await?;
         c.0 = Some(Instant::now());
+        c.2 = started;
         c.1.extend(shards.into_iter().filter(|d| d.closed).map(|d| Arc::from(d.shard_id.as_str())));
-        Ok(c.1.contains(shard))
+        Ok((!c.1.contains(shard)).then_some(started))
     }
 }
 
@@ -581,10 +585,15 @@ impl ReaderCtx {
             }
             *resume = Some(continuation);
             if n == 0 && behind == 0 {
-                lock(&self.tracker).mark_caught_up(shard, epoch, crate::coord::now_ms());
-                match efo.is_closed(&self.source, shard).await {
-                    Ok(true) => return Ended::Closed,
-                    Ok(false) => {}
+                // Caught up as of now, but an emulator that never names the end keeps sending
+                // such events after a split: what is known is the shard open as of the last
+                // listing. The idle rule (caught-up time minus the idle timeout) must not pass
+                // the split, after which records arrive in the children, which nothing holds
+                // until they are assigned: so the caught-up time is capped at that listing.
+                let now = crate::coord::now_ms();
+                match efo.open_as_of(&self.source, shard).await {
+                    Ok(None) => return Ended::Closed,
+                    Ok(Some(listed)) => lock(&self.tracker).mark_caught_up(shard, epoch, now.min(listed)),
                     Err(e) => {
                         tracing::debug!(stream = %self.stream, shard = %shard, error = %e,
                             "ListShards failed (checking whether the shard is closed); checking again later")

@@ -612,12 +612,21 @@ impl KinesisSpout {
     /// time minus the idle timeout, so it does not hold downstream watermarks back; shards
     /// assigned but not taken yet keep it unknown, so their backlog is not late). `None`:
     /// unknown yet.
-    fn compute_watermark(&self) -> Option<u64> {
+    fn compute_watermark(&mut self) -> Option<u64> {
         let idle = KinesisSpoutConfig::ms(self.cfg.watermark_idle_timeout_ms);
-        if let Some(stage) = &self.stage {
+        if let Some(stage) = &mut self.stage {
             let t = lock(&self.tracker);
             let free = now_ms().saturating_sub(i64::try_from(idle.as_millis()).unwrap_or(i64::MAX));
-            return stage.task_watermark(t.owned_epochs(), t.owns_assigned(), u64::try_from(free).unwrap_or(0));
+            let owned = t.owned_epochs().map(|(shard, epoch)| {
+                let read =
+                    t.get(shard).map_or_else(stage_input::ReadProgress::default, |tr| stage_input::ReadProgress {
+                        caught_up_ms: tr.caught_up_ms,
+                        queued: !tr.queued.is_empty(),
+                        ended: tr.ended,
+                    });
+                (shard, epoch, read)
+            });
+            return stage.task_watermark(owned, t.owns_assigned(), u64::try_from(free).unwrap_or(0));
         }
         let wm = lock(&self.tracker).task_watermark(idle, now_ms());
         wm.filter(|w| *w > 0).map(|w| w as u64)

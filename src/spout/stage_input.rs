@@ -12,9 +12,16 @@
 //! such a producer has not been seen in the shard yet (each producer writes a watermark record at
 //! least once per interval to every shard it wrote no data to, so this lasts one interval). A
 //! producer that left (its registry node is gone: drained, stopped or dead after its session
-//! expired) no longer holds anything back. A shard no live producer holds reports the current
-//! time minus the idle timeout, like a task without shards. The task's watermark is the minimum
-//! over its shards, unknown while an assigned shard is not owned yet.
+//! expired) holds the shard as a live one does until the shard was *consumed past* its
+//! departure: everything it wrote was put before the first listing that no longer showed it,
+//! and is surely read once the reader consumed a record of the shard that arrived
+//! [`VISIBILITY_MARGIN_MS`] after that listing, or was caught up with the tip that long after it
+//! with nothing queued. Then it no longer holds anything back (its records may still be read, but
+//! none is still to come). Producers that left before this input's first listing are unknown to
+//! it: every shard's watermark stays unknown until the shard was consumed past that listing.
+//! A shard no producer holds reports the current time minus the idle timeout, like a task
+//! without shards. The task's watermark is the minimum over its shards, unknown while an
+//! assigned shard is not owned yet.
 //!
 //! # Drain markers
 //!
@@ -96,6 +103,36 @@ struct ShardInput {
     seen: HashSet<u64>,
     /// Producers whose drain marker of this deployment was consumed from this shard.
     drained: HashSet<u64>,
+    /// The latest arrival time (ms) of the records consumed from this shard.
+    consumed_ms: Option<i64>,
+}
+
+/// How far a shard owned by the task has been read (from its tracker), for the rule on
+/// producers that left.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ReadProgress {
+    /// Wall time (ms) of the reader's last read that was caught up with the tip (nothing
+    /// returned, MillisBehindLatest 0).
+    pub caught_up_ms: Option<i64>,
+    /// Records of the shard are read and not consumed yet.
+    pub queued: bool,
+    /// The shard's end was read.
+    pub ended: bool,
+}
+
+/// Most producers that left remembered (the oldest are forgotten first).
+const MAX_DEPARTED: usize = 4096;
+
+/// What the input learnt from the registry listings it saw.
+#[derive(Debug, Default)]
+struct Registry {
+    /// The last listing looked at.
+    last: Option<Arc<Producers>>,
+    /// When the first listing looked at was made: a producer that left before is unknown here.
+    first_ms: Option<i64>,
+    /// Producers of the current deployment that left, each with the time of the first listing
+    /// that no longer showed it (everything it wrote was put before).
+    departed: HashMap<u64, i64>,
 }
 
 /// What to do with a record taken from a shard's queue.
@@ -122,13 +159,42 @@ pub(crate) struct StageInput {
     spec: StageInputSpec,
     fields: usize,
     shards: HashMap<Arc<str>, ShardInput>,
+    registry: Registry,
     pub(crate) stats: Arc<StageInputStats>,
     stream: String,
 }
 
 impl StageInput {
     pub(crate) fn new(spec: StageInputSpec, stream: &str) -> Self {
-        Self { fields: spec.fields.len(), spec, shards: HashMap::new(), stats: Arc::default(), stream: stream.into() }
+        Self {
+            fields: spec.fields.len(),
+            spec,
+            shards: HashMap::new(),
+            registry: Registry::default(),
+            stats: Arc::default(),
+            stream: stream.into(),
+        }
+    }
+
+    /// Takes in a new registry listing: producers of the current deployment that are no longer
+    /// listed have left (at that listing's time); one listed again is live again.
+    fn observe(&mut self) {
+        let Some(now) = self.spec.producers.borrow().clone() else { return };
+        if self.registry.last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &now)) {
+            return;
+        }
+        self.registry.first_ms.get_or_insert(now.listed_at_ms);
+        let dep = &self.spec.deployment;
+        if let Some(prev) = &self.registry.last {
+            for (id, _) in prev.live.iter().filter(|(id, d)| *d == dep && !now.live.contains_key(*id)) {
+                self.registry.departed.entry(*id).or_insert(now.listed_at_ms);
+            }
+        }
+        for (id, _) in now.live.iter().filter(|(_, d)| *d == dep) {
+            self.registry.departed.remove(id);
+        }
+        self.registry.last = Some(now);
+        forget_oldest(&mut self.registry.departed);
     }
 
     fn shard(&mut self, shard: &Arc<str>, epoch: u64) -> &mut ShardInput {
@@ -154,7 +220,19 @@ impl StageInput {
             }
         };
         let current = decoded.deployment == self.spec.deployment;
+        if current {
+            // a producer of this deployment that no listing this input saw shows: it left
+            // before the latest listing (or, before any, now)
+            self.observe();
+            let listed = self.registry.last.as_ref().map(|p| (p.live.contains_key(&decoded.producer), p.listed_at_ms));
+            if !listed.is_some_and(|(live, _)| live) {
+                let at = listed.map_or_else(crate::coord::now_ms, |(_, at)| at);
+                self.registry.departed.entry(decoded.producer).or_insert(at);
+                forget_oldest(&mut self.registry.departed);
+            }
+        }
         let s = self.shard(&rec.shard_id, epoch);
+        s.consumed_ms = Some(s.consumed_ms.map_or(rec.arrival_ms, |c| c.max(rec.arrival_ms)));
         if current {
             s.seen.insert(decoded.producer);
             if let Some(wm) = decoded.watermark {
@@ -183,9 +261,10 @@ impl StageInput {
         }
     }
 
-    /// The live producers of the current deployment; `None` before the first registry listing.
+    /// The live producers of the current deployment in the listing last observed (the one the
+    /// departures were taken from); `None` before the first registry listing.
     fn live(&self) -> Option<Vec<u64>> {
-        let p = self.spec.producers.borrow().clone()?;
+        let p = self.registry.last.as_ref()?;
         Some(p.live.iter().filter(|(_, d)| **d == self.spec.deployment).map(|(p, _)| *p).collect())
     }
 
@@ -199,11 +278,26 @@ impl StageInput {
         *self.spec.drain.borrow()
     }
 
-    fn shard_wm(&self, shard: &str, epoch: u64, live: &[u64]) -> ShardWm {
+    /// Whether the shard was consumed past wall time `t`: everything put into it before `t`
+    /// (visible to a read [`VISIBILITY_MARGIN_MS`] later) has been taken from its queue.
+    fn consumed_past(s: Option<&ShardInput>, read: ReadProgress, t: i64) -> bool {
+        let after = t.saturating_add(VISIBILITY_MARGIN_MS);
+        s.and_then(|s| s.consumed_ms).is_some_and(|c| c > after)
+            || (!read.queued && (read.ended || read.caught_up_ms.is_some_and(|c| c > after)))
+    }
+
+    fn shard_wm(&self, shard: &str, epoch: u64, read: ReadProgress, live: &[u64]) -> ShardWm {
         let s = self.shards.get(shard).filter(|s| s.epoch == epoch);
+        let past = |t: i64| Self::consumed_past(s, read, t);
+        // producers that left before the first listing are unknown: their records may be ahead
+        if !self.registry.first_ms.is_some_and(past) {
+            return ShardWm::Unknown;
+        }
+        let departed = self.registry.departed.iter().filter(|(p, _)| !live.contains(p));
+        let holders = live.iter().map(|p| (p, None)).chain(departed.map(|(p, t)| (p, Some(*t))));
         let mut min: Option<u64> = None;
-        for p in live {
-            if s.is_some_and(|s| s.drained.contains(p)) {
+        for (p, left) in holders {
+            if s.is_some_and(|s| s.drained.contains(p)) || left.is_some_and(past) {
                 continue;
             }
             match s.and_then(|s| s.wms.get(p)) {
@@ -214,22 +308,23 @@ impl StageInput {
         min.map_or(ShardWm::Free, ShardWm::Known)
     }
 
-    /// The task's watermark over the shards it owns (`owned`: shard and epoch), given that
-    /// every assigned shard is owned and read (`ready`); `free` is what a shard no producer
-    /// holds reports.
+    /// The task's watermark over the shards it owns (`owned`: shard, epoch and how far it was
+    /// read), given that every assigned shard is owned and read (`ready`); `free` is what a
+    /// shard no producer holds reports.
     pub(crate) fn task_watermark<'a>(
-        &self,
-        owned: impl Iterator<Item = (&'a Arc<str>, u64)>,
+        &mut self,
+        owned: impl Iterator<Item = (&'a Arc<str>, u64, ReadProgress)>,
         ready: bool,
         free: u64,
     ) -> Option<u64> {
         if !ready {
             return None;
         }
+        self.observe();
         let live = self.live()?;
         let mut min: Option<u64> = None;
-        for (shard, epoch) in owned {
-            let w = match self.shard_wm(shard, epoch, &live) {
+        for (shard, epoch, read) in owned {
+            let w = match self.shard_wm(shard, epoch, read, &live) {
                 ShardWm::Known(w) => w,
                 ShardWm::Unknown => return None,
                 ShardWm::Free => free,
@@ -259,6 +354,14 @@ impl StageInput {
     }
 }
 
+/// Keeps at most [`MAX_DEPARTED`] producers that left, forgetting the earliest to leave.
+fn forget_oldest(departed: &mut HashMap<u64, i64>) {
+    while departed.len() > MAX_DEPARTED {
+        let Some(oldest) = departed.iter().min_by_key(|(_, t)| **t).map(|(p, _)| *p) else { return };
+        departed.remove(&oldest);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,12 +369,16 @@ mod tests {
     use squall_topology::Value;
 
     fn rec(shard: &Arc<str>, data: bytes::Bytes) -> Record {
+        rec_at(shard, data, 0)
+    }
+
+    fn rec_at(shard: &Arc<str>, data: bytes::Bytes, arrival_ms: i64) -> Record {
         Record {
             shard_id: shard.clone(),
             sequence: "1".into(),
             sub_sequence: 0,
             partition_key: "k".into(),
-            arrival_ms: 0,
+            arrival_ms,
             data,
         }
     }
@@ -293,29 +400,45 @@ mod tests {
         (StageInput::new(spec, "s"), tx)
     }
 
+    /// The task's watermark over one owned shard `a` (epoch 1) read as `read` says.
+    fn wm_of(si: &mut StageInput, a: &Arc<str>, read: ReadProgress, free: u64) -> Option<u64> {
+        si.task_watermark(std::iter::once((a, 1, read)), true, free)
+    }
+
+    /// Read and consumed to the tip at `at`: nothing queued, caught up then.
+    fn caught_up(at: i64) -> ReadProgress {
+        ReadProgress { caught_up_ms: Some(at), queued: false, ended: false }
+    }
+
     #[test]
     fn the_watermark_is_the_minimum_over_live_producers_and_waits_for_each() {
         let (mut si, tx) = input(&[(1, "dep"), (2, "dep"), (3, "old")]);
         let a: Arc<str> = "a".into();
-        let owned = || vec![(a.clone(), 1u64)];
-        let wm = |si: &StageInput| si.task_watermark(owned().iter().map(|(s, e)| (s, *e)), true, 5);
-        assert_eq!(wm(&si), None, "no producer seen yet");
+        let read = caught_up(10_000);
+        assert_eq!(wm_of(&mut si, &a, read, 5), None, "no producer seen yet");
+        // records that arrived after the first listing (at 0) and the visibility margin
         assert!(matches!(
-            si.on_record(&rec(&a, encode_data(1, "dep", Some(100), &[Value::from("w")])), 1),
+            si.on_record(&rec_at(&a, encode_data(1, "dep", Some(100), &[Value::from("w")]), 3_500), 1),
             Step::Emit(_)
         ));
-        assert_eq!(wm(&si), None, "producer 2 not seen yet");
-        assert!(matches!(si.on_record(&rec(&a, encode_control(2, "dep", Some(50), false)), 1), Step::Consumed));
-        assert_eq!(wm(&si), Some(50), "min(100, 50)");
+        assert_eq!(wm_of(&mut si, &a, read, 5), None, "producer 2 not seen yet");
+        assert!(matches!(
+            si.on_record(&rec_at(&a, encode_control(2, "dep", Some(50), false), 3_500), 1),
+            Step::Consumed
+        ));
+        assert_eq!(wm_of(&mut si, &a, read, 5), Some(50), "min(100, 50)");
         assert_eq!(si.task_watermark(std::iter::empty(), true, 5), Some(5), "no shard: free");
-        assert_eq!(si.task_watermark(owned().iter().map(|(s, e)| (s, *e)), false, 5), None, "shards to come");
-        let wm = |si: &StageInput| si.task_watermark(owned().iter().map(|(s, e)| (s, *e)), true, u64::MAX);
+        assert_eq!(si.task_watermark(std::iter::once((&a, 1, read)), false, 5), None, "shards to come");
         // a producer of another deployment never holds it back
         si.on_record(&rec(&a, encode_control(3, "old", Some(1), false)), 1);
-        assert_eq!(wm(&si), Some(50));
-        // producer 2 leaves: 1 alone holds it
+        assert_eq!(wm_of(&mut si, &a, read, u64::MAX), Some(50));
+        // producer 2 leaves (listing at 1000): it holds the shard until the shard was consumed
+        // past its departure (and the visibility margin)
         tx.send_replace(producers(&[(1, "dep")], 1000));
-        assert_eq!(wm(&si), Some(100));
+        assert_eq!(wm_of(&mut si, &a, caught_up(3_900), u64::MAX), Some(50), "within the visibility margin");
+        let queued = ReadProgress { queued: true, ..caught_up(4_001) };
+        assert_eq!(wm_of(&mut si, &a, queued, u64::MAX), Some(50), "records read are still queued");
+        assert_eq!(wm_of(&mut si, &a, caught_up(4_001), u64::MAX), Some(100), "consumed past it: 1 alone holds it");
         // producer 2 left, but the reader has not been caught up since: not drained
         si.on_record(&rec(&a, encode_control(1, "dep", Some(150), true)), 1);
         assert!(!si.shard_drained("a", 1, false, Some(900)));
@@ -323,7 +446,79 @@ mod tests {
         // caught up well after the listing that no longer showed it: drained
         assert!(si.shard_drained("a", 1, false, Some(4001)));
         assert!(!si.shard_drained("a", 1, true, Some(4001)), "records still queued");
-        assert_eq!(wm(&si), Some(u64::MAX), "nothing holds a drained shard");
+        assert_eq!(wm_of(&mut si, &a, caught_up(4_001), u64::MAX), Some(u64::MAX), "nothing holds a drained shard");
+    }
+
+    #[test]
+    fn a_producer_that_left_holds_the_shard_until_its_records_were_consumed() {
+        // two producers; 2 dies (its registration goes with its session at 10 s) while the
+        // reader lags behind its last records
+        let (mut si, tx) = input(&[(1, "dep"), (2, "dep")]);
+        let a: Arc<str> = "a".into();
+        let data = |p: u64, wm: u64| encode_data(p, "dep", Some(wm), &[Value::from("w")]);
+        si.on_record(&rec_at(&a, data(1, 5_000), 4_000), 1);
+        si.on_record(&rec_at(&a, data(2, 4_000), 4_100), 1);
+        let lagging = ReadProgress { caught_up_ms: None, queued: true, ended: false };
+        assert_eq!(wm_of(&mut si, &a, lagging, 99_000), Some(4_000));
+        tx.send_replace(producers(&[(1, "dep")], 10_000));
+        // producer 1 runs ahead; 2's last records (watermark 9 000, put before 10 000) unread
+        si.on_record(&rec_at(&a, data(1, 11_000), 10_500), 1);
+        assert_eq!(wm_of(&mut si, &a, lagging, 99_000), Some(4_000), "2 left, its records are still to come");
+        si.on_record(&rec_at(&a, data(2, 9_000), 9_900), 1);
+        assert_eq!(wm_of(&mut si, &a, lagging, 99_000), Some(9_000));
+        // consumed a record that arrived after the departure and the margin: all of 2's are read
+        si.on_record(&rec_at(&a, data(1, 14_000), 13_100), 1);
+        assert_eq!(wm_of(&mut si, &a, lagging, 99_000), Some(14_000));
+
+        // a shard no live producer writes: "free" (now minus the idle timeout) only once the
+        // dead producer's records were consumed, not while they are unread
+        let (mut si, tx) = input(&[(2, "dep")]);
+        let b: Arc<str> = "b".into();
+        si.on_record(&rec_at(&b, data(2, 4_000), 4_100), 1);
+        tx.send_replace(producers(&[], 10_000));
+        let free = 50_000;
+        let lag = ReadProgress { caught_up_ms: Some(5_000), queued: false, ended: false };
+        assert_eq!(si.task_watermark(std::iter::once((&b, 1, lag)), true, free), Some(4_000), "not free: unread");
+        let unseen: Arc<str> = "c".into();
+        assert_eq!(
+            si.task_watermark(std::iter::once((&unseen, 1, lag)), true, free),
+            None,
+            "a shard it may have written to and not read past yet: unknown"
+        );
+        assert_eq!(si.task_watermark(std::iter::once((&b, 1, caught_up(13_001))), true, free), Some(free));
+        assert_eq!(si.task_watermark(std::iter::once((&unseen, 1, caught_up(13_001))), true, free), Some(free));
+        let ended = ReadProgress { caught_up_ms: None, queued: false, ended: true };
+        assert_eq!(si.task_watermark(std::iter::once((&unseen, 1, ended)), true, free), Some(free), "read to its end");
+    }
+
+    #[test]
+    fn producers_that_left_before_the_first_listing_hold_every_shard_until_it_was_consumed_past_it() {
+        // a restarted worker: its first listing (at 20 000) shows producer 1 only; a producer
+        // that died before may have records in any shard, not read yet
+        let (tx, rx) = watch::channel(producers(&[(1, "dep")], 20_000));
+        let spec = StageInputSpec {
+            fields: vec!["word".into()],
+            record_ids: false,
+            deployment: "dep".into(),
+            producers: rx,
+            drain: watch::channel(false).1,
+        };
+        let mut si = StageInput::new(spec, "s");
+        let a: Arc<str> = "a".into();
+        let data = |p: u64, wm: u64| encode_data(p, "dep", Some(wm), &[Value::from("w")]);
+        si.on_record(&rec_at(&a, data(1, 30_000), 15_000), 1);
+        let lagging = ReadProgress { caught_up_ms: None, queued: true, ended: false };
+        assert_eq!(wm_of(&mut si, &a, lagging, 99_000), None, "not consumed past the first listing yet");
+        // producer 9, dead before the listing, shows up: unknown to the registry, it has left
+        si.on_record(&rec_at(&a, data(9, 12_000), 16_000), 1);
+        si.on_record(&rec_at(&a, data(1, 31_000), 22_900), 1);
+        assert_eq!(wm_of(&mut si, &a, lagging, 99_000), None, "within the visibility margin of the listing");
+        assert_eq!(wm_of(&mut si, &a, caught_up(23_100), 99_000), Some(31_000), "caught up past it, nothing queued");
+        si.on_record(&rec_at(&a, data(1, 32_000), 23_500), 1);
+        assert_eq!(wm_of(&mut si, &a, lagging, 99_000), Some(32_000), "consumed past the listing");
+        // it registers again (a new session of its worker): live again
+        tx.send_replace(producers(&[(1, "dep"), (9, "dep")], 40_000));
+        assert_eq!(wm_of(&mut si, &a, lagging, 99_000), Some(12_000));
     }
 
     #[test]

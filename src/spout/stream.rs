@@ -25,8 +25,12 @@ use super::config::{InitialPosition, KinesisSpoutConfig};
 use super::source::ShardSource;
 use crate::coord::{
     Assignment, ChangeEvent, Checkpoint, CheckpointPosition, CoordError, Health, SessionView, ShardList, ShardRecord,
-    SharedSession, Versioned, WatchOn, ZkStore, now_ms, readable, sticky_assign,
+    SharedSession, Versioned, WatchOn, ZkStore, lineage_gaps, now_ms, readable, sticky_assign,
 };
+
+/// A leader that holds the assignment back this long (the listings keep missing a finished
+/// shard's children) warns.
+const HELD_WARN_AFTER: Duration = Duration::from_secs(30);
 
 /// What the worker's tasks see.
 #[derive(Clone, Debug)]
@@ -122,6 +126,9 @@ struct Leader {
     /// A `squall rebalance` request being gathered for: (its generation, when this leader first
     /// saw it).
     gathering: Option<(u64, Instant)>,
+    /// Why the assignment is held back (`lineage_gaps`), since when, and whether that was
+    /// warned about (after [`HELD_WARN_AFTER`]).
+    held_for: Option<(String, Instant, bool)>,
 }
 
 struct StreamCoordinator {
@@ -473,6 +480,7 @@ impl StreamCoordinator {
             refused: None,
             recompute: true,
             gathering: None,
+            held_for: None,
         })
     }
 
@@ -495,6 +503,8 @@ impl StreamCoordinator {
         }
         if let Some(listed) = self.listed.take() {
             self.discover(store, l, listed).await?;
+            // A held assignment looks again after every listing (and asks for the next).
+            l.recompute |= l.held_for.is_some();
         }
         let due = l.last_discovery.is_none_or(|t| t.elapsed() >= discovery_every);
         // Event-driven listings at most every 200 ms (ListShards allows 100 per second per stream).
@@ -715,6 +725,32 @@ impl StreamCoordinator {
             rebalance: None,
         };
         if l.refused.is_none() {
+            // Every shard that may hold unread records must be in the assignment: while the list
+            // lags behind a reshard (a finished parent's children not listed yet, or a child's
+            // starting position not persisted), the previous assignment stays, and with it the
+            // committed watermark (see `lineage_gaps`). A listing is asked for at once.
+            let gaps = lineage_gaps(&list.value, &l.finished, &l.checkpointed);
+            if !gaps.is_empty() {
+                l.discovery_wanted = true;
+                let why = gaps.join("; ");
+                match &mut l.held_for {
+                    Some((w, since, warned)) if *w == why => {
+                        if !*warned && since.elapsed() >= HELD_WARN_AFTER {
+                            *warned = true;
+                            tracing::warn!(stream = %self.cfg.stream, held_ms = since.elapsed().as_millis() as u64,
+                                "assignment still held: the listings do not show what a reshard left: {why}");
+                        }
+                    }
+                    _ => {
+                        tracing::info!(stream = %self.cfg.stream, "assignment held until a listing shows what a reshard left: {why}");
+                        l.held_for = Some((why, Instant::now(), false));
+                    }
+                }
+                return Ok(());
+            }
+            if l.held_for.take().is_some() {
+                tracing::info!(stream = %self.cfg.stream, "the shard list shows every child of the finished shards: assigning");
+            }
             let ready: Vec<String> =
                 readable(&list.value, &l.finished).into_iter().filter(|s| l.checkpointed.contains(s)).collect();
             let empty = BTreeMap::new();

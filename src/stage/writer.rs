@@ -18,6 +18,16 @@
 //!   (`--max-spout-pending`, e.g. 5000), which also lets more tuples of a key share a record.
 //! - At drain, a drain marker (tagged with producer and deployment) goes to every open shard,
 //!   after every data record, and the sink flushes before the stage's task stops.
+//! - Order: the next stage takes, per shard, the highest watermark of this producer's records it
+//!   consumed; so no record may land in a shard ahead of an earlier record of this producer with
+//!   a lower watermark. The sink keeps only one key's records in order, and a PutRecords call
+//!   can write a record while an earlier one of another key to the same shard is throttled and
+//!   retried later. So the writer asks for barriers ([`SinkEncoder::watermark_barriers`]): from
+//!   each watermark (and the drain) on, records — the watermark records and drain markers first —
+//!   are put only after every record buffered before was acknowledged. "Bound for the same
+//!   shard" is taken as "any record": the writer's shard map (listed every 10 s) may be stale
+//!   after a reshard of the intermediate stream, and a merge puts two ranges it still sees apart
+//!   into one shard. Cost: at most one PutRecords round trip per watermark advance.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -153,6 +163,14 @@ impl SinkEncoder for StageEncoder {
     }
 
     fn needs_shards(&self) -> bool {
+        true
+    }
+
+    /// Every record carries the watermark it was encoded under, and the next stage's watermark
+    /// for a shard is the highest of this producer's records consumed there: a record put ahead
+    /// of one encoded before a watermark (a throttled record retried later, or one of another
+    /// key in the same shard) would let the reader pass it.
+    fn watermark_barriers(&self) -> bool {
         true
     }
 

@@ -46,6 +46,11 @@ pub struct FaultPlan {
     pub partial: f64,
     /// In such a request, the chance of each entry to fail.
     pub partial_entries: f64,
+    /// A request given partial failures fails at least one entry (true by default). With false
+    /// and `partial` 1, each entry of every PutRecords fails with probability `partial_entries`
+    /// (per-record throttling at that rate); a request none of whose entries drew a failure is
+    /// forwarded as it is, and not counted as a fault.
+    pub partial_at_least_one: bool,
     /// Rate of HTTP 400 answers with `client_error_code` as `__type`.
     pub client_error: f64,
     /// The error code of those answers, e.g. "AccessDeniedException".
@@ -68,6 +73,7 @@ impl Default for FaultPlan {
             latency_ms: 0,
             partial: 0.0,
             partial_entries: 0.3,
+            partial_at_least_one: true,
             client_error: 0.0,
             client_error_code: "AccessDeniedException".into(),
             only_ops: Vec::new(),
@@ -300,8 +306,9 @@ enum Fault {
     ServerError,
     Reset,
     Delay(Duration),
-    /// Per-record failures of a PutRecords request, each entry with this chance.
-    Partial(f64),
+    /// Per-record failures of a PutRecords request, each entry with this chance (and at least
+    /// one when the flag is set).
+    Partial(f64, bool),
 }
 
 fn choose(sh: &Shared, op: &str) -> Fault {
@@ -327,7 +334,10 @@ fn choose(sh: &Shared, op: &str) -> Fault {
         (plan.server_error, Fault::ServerError),
         (plan.reset, Fault::Reset),
         (plan.latency, Fault::Delay(Duration::from_millis(plan.latency_ms))),
-        (if op == "PutRecords" { plan.partial } else { 0.0 }, Fault::Partial(plan.partial_entries)),
+        (
+            if op == "PutRecords" { plan.partial } else { 0.0 },
+            Fault::Partial(plan.partial_entries, plan.partial_at_least_one),
+        ),
     ] {
         if x < rate {
             return fault;
@@ -447,7 +457,8 @@ async fn serve(mut client: TcpStream, sh: &Shared) -> std::io::Result<()> {
         // positions of entries failed by a partial fault, and the request's entry count
         let mut splice: Option<(Vec<usize>, usize)> = None;
         {
-            let injected = !matches!(fault, Fault::None);
+            // a partial fault that may fail no entry is counted once it failed some
+            let injected = !matches!(fault, Fault::None | Fault::Partial(_, false));
             let mut by_op = sh.by_op.lock().unwrap();
             let c = by_op.entry(op.clone()).or_default();
             c.requests += 1;
@@ -490,9 +501,14 @@ async fn serve(mut client: TcpStream, sh: &Shared) -> std::io::Result<()> {
                 tokio::time::sleep(d).await;
             }
             Fault::None => {}
-            Fault::Partial(rate) => {
-                if let Some((kept, failed, total)) = drop_entries(&req, rate) {
+            Fault::Partial(rate, at_least_one) => {
+                if let Some((kept, failed, total)) = drop_entries(&req, rate, at_least_one) {
                     sh.counters.partial_calls.fetch_add(1, Ordering::Relaxed);
+                    if !at_least_one {
+                        // counted here, once entries were failed (see the accounting above)
+                        let mut by_op = sh.by_op.lock().unwrap();
+                        by_op.entry(op.clone()).or_default().faults += 1;
+                    }
                     sh.counters.partial_entries.fetch_add(failed.len() as u64, Ordering::Relaxed);
                     match kept {
                         Some(r) => {
@@ -626,7 +642,7 @@ fn with_body(head: &[u8], body: Vec<u8>) -> Message {
 
 /// Drops entries of a PutRecords request, each with chance `rate` (at least one): the request
 /// to forward (None when every entry was dropped), the dropped positions, the entry count.
-fn drop_entries(req: &Message, rate: f64) -> Option<(Option<Message>, Vec<usize>, usize)> {
+fn drop_entries(req: &Message, rate: f64, at_least_one: bool) -> Option<(Option<Message>, Vec<usize>, usize)> {
     let mut doc: serde_json::Value = serde_json::from_slice(&plain_body(req)?).ok()?;
     let records = doc.get_mut("Records")?.as_array_mut()?;
     let total = records.len();
@@ -635,6 +651,9 @@ fn drop_entries(req: &Message, rate: f64) -> Option<(Option<Message>, Vec<usize>
     }
     let mut failed: Vec<usize> = (0..total).filter(|_| rand::random::<f64>() < rate).collect();
     if failed.is_empty() {
+        if !at_least_one {
+            return None;
+        }
         failed.push(rand::random::<u32>() as usize % total);
     }
     let mut i = 0;

@@ -1,0 +1,198 @@
+//! Watermarks across a stage boundary while the intermediate stream throttles single records
+//! (issue #31, point 10): workers of `examples/windowed_counts.rs --boundary-shards 2` send each
+//! record's key and arrival time through an intermediate Kinesis stream to the windows of the
+//! second stage, whose watermark comes from the records of each producer in each shard. Every
+//! PutRecords of the workers goes through a fault proxy that fails about 5% of its entries with
+//! ProvisionedThroughputExceeded (as Kinesis does per record when a shard is over its limit); the
+//! writer puts them again later. No record (data, watermark or drain marker) may land in a shard
+//! behind a record of the same producer that carries a later watermark: no tuple may reach the
+//! windows after the watermark passed it (late), and every window counts the records of the
+//! source stream in it. And a drain under the same faults: no drain marker lands ahead of a
+//! record of its producer, so the second stage counts every record the first delivered before
+//! it stopped.
+
+use squall_test_support as support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use squall::kinesis::{self, PutOptions};
+use support::TestStream;
+use support::faultproxy::{FaultPlan, FaultProxy};
+use support::ops::{json_lines, squall_run};
+use support::workers::{Cluster, Worker, example_bin, read_deliveries, scratch};
+
+const WINDOW_MS: u64 = 1000;
+
+fn start_windows(cluster: &Cluster, name: &str, endpoint: &str) -> Worker {
+    let out = cluster.dir.join(format!("{name}.windows.jsonl"));
+    cluster.start_example(
+        &example_bin("windowed_counts"),
+        name,
+        1,
+        &[
+            "--window-ms",
+            "1000",
+            "--boundary-shards",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+            "--endpoint",
+            endpoint,
+            "--max-spout-pending",
+            "5000",
+        ],
+    )
+}
+
+/// The windows fired so far (key@start -> counts, more than one if fired twice) and the late
+/// tuples.
+fn outputs(cluster: &Cluster) -> (BTreeMap<String, Vec<u64>>, Vec<serde_json::Value>) {
+    let mut fired: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut late = Vec::new();
+    for name in ["a", "b"] {
+        for l in json_lines(&cluster.dir.join(format!("{name}.windows.jsonl"))) {
+            if l.get("late").is_some() {
+                late.push(l);
+            } else {
+                let key = format!("{}@{}", l["key"].as_str().unwrap(), l["window_start_ms"].as_i64().unwrap());
+                fired.entry(key).or_default().push(l["count"].as_u64().unwrap());
+            }
+        }
+    }
+    (fired, late)
+}
+
+/// A proxy to Kinesis failing each entry of every PutRecords with probability `rate`.
+async fn throttling_proxy(rate: f64) -> FaultProxy {
+    FaultProxy::start(
+        &support::kinesis_endpoint().endpoint,
+        FaultPlan {
+            partial: 1.0,
+            partial_entries: rate,
+            partial_at_least_one: false,
+            only_ops: vec!["PutRecords".into()],
+            ..FaultPlan::default()
+        },
+    )
+    .await
+}
+
+async fn clean_up(cluster: &Cluster, s: TestStream) {
+    let zk = support::zk_client().await;
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    let endpoint = support::kinesis_endpoint();
+    let client = endpoint.client().await.unwrap();
+    let _ = kinesis::delete_stream(&client, &endpoint.label(), &format!("{}-keys", cluster.topology)).await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_record_throttling_of_the_intermediate_stream_makes_no_tuple_late() {
+    let t0 = Instant::now();
+    let mark = |what: &str| eprintln!("[{:>6.1} s] {what}", t0.elapsed().as_secs_f64());
+    let s = TestStream::create("sthrottle", 2).await;
+    let dir = scratch("sthrottle");
+    let proxy = throttling_proxy(0.05).await;
+    let url = proxy.url();
+    let cluster = Cluster::with_spout_config(&s.name, &dir, serde_json::json!({"watermark_idle_timeout_ms": 1000}));
+    let mut a = start_windows(&cluster, "a", &url);
+    let mut b = start_windows(&cluster, "b", &url);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let opts = PutOptions { count: 3000, keys: 12, rate: Some(150.0), ..PutOptions::default() };
+    let manifest = kinesis::put_records(&s.client, &s.label(), &s.name, &opts).await.expect("put").manifest;
+    mark(&format!("{} records put", manifest.total));
+    let truth = support::state::window_truth(&s, WINDOW_MS).await;
+    assert_eq!(truth.values().sum::<u64>(), manifest.total);
+    // every record counted in a fired window or late (the last windows fire once the idle
+    // timeout let the watermark pass them)
+    let start = Instant::now();
+    let (fired, late) = loop {
+        let (fired, late) = outputs(&cluster);
+        let seen = fired.values().flatten().sum::<u64>() + late.len() as u64;
+        if seen >= manifest.total || start.elapsed() > Duration::from_secs(90) {
+            break (fired, late);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    mark(&format!("{} windows fired, {} late tuples", fired.len(), late.len()));
+
+    // the fault really happened: single records of the intermediate stream's puts failed
+    let c = proxy.counters();
+    let puts = proxy.op("PutRecords");
+    eprintln!(
+        "PutRecords calls {}, calls with failed entries {}, entries failed {}",
+        puts.requests, c.partial_calls, c.partial_entries
+    );
+    assert!(c.partial_entries >= 30, "too few records throttled: {c:?}");
+
+    let counted: u64 = fired.values().flatten().sum();
+    let wrong: Vec<_> = truth
+        .iter()
+        .filter(|(k, n)| fired.get(*k).map(|c| c.as_slice()) != Some(&[**n][..]))
+        .map(|(k, n)| (k, *n, fired.get(k)))
+        .collect();
+    eprintln!(
+        "{} windows in the stream, {} fired, {} records counted, {} late (e.g. {:?}); windows differing from the \
+         stream {} (e.g. {:?})",
+        truth.len(),
+        fired.len(),
+        counted,
+        late.len(),
+        late.iter().take(3).collect::<Vec<_>>(),
+        wrong.len(),
+        wrong.iter().take(3).collect::<Vec<_>>()
+    );
+    assert!(late.is_empty(), "tuples reached the windows after the watermark passed them\n{}", cluster.logs());
+    assert!(wrong.is_empty(), "fired windows differ from the source stream\n{}", cluster.logs());
+    assert_eq!(a.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());
+    assert_eq!(b.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());
+    clean_up(&cluster, s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_under_per_record_throttling_counts_every_record_the_first_stage_delivered() {
+    let s = TestStream::create("sthrdrain", 2).await;
+    let dir = scratch("sthrdrain");
+    // 20%: the drain's last calls, a few records each, often hold a throttled one
+    let proxy = throttling_proxy(0.2).await;
+    let url = proxy.url();
+    let mut cluster = Cluster::with_spout_config(&s.name, &dir, serde_json::json!({"watermark_idle_timeout_ms": 1000}));
+    // at 20% the writer backs off for seconds at a time: no replay after a message timeout
+    // (a replay after its window fired is late by design, and would hide what is tested here)
+    cluster.message_timeout_ms = 120_000;
+    let mut a = start_windows(&cluster, "a", &url);
+    let mut b = start_windows(&cluster, "b", &url);
+    let producer = {
+        let (client, label, name) = (s.client.clone(), s.label(), s.name.clone());
+        tokio::spawn(async move {
+            let opts = PutOptions { count: 3000, keys: 12, rate: Some(150.0), ..PutOptions::default() };
+            kinesis::put_records(&client, &label, &name, &opts).await.expect("put").manifest
+        })
+    };
+    let start = Instant::now();
+    while read_deliveries(&cluster.delivery_files()).len() < 1000 {
+        assert!(start.elapsed() < Duration::from_secs(60), "fewer than 1000 delivered in 60 s\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // drain under load, while records of the boundary are throttled and put again
+    let drain_at = proxy.elapsed();
+    let (rc, out, err) = squall_run(&cluster, &["drain", &cluster.topology, "--wait", "90"]);
+    assert_eq!(rc, 0, "{out}{err}\n{}", cluster.logs());
+    assert_eq!(a.stop(Duration::from_secs(30)), Some(0), "worker exits 0 after the drain\n{}", cluster.logs());
+    assert_eq!(b.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());
+    producer.abort();
+    let c = proxy.counters();
+    eprintln!("PutRecords entries failed {} in {} calls", c.partial_entries, c.partial_calls);
+    assert!(c.partial_entries >= 20, "too few records throttled: {c:?}");
+    let puts_after = proxy.request_times("PutRecords").into_iter().filter(|(t, _)| *t >= drain_at).count();
+    eprintln!("PutRecords calls from the drain on: {puts_after}");
+    let delivered = read_deliveries(&cluster.delivery_files()).len() as u64;
+    let (fired, late) = outputs(&cluster);
+    let counted: u64 = fired.values().flatten().sum();
+    eprintln!("delivered by the first stage {delivered}; counted in the second {counted}; late {}", late.len());
+    assert!(delivered < 3000, "the drain came under load: {delivered} delivered");
+    assert!(late.is_empty(), "tuples reached the windows after the watermark passed them\n{}", cluster.logs());
+    assert_eq!(counted, delivered, "the second stage counted every record the first delivered\n{}", cluster.logs());
+    clean_up(&cluster, s).await;
+}
