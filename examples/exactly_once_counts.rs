@@ -103,7 +103,7 @@ struct Args {
     fire_to: Option<String>,
     /// Two stages across an intermediate Kinesis stream: per-key counts (stage `counts`) emit
     /// `{key, n: 1}` per record, summed per key exactly once by stage `totals`.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "window_ms")]
     two_stages: bool,
     /// Shards of the intermediate stream of `--two-stages` (when Squall creates it).
     #[arg(long, default_value_t = 2)]

@@ -7,7 +7,11 @@
 //!   must not fire again when a stale index read still lists it;
 //! - several input streams: one key's windows count records of both, so a window fires only
 //!   once the committed watermark of every stream passed its end (the minimum), even while one
-//!   stream's records wait for a replay.
+//!   stream's records wait for a replay;
+//! - a worker whose clock runs ahead of the Kinesis service's: an idle shard's watermark (the
+//!   time of its last caught-up read minus the idle timeout) is taken on the service's clock as
+//!   far as the worker knows it, so records stamped by the service after an idle spell are not
+//!   late.
 
 use squall_test_support as support;
 
@@ -17,7 +21,7 @@ use std::time::{Duration, Instant};
 use support::TestStream;
 use support::faultproxy::{FaultPlan, FaultProxy};
 use support::reliability::spawn_producer;
-use support::state::{count_in, start_counts, wait_reading};
+use support::state::{count_in, start_counts, start_counts_with_env, wait_reading};
 use support::workers::{Cluster, scratch};
 
 const WINDOW_MS: u64 = 1000;
@@ -142,5 +146,52 @@ async fn windows_over_two_streams_wait_for_the_committed_watermark_of_both() {
     }
     a.delete().await;
     b.delete().await;
+    results.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_after_idle_spells_are_not_late_when_the_workers_clock_runs_ahead() {
+    let s = TestStream::create("eo-fire-skew", 2).await;
+    let results = TestStream::create("eo-fire-skew-fired", 1).await;
+    let dir = scratch("eo-fire-skew");
+    let cluster = Cluster::with_spout_config(
+        &s.name,
+        &dir,
+        serde_json::json!({
+            "checkpoint_interval_ms": 200,
+            "committed_watermark_interval_ms": 300,
+            "watermark_idle_timeout_ms": 1500
+        }),
+    );
+    let table = support::unique_name("eo-fire-skew");
+    let url = support::state_endpoint();
+    let fire = ["--window-ms", "1000", "--fire-to", results.name.as_str()];
+    // both workers' clocks run 10 s ahead of the Kinesis engine's
+    let ahead = [(squall::coord::CLOCK_OFFSET_ENV, "10000")];
+    let mut a = start_counts_with_env(&cluster, "a", &url, &table, &fire, &ahead);
+    let mut b = start_counts_with_env(&cluster, "b", &url, &table, &fire, &ahead);
+    wait_reading(&a, &cluster).await;
+    // bursts separated by idle spells longer than the idle timeout: every shard goes idle
+    let mut total = 0;
+    for _ in 0..4 {
+        total += spawn_producer(&s.client, &s.label(), &s.name, 200, 10, 150.0).await.unwrap().total;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    let truth = support::state::window_truth(&s, WINDOW_MS).await;
+    assert_eq!(truth.values().sum::<u64>(), total);
+    let got = wait_fired(&results, &truth).await;
+    let shifted: usize = [&a, &b].iter().map(|w| count_in(&w.log, "SQUALL_CLOCK_OFFSET_MS")).sum();
+    assert!(shifted > 0, "the workers' clocks were not shifted: the fault did not happen\n{}", cluster.logs());
+    let late: usize = [&a, &b].iter().map(|w| count_in(&w.log, "late input: key")).sum();
+    let exact: BTreeMap<String, u64> = got.iter().map(|(k, c)| (k.clone(), c[0])).collect();
+    let short: Vec<(&String, u64, u64)> =
+        truth.iter().filter_map(|(k, n)| exact.get(k).filter(|g| *g != n).map(|g| (k, *g, *n))).collect();
+    eprintln!("late inputs: {late}; windows: {}; short: {}", truth.len(), short.len());
+    assert_eq!(late, 0, "{late} inputs arrived after their window fired; windows short (key, fired, true): {short:?}");
+    assert_eq!(exact, truth, "fired windows and their counts\n{}", cluster.logs());
+    for p in [&mut a, &mut b] {
+        p.stop(Duration::from_secs(15));
+    }
+    s.delete().await;
     results.delete().await;
 }

@@ -183,3 +183,46 @@ async fn a_production_that_does_not_encode_fails_its_input_before_the_commit() {
     let items = store.scan_scope(&scope).await.unwrap();
     assert!(items.is_empty(), "state committed for inputs whose productions cannot be sent: {items:?}");
 }
+
+/// Creates `{root}/topologies/{topology}/stages/{stream}` (what a stage boundary's writers
+/// register under).
+async fn plant_stage(root: &str, topology: &str, stream: &str) {
+    let zk = support::zk_client().await;
+    let opts = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    let mut path = String::new();
+    for part in root.trim_start_matches('/').split('/').chain(["topologies", topology, "stages", stream]) {
+        path.push('/');
+        path.push_str(part);
+        match zk.create(&path, b"", &opts).await {
+            Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+            Err(e) => panic!("creating {path}: {e}"),
+        }
+    }
+}
+
+/// Runs a `WindowFirer` in topology `topology` over `streams`; the error it stops with.
+async fn firer_error(root: &str, topology: &str, streams: &[&str]) -> String {
+    let table = support::unique_name("refusals-stage");
+    let cfg = StateConfig::new(StateEndpoint::new(support::state_endpoint(), &table));
+    let mut zk = squall::coord::ZkConfig::new(support::zk_connect());
+    zk.root = root.to_string();
+    let fire = FirerConfig::new(cfg, "counts", zk, streams[0]).with_streams(streams.iter().copied());
+    let mut b = TopologyBuilder::new(topology);
+    b.set_spout("fire", 1, move |_| WindowFirer::new(fire.clone(), NoFire))
+        .fields(&["key", "n", "tags", "fire_key", "fire_at"]);
+    let running = run_local(b.build().unwrap(), TopologyConfig::default()).unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(30), running.wait()).await.expect("the firer stops").unwrap_err();
+    e.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_firer_that_could_never_fire_refuses_to_start() {
+    let root = format!("/{}", support::unique_name("refusals-stage"));
+    // over an intermediate stream between two stages: its readers publish no committed watermark
+    plant_stage(&root, "topo", "topo-tally").await;
+    let e = firer_error(&root, "topo", &["source", "topo-tally"]).await;
+    assert!(e.contains("`topo-tally` is an intermediate stream") && e.contains("first stage"), "{e}");
+    // in a later stage (topology `topo.totals`): only the first stage publishes one
+    let e = firer_error(&root, "topo.totals", &["source"]).await;
+    assert!(e.contains("runs in stage `totals` of topology `topo`") && e.contains("first stage"), "{e}");
+}

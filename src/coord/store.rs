@@ -551,6 +551,29 @@ impl ZkStore {
         self.delete_quietly(&self.paths.watermark(task)).await
     }
 
+    /// Whether `stream` is an intermediate stream between two stages of topology `topology` (its
+    /// producer registry `{root}/topologies/{topology}/stages/{stream}` exists), or, with
+    /// `stream` `None`, whether the topology has any stage boundary at all.
+    pub async fn stage_stream_exists(&self, topology: &str, stream: Option<&str>) -> Result<bool, CoordError> {
+        validate_name("topology name", topology)?;
+        let dir = format!("{}/topologies/{topology}/stages", self.paths.root());
+        match stream {
+            Some(s) => {
+                validate_name("stream name", s)?;
+                let path = format!("{dir}/{s}");
+                match self.client().check_stat(&path).await {
+                    Ok(found) => Ok(found.is_some()),
+                    Err(e) => Err(CoordError::zk(&path, "exists", e)),
+                }
+            }
+            None => match self.client().list_children(&dir).await {
+                Ok(children) => Ok(!children.is_empty()),
+                Err(zk::Error::NoNode) => Ok(false),
+                Err(e) => Err(CoordError::zk(&dir, "list", e)),
+            },
+        }
+    }
+
     /// The stream's committed watermark: Ok(Ok(ms)) when the current assignment (no error set) has a report
     /// of its own generation with Some(watermark) from every task it lists (tasks with no shards included),
     /// the minimum of those; Ok(Err(reason)) naming what is missing (which task, which generation) otherwise.

@@ -229,7 +229,8 @@ impl Coordinator {
             return Ok(());
         }
         let idle = KinesisSpoutConfig::ms(self.cfg.watermark_idle_timeout_ms);
-        let now = now_ms();
+        // on the service's clock as far as it is known (see `ShardSource::watermark_now`)
+        let now = self.reader.source.watermark_now();
         let watermark = lock(&self.tracker).task_committed_watermark(idle, now);
         let written = s.report.as_ref().and_then(|r| r.written);
         if written == Some((generation, watermark)) {

@@ -590,7 +590,7 @@ impl ReaderCtx {
                 // listing. The idle rule (caught-up time minus the idle timeout) must not pass
                 // the split, after which records arrive in the children, which nothing holds
                 // until they are assigned: so the caught-up time is capped at that listing.
-                let now = crate::coord::now_ms();
+                let now = self.source.watermark_now();
                 match efo.open_as_of(&self.source, shard).await {
                     Ok(None) => return Ended::Closed,
                     Ok(Some(listed)) => lock(&self.tracker).mark_caught_up(shard, epoch, now.min(listed)),

@@ -304,6 +304,8 @@ pub struct KinesisSpout {
     cfg: Arc<KinesisSpoutConfig>,
     /// `cfg.stream`, shared by every tuple's `stream` field.
     stream_name: Arc<str>,
+    /// Where the shards come from (set in `open`): its clock bounds the watermarks.
+    source: Option<source::ShardSource>,
     worker: WorkerIdentity,
     tracker: Arc<Mutex<Tracker>>,
     space: Arc<Notify>,
@@ -345,6 +347,7 @@ impl KinesisSpout {
     pub fn with_shared(cfg: Arc<KinesisSpoutConfig>, worker: WorkerIdentity, shared: SpoutShared) -> Self {
         Self {
             stream_name: Arc::from(cfg.stream.as_str()),
+            source: None,
             cfg,
             worker,
             tracker: Arc::default(),
@@ -614,9 +617,10 @@ impl KinesisSpout {
     /// unknown yet.
     fn compute_watermark(&mut self) -> Option<u64> {
         let idle = KinesisSpoutConfig::ms(self.cfg.watermark_idle_timeout_ms);
+        let now = self.watermark_now();
         if let Some(stage) = &mut self.stage {
             let t = lock(&self.tracker);
-            let free = now_ms().saturating_sub(i64::try_from(idle.as_millis()).unwrap_or(i64::MAX));
+            let free = now.saturating_sub(i64::try_from(idle.as_millis()).unwrap_or(i64::MAX));
             let owned = t.owned_epochs().map(|(shard, epoch)| {
                 let read =
                     t.get(shard).map_or_else(stage_input::ReadProgress::default, |tr| stage_input::ReadProgress {
@@ -628,8 +632,14 @@ impl KinesisSpout {
             });
             return stage.task_watermark(owned, t.owns_assigned(), u64::try_from(free).unwrap_or(0));
         }
-        let wm = lock(&self.tracker).task_watermark(idle, now_ms());
+        let wm = lock(&self.tracker).task_watermark(idle, now);
         wm.filter(|w| *w > 0).map(|w| w as u64)
+    }
+
+    /// "Now" for watermarks: on the service's clock as far as it is known
+    /// (`ShardSource::watermark_now`); this worker's clock before the spout opened.
+    fn watermark_now(&self) -> i64 {
+        self.source.as_ref().map_or_else(now_ms, source::ShardSource::watermark_now)
     }
 
     /// Recomputes the watermark when `watermark_interval_ms` has passed since the last time
@@ -671,6 +681,7 @@ impl Spout for KinesisSpout {
         let (fetch_tx, fetch_rx) = watch::channel(false);
         let read_budget_kib = u32::try_from(self.cfg.max_read_bytes_in_flight / 1024).unwrap_or(u32::MAX);
         let fetch_tx = Arc::new(fetch_tx);
+        self.source = Some(source.clone());
         let reader = Arc::new(reader::ReaderCtx {
             source,
             stream: self.cfg.stream.clone(),

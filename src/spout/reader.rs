@@ -507,7 +507,7 @@ impl ReaderCtx {
             }
             if n == 0 {
                 if behind.is_none_or(|b| b == 0) {
-                    lock(&self.tracker).mark_caught_up(&shard, epoch, crate::coord::now_ms());
+                    lock(&self.tracker).mark_caught_up(&shard, epoch, self.source.watermark_now());
                 }
                 tokio::select! {
                     _ = cancel.cancelled() => return,

@@ -80,6 +80,19 @@ impl ShardSource {
         }
     }
 
+    /// "Now" for watermarks: arrival times are the service's clock, so an idle shard's watermark
+    /// (the time of its last caught-up read minus the idle timeout) must not run ahead of it. This
+    /// worker's clock, capped at the service's clock as far as its answers' `Date` headers tell
+    /// (their lower bound plus the header's 1 s resolution): a worker clock ahead of the service's
+    /// by more than that would otherwise pass records the service stamps after an idle spell.
+    pub fn watermark_now(&self) -> i64 {
+        let now = crate::coord::now_ms();
+        match self.service_now_lower() {
+            Some(lower) => now.min(lower.saturating_add(kinesis::clock::DATE_RESOLUTION_MS)),
+            None => now,
+        }
+    }
+
     /// Sharpens the bound of the Kinesis service's clock ([`kinesis::clock`]) from its `Date`
     /// header's 1 s to about 50 ms: one small call (ListShards of one shard) every 50 ms for a
     /// little over a second, so one answer comes soon after the service's clock ticked to a new

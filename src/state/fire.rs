@@ -54,6 +54,9 @@ use crate::coord::{ZkConfig, ZkStore};
 /// component: a window's key names the window) and its fire time (ms since the epoch).
 pub const FIRE_FIELDS: [&str; 2] = ["fire_key", "fire_at"];
 
+/// How often a firer that has no watermark looks whether it can fire at all.
+const REFUSAL_CHECK: Duration = Duration::from_secs(5);
+
 /// How often keys whose state did not deserialize are read again.
 const UNREADABLE_RETRY: Duration = Duration::from_secs(60);
 
@@ -84,7 +87,8 @@ pub struct FirerConfig {
     /// passes its time (records of every stream may land in one key). Their spouts must publish
     /// them: `committed_watermark_interval_ms` > 0 in the Kinesis spout's config. Timers fire by a
     /// source stream's records' arrival times: a component of a later stage (reading an
-    /// intermediate stream, whose readers publish no committed watermark) cannot use them yet.
+    /// intermediate stream, whose readers publish no committed watermark) cannot use them: the
+    /// firer refuses to start there, naming the fix.
     pub streams: Vec<String>,
     /// How often the firer looks for due timers (ms). Default 500.
     pub poll_interval_ms: u64,
@@ -168,6 +172,8 @@ pub struct WindowFirer<F: OnFire> {
     stalled_since: Option<(Instant, bool)>,
     /// The highest committed watermark read.
     highest: Option<i64>,
+    /// When to look again whether this firer can fire at all (while no watermark is available).
+    next_refusal_check: Instant,
 }
 
 impl<F: OnFire> std::fmt::Debug for WindowFirer<F> {
@@ -205,6 +211,7 @@ impl<F: OnFire> WindowFirer<F> {
             unreadable_retry: Instant::now() + UNREADABLE_RETRY,
             stalled_since: None,
             highest: None,
+            next_refusal_check: Instant::now() + REFUSAL_CHECK,
         }
     }
 
@@ -266,6 +273,41 @@ impl<F: OnFire> WindowFirer<F> {
                 since.elapsed().as_secs(), self.cfg.component);
         }
         None
+    }
+
+    /// Why this firer can never fire, if it cannot: it runs in a later stage of a staged topology
+    /// (`{topology}.{stage}`: timers fire by a source stream's committed watermark, published only
+    /// by the first stage's spout), or one of its streams is an intermediate stream between two
+    /// stages (whose readers publish no committed watermark). Checked at open and again while no
+    /// watermark is available (a stage's registry appears when its writers start).
+    async fn refusal(
+        cfg: &FirerConfig,
+        zk: &ZkStore,
+        topology: &str,
+    ) -> Result<Option<String>, crate::coord::CoordError> {
+        let fix = "Fire windows in the first stage, over the source streams (`--stream`), or window a later \
+                   stage in-band (squall_topology windows, which follow the stage's low watermark)";
+        for stream in &cfg.streams {
+            if zk.stage_stream_exists(topology, Some(stream)).await? {
+                return Ok(Some(format!(
+                    "window firer of component `{}`: stream `{stream}` is an intermediate stream between two stages \
+                     of topology `{topology}`; its readers publish no committed watermark, so no timer would ever \
+                     fire. {fix}",
+                    cfg.component
+                )));
+            }
+        }
+        if let Some((base, stage)) = topology.rsplit_once('.')
+            && zk.stage_stream_exists(base, None).await?
+        {
+            return Ok(Some(format!(
+                "window firer of component `{}` runs in stage `{stage}` of topology `{base}`: timers fire by the \
+                 committed watermark of the topology's source streams, which only its first stage publishes, so no \
+                 timer would ever fire. {fix}",
+                cfg.component
+            )));
+        }
+        Ok(None)
     }
 
     /// Connects the primary stream's store and the further streams' on its session.
@@ -449,6 +491,12 @@ impl<F: OnFire> Spout for WindowFirer<F> {
             .ensure_timer_index()
             .await
             .map_err(|e| component_error("window firer: the state table's timer index", &e, e.is_retryable()))?;
+        if let Some(why) = Self::refusal(&self.cfg, &zk, ctx.topology_name())
+            .await
+            .map_err(|e| component_error("window firer: reading the topology's stages", e, true))?
+        {
+            return Err(ComponentError::fatal(why));
+        }
         let m = Metrics {
             fired: ctx.counter("fire_emitted"),
             stale: ctx.counter("fire_stale_index"),
@@ -521,7 +569,16 @@ impl<F: OnFire> WindowFirer<F> {
                 return Ok(());
             }
         };
-        let Some(w) = self.watermark(o).await else { return Ok(()) };
+        let Some(w) = self.watermark(o).await else {
+            // a stage's registry appears when its writers start: look again now and then
+            if Instant::now() >= self.next_refusal_check {
+                self.next_refusal_check = Instant::now() + REFUSAL_CHECK;
+                if let Ok(Some(why)) = Self::refusal(&self.cfg, &o.zk, &o.topology).await {
+                    return Err(ComponentError::fatal(why));
+                }
+            }
+            return Ok(());
+        };
         if self.last_round == Some((w, share)) && !self.rescan {
             return Ok(());
         }

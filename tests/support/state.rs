@@ -101,6 +101,18 @@ pub fn endpoint(url: &str, table: &str) -> StateEndpoint {
 /// [`Cluster::worker_command`] (`{name}.log` in the test directory), no `--deliveries` (the
 /// example does not take it).
 pub fn start_counts(cluster: &Cluster, name: &str, state_endpoint: &str, table: &str, extra: &[&str]) -> Proc {
+    start_counts_with_env(cluster, name, state_endpoint, table, extra, &[])
+}
+
+/// [`start_counts`] with environment variables set for the worker (e.g. a clock offset).
+pub fn start_counts_with_env(
+    cluster: &Cluster,
+    name: &str,
+    state_endpoint: &str,
+    table: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Proc {
     let log = cluster.dir.join(format!("{name}.log"));
     let file = std::fs::File::create(&log).unwrap();
     let mut cmd = std::process::Command::new(example_bin("exactly_once_counts"));
@@ -118,6 +130,7 @@ pub fn start_counts(cluster: &Cluster, name: &str, state_endpoint: &str, table: 
         .env_remove("SQUALL_STATE_ENDPOINT")
         .env_remove("SQUALL_STATE_TABLE")
         .env("RUST_LOG", "info,squall=debug")
+        .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())
         .stdout(file.try_clone().unwrap())
         .stderr(file);
