@@ -466,7 +466,8 @@ impl KplProducer {
         let stop = Arc::new(AtomicBool::new(false));
         let refresh = Arc::new(AtomicBool::new(false));
         let rounds = Arc::new(AtomicU64::new(0));
-        let s = TestStream::existing(&stream.name).await;
+        // the stream belongs to the test: never deleted from here, even when a round panics
+        let s = std::mem::ManuallyDrop::new(TestStream::existing(&stream.name).await);
         let mut map = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap();
         let (stop2, refresh2, rounds2) = (stop.clone(), refresh.clone(), rounds.clone());
         let (splits, mut split_rx) =
@@ -494,8 +495,6 @@ impl KplProducer {
                 rounds2.store(p.rounds, Ordering::SeqCst);
                 tokio::time::sleep(pause).await;
             }
-            // the stream belongs to the test
-            s.forget();
             p
         });
         KplProducer { handle, splits, stop, refresh, rounds }
