@@ -1,8 +1,8 @@
 //! KPL de-aggregation end to end, against kinesis-local and ZooKeeper, with audit workers as real
 //! processes:
 //! - records packed by AWS's reference aggregator (`aws-kinesis-agg` from PyPI, installed by
-//!   `localstack/up` through `localstack/kpl-agg-install`) flow through a split and a merge with
-//!   nothing lost and per-key order kept;
+//!   `localstack/up` through `localstack/kpl-agg-install`; the writers are in `support::kpl`)
+//!   flow through a split and a merge with nothing lost and per-key order kept;
 //! - both producer styles through a split of a 3-shard stream, 3000 user records each: Lambda-style
 //!   (`aws-kinesis-agg`: mixed keys in one aggregate, routed by its first record, never re-sent)
 //!   and KPL-like (one aggregate per predicted shard; after the split its stale shard map sends an
@@ -20,212 +20,17 @@
 use squall_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use aws_sdk_kinesis::primitives::Blob;
 use squall::kinesis::kpl::{self, NewUserRecord};
-use squall::kinesis::payload::{AuditPayload, Manifest};
+use squall::kinesis::payload::AuditPayload;
 use squall::kinesis::{self, ShardDescription};
 use support::TestStream;
+use support::kpl::{
+    Kpl, KplPut, hex, manifest, put_kpl_like, put_lambda_style, put_one, put_one_seq, put_reference, range,
+    reference_aggregate, wait_counters,
+};
 use support::workers::{Cluster, Worker, read_deliveries, scratch};
-
-/// The reference aggregator's Python (a project-local venv made by `localstack/up`).
-fn reference_python() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let state = std::env::var_os("SQUALL_STATE_DIR").map(PathBuf::from).unwrap_or_else(|| root.join(".squall"));
-    let py = state.join("kpl-agg/venv/bin/python");
-    assert!(py.exists(), "{} missing: run localstack/up (it installs aws-kinesis-agg)", py.display());
-    py
-}
-
-/// One user record to aggregate: (partition key, data).
-type UserPut = (String, Vec<u8>);
-
-/// One Kinesis record to put: (partition key, explicit hash key, data).
-type Put = (String, Option<String>, Vec<u8>);
-
-/// Packs each group of user records (partition key, data) into one aggregated record with AWS's
-/// reference aggregator (`localstack/kpl_aggregate.py`).
-fn reference_aggregate(groups: &[Vec<(String, Vec<u8>)>]) -> Vec<Put> {
-    let request = serde_json::json!({
-        "aggregates": groups.iter().map(|g| g.iter().map(|(k, d)| serde_json::json!({
-            "partition_key": k, "data_hex": hex(d)
-        })).collect::<Vec<_>>()).collect::<Vec<_>>()
-    });
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("localstack/kpl_aggregate.py");
-    let mut child = Command::new(reference_python())
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("running localstack/kpl_aggregate.py");
-    use std::io::Write as _;
-    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "kpl_aggregate.py failed");
-    let v: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-    v.iter()
-        .map(|a| {
-            (
-                a["partition_key"].as_str().unwrap().to_string(),
-                a["explicit_hash_key"].as_str().map(str::to_string),
-                unhex(a["data_hex"].as_str().unwrap()),
-            )
-        })
-        .collect()
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
-}
-
-fn range(d: &ShardDescription) -> (u128, u128) {
-    (d.starting_hash_key.parse().unwrap(), d.ending_hash_key.parse().unwrap())
-}
-
-/// Puts one record and returns the shard it landed in.
-async fn put_one(s: &TestStream, (pk, ehk, data): &Put) -> String {
-    let out = s
-        .client
-        .put_record()
-        .stream_name(&s.name)
-        .partition_key(pk)
-        .set_explicit_hash_key(ehk.clone())
-        .data(Blob::new(data.clone()))
-        .send()
-        .await
-        .expect("PutRecord");
-    out.shard_id().to_string()
-}
-
-/// Writes `per_key` more audit records of each key as the KPL would: grouped by the open shard
-/// their key hashes to, `per_aggregate` user records per aggregated record packed by the reference
-/// aggregator, each shard's aggregates put in order. Adds what it wrote to `counts`.
-async fn put_reference(
-    s: &TestStream,
-    run: &str,
-    keys: &[String],
-    per_key: u64,
-    per_aggregate: usize,
-    counts: &mut BTreeMap<String, u64>,
-) {
-    let shards = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap();
-    let open: Vec<&ShardDescription> = shards.iter().filter(|d| !d.closed).collect();
-    let mut puts: Vec<(String, Put)> = Vec::new();
-    for shard in &open {
-        let (lo, hi) = range(shard);
-        let mine: Vec<&String> =
-            keys.iter().filter(|k| (lo..=hi).contains(&kpl::partition_key_hash(k.as_str()))).collect();
-        let mut users = Vec::new();
-        for _ in 0..per_key {
-            for k in &mine {
-                let seq = counts.entry(k.to_string()).or_default();
-                users.push((k.to_string(), AuditPayload::new(run, k, *seq, 0).to_bytes()));
-                *seq += 1;
-            }
-        }
-        let groups: Vec<Vec<(String, Vec<u8>)>> = users.chunks(per_aggregate).map(<[_]>::to_vec).collect();
-        if groups.is_empty() {
-            continue;
-        }
-        for agg in reference_aggregate(&groups) {
-            assert!(agg.2.starts_with(&kpl::MAGIC), "the reference aggregator wrote the KPL format");
-            puts.push((shard.shard_id.clone(), agg));
-        }
-    }
-    for (shard, put) in &puts {
-        assert_eq!(&put_one(s, put).await, shard, "no reshard while putting: each aggregate lands where predicted");
-    }
-}
-
-/// Writes `per_key` more audit records of each key as AWS's aggregation library writes them from a
-/// Lambda producer (`aws-kinesis-agg`, awslabs/kinesis-aggregation): user records of ANY keys packed
-/// in the order they come, `per_aggregate` per aggregated record by the reference aggregator, each
-/// aggregate put with its first user record's partition key and explicit hash key (so it lands where
-/// that record's key hashes), and never sent again. Adds what it wrote to `counts`; returns how many
-/// user records landed in a shard whose hash range does not hold their own key.
-async fn put_lambda_style(
-    s: &TestStream,
-    run: &str,
-    keys: &[String],
-    per_key: u64,
-    per_aggregate: usize,
-    counts: &mut BTreeMap<String, u64>,
-) -> u64 {
-    let mut users = Vec::new();
-    for _ in 0..per_key {
-        for k in keys {
-            let seq = counts.entry(k.clone()).or_default();
-            users.push((k.clone(), AuditPayload::new(run, k, *seq, 0).to_bytes()));
-            *seq += 1;
-        }
-    }
-    let groups: Vec<Vec<(String, Vec<u8>)>> = users.chunks(per_aggregate).map(<[_]>::to_vec).collect();
-    let ranges: BTreeMap<String, (u128, u128)> = kinesis::list_shards(&s.client, &s.label(), &s.name)
-        .await
-        .unwrap()
-        .iter()
-        .map(|d| (d.shard_id.clone(), range(d)))
-        .collect();
-    let mut outside = 0;
-    for (agg, group) in reference_aggregate(&groups).iter().zip(&groups) {
-        assert!(agg.2.starts_with(&kpl::MAGIC), "the reference aggregator wrote the KPL format");
-        assert_eq!(agg.0, group[0].0, "an aggregate is put with its first user record's partition key");
-        let (lo, hi) = ranges[&put_one(s, agg).await];
-        outside += group.iter().filter(|(k, _)| !(lo..=hi).contains(&kpl::partition_key_hash(k))).count() as u64;
-    }
-    outside
-}
-
-fn manifest(run: &str, stream: &str, counts: &BTreeMap<String, u64>) -> Manifest {
-    Manifest { run: run.into(), stream: stream.into(), counts: counts.clone(), total: counts.values().sum() }
-}
-
-/// The worker statuses' KPL counters, summed.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Kpl {
-    aggregates: u64,
-    users: u64,
-    out_of_range: u64,
-    dropped: u64,
-    dropped_aggregates: u64,
-    corrupt: u64,
-}
-
-async fn kpl_counters(cluster: &Cluster) -> Kpl {
-    let zk = support::zk_client().await;
-    let mut t = Kpl::default();
-    for w in support::ops::worker_statuses(&zk, cluster).await {
-        let k = &w["kpl"];
-        let n = |f: &str| k[f].as_u64().unwrap_or(0);
-        t.aggregates += n("aggregates");
-        t.users += n("user_records");
-        t.out_of_range += n("out_of_range");
-        t.dropped += n("dropped");
-        t.dropped_aggregates += n("dropped_aggregates");
-        t.corrupt += n("corrupt");
-    }
-    t
-}
-
-/// Polls the KPL counters until `done` holds (worker statuses are refreshed every few seconds).
-async fn wait_counters(cluster: &Cluster, done: impl Fn(&Kpl) -> bool) -> Kpl {
-    let mut last = Kpl::default();
-    for _ in 0..150 {
-        last = kpl_counters(cluster).await;
-        if done(&last) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    last
-}
 
 async fn cleanup(cluster: &Cluster, s: TestStream) {
     let zk = support::zk_client().await;
@@ -336,79 +141,6 @@ async fn lambda_style_aggregates_with_drop_aggregate_lose_only_what_is_counted_a
     assert_eq!(k.out_of_range, outside, "{k:?}");
     assert!(k.dropped_aggregates > 0 && k.dropped >= k.out_of_range, "{k:?}");
     assert_eq!(report.duplicates, 0, "{report:?}");
-}
-
-/// How many user records a KPL-like producer put, and sent again.
-#[derive(Debug, Default, Clone, Copy)]
-struct KplPut {
-    /// User records of aggregates that landed on another shard than predicted, sent again.
-    resent: u64,
-    /// Of those, the ones in an aggregate that held a user record outside the shard it landed on.
-    resent_mixed: u64,
-    /// User records that landed in a shard whose hash range does not hold their key.
-    outside: u64,
-}
-
-/// Writes `per_key` more audit records of each key as the KPL does with the shard map `map` it
-/// has (which may be stale): user records grouped by the open shard `map` predicts for their
-/// key, `per_aggregate` per aggregate (packed by the reference aggregator), each put with its
-/// first user record's key. An aggregate that lands on another shard than predicted (the map is
-/// stale: a split since) is sent again WHOLE, as the KPL does: each of its user records, grouped
-/// and aggregated by the fresh shard map. Adds what it wrote to `counts`.
-async fn put_kpl_like(
-    s: &TestStream,
-    run: &str,
-    keys: &[String],
-    per_key: u64,
-    per_aggregate: usize,
-    map: &[ShardDescription],
-    counts: &mut BTreeMap<String, u64>,
-) -> KplPut {
-    let now = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap();
-    let ranges: BTreeMap<String, (u128, u128)> = now.iter().map(|d| (d.shard_id.clone(), range(d))).collect();
-    let fresh: Vec<ShardDescription> = now.iter().filter(|d| !d.closed).cloned().collect();
-    let group = |map: &[ShardDescription], users: &[(String, Vec<u8>)]| {
-        let mut out: Vec<(String, Vec<Vec<UserPut>>)> = Vec::new();
-        for shard in map.iter().filter(|d| !d.closed) {
-            let (lo, hi) = range(shard);
-            let mine: Vec<(String, Vec<u8>)> =
-                users.iter().filter(|(k, _)| (lo..=hi).contains(&kpl::partition_key_hash(k))).cloned().collect();
-            if !mine.is_empty() {
-                out.push((shard.shard_id.clone(), mine.chunks(per_aggregate).map(<[_]>::to_vec).collect()));
-            }
-        }
-        out
-    };
-    let mut users = Vec::new();
-    for _ in 0..per_key {
-        for k in keys {
-            let seq = counts.entry(k.clone()).or_default();
-            users.push((k.clone(), AuditPayload::new(run, k, *seq, 0).to_bytes()));
-            *seq += 1;
-        }
-    }
-    let mut put = KplPut::default();
-    for (predicted, groups) in group(map, &users) {
-        for (agg, g) in reference_aggregate(&groups).iter().zip(&groups) {
-            let landed = put_one(s, agg).await;
-            let (lo, hi) = ranges[&landed];
-            let outside = g.iter().filter(|(k, _)| !(lo..=hi).contains(&kpl::partition_key_hash(k))).count() as u64;
-            put.outside += outside;
-            if landed != predicted {
-                // "Wrong Shard": every user record of the aggregate again, with the fresh map.
-                put.resent += g.len() as u64;
-                if outside > 0 {
-                    put.resent_mixed += g.len() as u64;
-                }
-                for (shard, again) in group(&fresh, g) {
-                    for a in reference_aggregate(&again) {
-                        assert_eq!(put_one(s, &a).await, shard, "the fresh map predicts right");
-                    }
-                }
-            }
-        }
-    }
-    put
 }
 
 /// 3000 user records from a KPL-like producer (one aggregate per predicted shard) into a
@@ -659,19 +391,4 @@ async fn corrupt_aggregates_are_delivered_once_as_plain_records_and_counted() {
 fn md5_of(bytes: &[u8]) -> [u8; 16] {
     use md5::Digest as _;
     md5::Md5::digest(bytes).into()
-}
-
-/// Puts one record and returns its sequence number.
-async fn put_one_seq(s: &TestStream, (pk, ehk, data): &Put) -> String {
-    let out = s
-        .client
-        .put_record()
-        .stream_name(&s.name)
-        .partition_key(pk)
-        .set_explicit_hash_key(ehk.clone())
-        .data(Blob::new(data.clone()))
-        .send()
-        .await
-        .expect("PutRecord");
-    out.sequence_number().to_string()
 }

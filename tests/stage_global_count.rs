@@ -3,15 +3,19 @@
 //!
 //! The true counts come from the put manifests (the words of a record are its partition key and
 //! `d{seq % 7}`), never from the system under test; the counts are the sums of the deltas the
-//! count tasks put into the output stream.
+//! count tasks put into the output stream. With KPL producers the truth is the stream itself,
+//! read back and de-aggregated (a KPL re-send is a new Kinesis record, read again).
 
 use squall_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use squall::kinesis::payload::AuditPayload;
 use squall::kinesis::{self, PutOptions, payload::Manifest};
 use support::TestStream;
+use support::efo::Seen;
+use support::kpl::KplProducer;
 use support::stages::{read_json_records, start_word_count_global};
 use support::workers::{Cluster, Worker, scratch};
 
@@ -157,5 +161,107 @@ async fn a_split_of_the_intermediate_stream_and_a_killed_worker_lose_no_count() 
             assert_eq!(w.stop(Duration::from_secs(60)), Some(0), "worker {} exits cleanly", w.name);
         }
     }
+    cleanup(&cluster, vec![src, out]).await;
+}
+
+/// Each word's true count in a stream of audit records written by KPL producers: its user
+/// records, read back and de-aggregated (what the spout emits, a KPL re-send included).
+async fn true_counts_of_stream(src: &TestStream) -> (BTreeMap<String, u64>, u64) {
+    let mut out = BTreeMap::new();
+    let records = support::kpl::deaggregated(src).await;
+    for r in &records {
+        let p: AuditPayload = serde_json::from_slice(&r.data).expect("an audit payload");
+        *out.entry(p.key).or_default() += 1;
+        *out.entry(format!("d{}", p.seq % 7)).or_default() += 1;
+    }
+    (out, records.len() as u64)
+}
+
+/// At-least-once stages over enhanced fan-out: two `word_count_global --consumer efo:NAME`
+/// workers read a source written by both KPL producer styles (a KPL-like one whose stale shard
+/// map after a split makes it re-send whole aggregates, and a Lambda-style one with mixed keys
+/// per aggregate) through a split of a source shard; the intermediate stream is read by enhanced
+/// fan-out too. No word is counted fewer times than its user records occur in the stream, and
+/// every open source shard and every shard of the intermediate stream was read by
+/// subscriptions, with no GetRecords call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_least_once_stages_over_efo_and_both_kpl_styles_through_a_split_lose_no_count() {
+    let src = TestStream::create("wcg-efo-src", 3).await;
+    let out = TestStream::create("wcg-efo-out", 1).await;
+    let dir = scratch("wcg-efo");
+    let cluster = Cluster::new(&src.name, &dir);
+    let zk = support::zk_client().await;
+    let consumer = format!("efo:{}-app", src.name);
+    let bin = support::workers::example_bin("word_count_global");
+    let flags = ["--output", out.name.as_str(), "--flush-ms", "500", "--consumer", consumer.as_str()];
+    let mut workers: Vec<Worker> = (0..2).map(|i| cluster.start_example(&bin, &format!("w{i}"), 1, &flags)).collect();
+    let kpl_keys: Vec<String> = (0..12).map(|i| format!("kpl-{i}")).collect();
+    let lambda_keys: Vec<String> = (0..12).map(|i| format!("lam-{i}")).collect();
+    let producer = KplProducer::start(&src, kpl_keys, lambda_keys, 2, 8, Duration::from_millis(300)).await;
+    let mut seen = Seen::default();
+    let start = Instant::now();
+    while read_rows(&out).await.is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(90), "nothing counted in 90 s:\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    producer.wait_rounds(3).await;
+    seen.sample(&zk, &cluster).await;
+    // split a source shard; the KPL-like producer's map is stale for 3 rounds
+    producer.split("shardId-000000000000").await;
+    producer.wait_rounds(3).await;
+    producer.refresh_map();
+    seen.sample(&zk, &cluster).await;
+    producer.wait_rounds(6).await;
+    let produced = producer.finish().await;
+
+    let (truth, user_records) = true_counts_of_stream(&src).await;
+    assert!(produced.kpl.resent > 0 && produced.lambda_outside > 0 && produced.kpl.outside > 0, "{produced:?}");
+    let meant: u64 = produced.kpl_like.values().chain(produced.lambda.values()).sum();
+    assert_eq!(user_records, meant + produced.kpl.resent, "the stream holds what was meant and the re-sends");
+    let rows =
+        wait_rows(&out, Duration::from_secs(150), |s| truth.iter().all(|(w, n)| s.get(w).copied().unwrap_or(0) >= *n))
+            .await;
+    let got = sums(&rows);
+    let short: Vec<_> = truth
+        .iter()
+        .filter(|(w, n)| got.get(*w).copied().unwrap_or(0) < **n)
+        .map(|(w, n)| (w, n, got.get(w)))
+        .collect();
+    let over: u64 = truth.iter().map(|(w, n)| got.get(w).copied().unwrap_or(0).saturating_sub(*n)).sum();
+    eprintln!(
+        "{user_records} user records ({meant} meant, {} re-sent in {} aggregates; out of their shard's range: {} \
+         KPL-like, {} Lambda-style), {} words; counted over the truth: {over}",
+        produced.kpl.resent,
+        produced.kpl.resent_aggregates,
+        produced.kpl.outside,
+        produced.lambda_outside,
+        truth.len()
+    );
+    assert!(
+        short.is_empty(),
+        "words counted fewer times than they occur (word, true, counted): {short:?}\n{}",
+        cluster.logs()
+    );
+    let unknown: Vec<_> = got.keys().filter(|w| !truth.contains_key(*w)).collect();
+    assert!(unknown.is_empty(), "words counted that are not in the stream: {unknown:?}");
+
+    // read by subscriptions: the open source shards and the intermediate stream's shards
+    let listed = kinesis::list_shards(&src.client, &src.label(), &src.name).await.unwrap();
+    assert_eq!(listed.len(), 3 + 2, "the split not seen in the shard list: {listed:?}");
+    let mut must: Vec<String> = listed.iter().filter(|d| !d.closed).map(|d| d.shard_id.clone()).collect();
+    let inter = format!("{}-words", cluster.topology);
+    let inter_shards = kinesis::list_shards(&src.client, &src.label(), &inter).await.unwrap();
+    must.extend(inter_shards.iter().map(|d| format!("{inter}/{}", d.shard_id)));
+    seen.watch(&zk, &cluster, Duration::from_secs(20), |seen| must.iter().all(|sh| seen.subscribed(sh))).await;
+    eprintln!("EFO status seen: {}", serde_json::to_string(&seen.0).unwrap());
+    let polled = seen.not_by_subscription_only(&must);
+    assert!(polled.is_empty(), "shards not read by subscriptions only: {polled:#?}");
+    let k = support::kpl::kpl_counters(&cluster).await;
+    assert!(k.out_of_range > 0 && k.dropped == 0, "{k:?}");
+
+    for w in &mut workers {
+        assert_eq!(w.stop(Duration::from_secs(60)), Some(0), "worker {} exits cleanly:\n{}", w.name, cluster.logs());
+    }
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
     cleanup(&cluster, vec![src, out]).await;
 }

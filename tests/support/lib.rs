@@ -9,8 +9,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 pub mod clockproxy;
+pub mod efo;
 pub mod ensemble;
 pub mod faultproxy;
+pub mod kpl;
 pub mod netns;
 pub mod ops;
 pub mod reliability;
