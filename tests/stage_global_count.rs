@@ -5,6 +5,11 @@
 //! `d{seq % 7}`), never from the system under test; the counts are the sums of the deltas the
 //! count tasks put into the output stream. With KPL producers the truth is the stream itself,
 //! read back and de-aggregated (a KPL re-send is a new Kinesis record, read again).
+//!
+//! And the same across two source streams, with a split and a merge of one, Kinesis throttling
+//! reads and failing single entries of every put (a fault proxy as the workers' Kinesis
+//! endpoint), and a worker frozen past its ZooKeeper session (a zombie) that must hand nothing
+//! on once it thaws.
 
 use squall_test_support as support;
 
@@ -15,9 +20,11 @@ use squall::kinesis::payload::AuditPayload;
 use squall::kinesis::{self, PutOptions, payload::Manifest};
 use support::TestStream;
 use support::efo::Seen;
+use support::faultproxy::{FaultPlan, FaultProxy};
 use support::kpl::KplProducer;
+use support::reliability::spawn_producer;
 use support::stages::{read_json_records, start_word_count_global};
-use support::workers::{Cluster, Worker, scratch};
+use support::workers::{Cluster, Worker, example_bin, read_log_entries, scratch};
 
 /// Each word's true count, from the manifests.
 fn true_counts(manifests: &[Manifest]) -> BTreeMap<String, u64> {
@@ -264,4 +271,164 @@ async fn at_least_once_stages_over_efo_and_both_kpl_styles_through_a_split_lose_
     }
     support::zk_delete_tree(&zk, &cluster.zk_root).await;
     cleanup(&cluster, vec![src, out]).await;
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// Lines of a log file containing `needle`.
+fn count_in(path: &std::path::Path, needle: &str) -> usize {
+    std::fs::read_to_string(path).unwrap_or_default().lines().filter(|l| l.contains(needle)).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sources_a_source_split_a_zombie_and_throttling_lose_no_count() {
+    let t0 = Instant::now();
+    let mark = |what: &str| eprintln!("[{:>6.1} s] {what}", t0.elapsed().as_secs_f64());
+    let src_a = TestStream::create("wcgz-a", 3).await;
+    let src_b = TestStream::create("wcgz-b", 3).await;
+    let out = TestStream::create("wcgz-out", 1).await;
+    let dir = scratch("wcgz");
+    let cluster = Cluster::new(&src_a.name, &dir);
+    // Kinesis throttles 5% of the reads (source and intermediate streams) and of the PutRecords
+    // calls (intermediate and output streams), and fails ~10% of the entries of the other
+    // PutRecords calls one by one
+    let proxy = FaultProxy::start(
+        &support::kinesis_endpoint().endpoint,
+        FaultPlan {
+            throttle: 0.05,
+            partial: 1.0,
+            partial_entries: 0.1,
+            partial_at_least_one: false,
+            only_ops: vec!["GetRecords".into(), "PutRecords".into()],
+            ..FaultPlan::default()
+        },
+    )
+    .await;
+    let url = proxy.url();
+    let flags = ["--output", &out.name, "--flush-ms", "500", "--stream", &src_b.name, "--endpoint", &url];
+    let mut workers: Vec<Worker> =
+        (0..3).map(|i| cluster.start_example(&example_bin("word_count_global"), &format!("w{i}"), 1, &flags)).collect();
+    let mut manifests: Vec<Manifest> = Vec::new();
+
+    // ---- round 1: both sources written; a source shard split; a worker frozen past its session ----
+    let pa = spawn_producer(&src_a.client, &src_a.label(), &src_a.name, 1000, 24, 100.0);
+    let pb = spawn_producer(&src_b.client, &src_b.label(), &src_b.name, 1000, 24, 100.0);
+    // the worker to freeze counts words (it reads intermediate shards) and reads source records
+    let victim = format!("-{}", workers[1].pid());
+    let start = Instant::now();
+    let victim_reads = |log: &std::path::Path| read_log_entries(&[log.to_path_buf()]);
+    while !(read_rows(&out).await.iter().any(|r| r.worker.ends_with(&victim))
+        && victim_reads(&workers[1].read_log).iter().any(|e| e.event == "records"))
+    {
+        assert!(start.elapsed() < Duration::from_secs(90), "worker 1 counted nothing in 90 s:\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    mark("w1 counts words and reads source records");
+    let a0 = kinesis::list_shards(&src_a.client, &src_a.label(), &src_a.name).await.unwrap()[0].shard_id.clone();
+    kinesis::split_shard(&src_a.client, &src_a.label(), &src_a.name, &a0).await.expect("split");
+    mark(&format!("split {a0} of source A"));
+    // its source tasks (the task names it read under before it froze)
+    let before = victim_reads(&workers[1].read_log);
+    let frozen_tasks: BTreeSet<String> = before.iter().map(|e| e.task.clone()).collect();
+    let held: BTreeSet<String> = before.iter().filter(|e| e.event == "records").map(|e| e.shard.clone()).collect();
+    workers[1].pause();
+    mark(&format!("SIGSTOP w1 (tasks {frozen_tasks:?}, read {held:?})"));
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    workers[1].resume();
+    let resumed_at = now_ms();
+    mark("SIGCONT w1 after 8 s (session 4 s)");
+    manifests.push(pa.await.unwrap());
+    manifests.push(pb.await.unwrap());
+    mark("round 1 written");
+
+    // ---- round 2: the split's children merged, both sources written again ----
+    let listed = kinesis::list_shards(&src_a.client, &src_a.label(), &src_a.name).await.unwrap();
+    let kids: Vec<String> =
+        listed.iter().filter(|d| d.parents().any(|p| p == a0)).map(|d| d.shard_id.clone()).collect();
+    assert_eq!(kids.len(), 2, "the split of {a0} not in the shard list: {listed:?}");
+    kinesis::merge_shards(&src_a.client, &src_a.label(), &src_a.name, &kids[0], &kids[1]).await.expect("merge");
+    mark(&format!("merge {kids:?} of source A"));
+    manifests.push(put(&src_a, 500, 24).await);
+    manifests.push(put(&src_b, 500, 24).await);
+    mark("round 2 written");
+
+    let truth = true_counts(&manifests);
+    let rows =
+        wait_rows(&out, Duration::from_secs(180), |s| truth.iter().all(|(w, n)| s.get(w).copied().unwrap_or(0) >= *n))
+            .await;
+    mark("every word counted (or timed out)");
+    let got = sums(&rows);
+
+    // ---- the faults really happened ----
+    let (reads, puts, c) = (proxy.op("GetRecords"), proxy.op("PutRecords"), proxy.counters());
+    eprintln!(
+        "kinesis proxy: GetRecords {reads:?}; PutRecords {puts:?}, entries failed {} in {} calls",
+        c.partial_entries, c.partial_calls
+    );
+    assert!(reads.faults > 0, "no GetRecords throttled: {reads:?}");
+    assert!(puts.faults > 0 && c.partial_entries > 0, "no PutRecords entry failed: {puts:?} {c:?}");
+    let listed = kinesis::list_shards(&src_a.client, &src_a.label(), &src_a.name).await.unwrap();
+    assert_eq!(listed.len(), 3 + 2 + 1, "source A: a split and a merge: {listed:?}");
+    let zlog = dir.join("w1.log");
+    assert!(
+        count_in(&zlog, "this process was paused") > 0 && count_in(&zlog, "ZooKeeper session ended") > 0,
+        "w1 was not frozen past its session\n{}",
+        std::fs::read_to_string(&zlog).unwrap_or_default()
+    );
+    // the zombie handed on no source record under the tasks it had before it froze (a task
+    // registered again since acquires its shards anew; the read log does not name the stream,
+    // whose tasks are numbered apart)
+    let entries = victim_reads(&workers[1].read_log);
+    let acquired_again: BTreeSet<&str> =
+        entries.iter().filter(|e| e.event == "acquire" && e.t_ms >= resumed_at).map(|e| e.task.as_str()).collect();
+    let zombie_reads: Vec<String> = entries
+        .iter()
+        .filter(|e| {
+            e.event == "records"
+                && frozen_tasks.contains(&e.task)
+                && !acquired_again.contains(e.task.as_str())
+                && e.t_ms >= resumed_at
+        })
+        .map(|e| format!("{} {} {} {:?}..{:?}", e.t_ms, e.task, e.shard, e.first, e.last))
+        .collect();
+    let read_again = entries.iter().filter(|e| e.event == "records" && e.t_ms >= resumed_at).count();
+    eprintln!(
+        "zombie: records handed on under its old tasks after SIGCONT: {}; read batches under new tasks since: \
+         {read_again}",
+        zombie_reads.len()
+    );
+    assert!(zombie_reads.is_empty(), "the zombie handed on records after it resumed: {zombie_reads:#?}");
+    // no record ran out of replays (a dead-lettered record's words are handled without being
+    // counted): throttling slows the topology down, it must not make it give records up
+    let dead: usize =
+        (0..3).map(|i| count_in(&dir.join(format!("w{i}.log")), "emitting it on the dead-letter stream")).sum();
+    eprintln!("records dead-lettered after their last replay: {dead}");
+    assert_eq!(dead, 0, "records gave up on under throttling\n{}", cluster.logs());
+
+    // ---- at least once: no word counted fewer times than it occurs in both sources ----
+    let short: Vec<_> = truth
+        .iter()
+        .filter(|(w, n)| got.get(*w).copied().unwrap_or(0) < **n)
+        .map(|(w, n)| (w, n, got.get(w)))
+        .collect();
+    let over: u64 = truth.iter().map(|(w, n)| got.get(w).copied().unwrap_or(0).saturating_sub(*n)).sum();
+    eprintln!(
+        "words {}, true total {}, counted total {}, over-counted (replays) {over}",
+        truth.len(),
+        truth.values().sum::<u64>(),
+        got.values().sum::<u64>()
+    );
+    assert!(
+        short.is_empty(),
+        "words counted fewer times than they occur (word, true, counted): {short:?}\n{}",
+        cluster.logs()
+    );
+    assert_eq!(truth.values().sum::<u64>(), 2 * 3000, "two words per record");
+    eprintln!("total run {:.1} s", t0.elapsed().as_secs_f64());
+    for w in &mut workers {
+        assert_eq!(w.stop(Duration::from_secs(60)), Some(0), "worker {} exits cleanly:\n{}", w.name, cluster.logs());
+    }
+    cleanup(&cluster, vec![src_a, src_b, out]).await;
 }

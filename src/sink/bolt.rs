@@ -110,6 +110,7 @@ struct InFlight {
 struct Backoff {
     builder: ExponentialBuilder,
     seq: Option<ExponentialBackoff>,
+    min: Duration,
     max: Duration,
     until: Option<Instant>,
     last: Duration,
@@ -119,7 +120,19 @@ impl Backoff {
     fn new(min: Duration, max: Duration) -> Self {
         let builder =
             ExponentialBuilder::new().with_min_delay(min).with_max_delay(max).with_jitter().without_max_times();
-        Backoff { builder, seq: None, max, until: None, last: min }
+        Backoff { builder, seq: None, min, max, until: None, last: min }
+    }
+
+    /// A call at `now` that put some records and had others throttled (per-record throttling:
+    /// some shards over their limit): the rest are retried after the shortest delay, and the
+    /// escalation starts over. Escalating on such calls would slow the whole sink to one call per
+    /// longest delay whenever a backlog makes every batch hold a throttled record, which only
+    /// grows the backlog.
+    fn progress(&mut self, now: Instant) -> Duration {
+        self.seq = None;
+        self.until = Some(now + self.min);
+        self.last = self.min;
+        self.min
     }
 
     /// A failure at `now`: no call before the returned delay has passed.
@@ -441,10 +454,12 @@ impl<E: SinkEncoder> KinesisSink<E> {
             Ok(results) => {
                 let mut retry = Vec::new();
                 let mut fatal: Option<KinesisError> = None;
+                let mut put = 0usize;
                 let mut results = results.into_iter();
                 for e in entries {
                     match results.next().flatten() {
                         None => {
+                            put += 1;
                             self.queue.release(&e);
                             run.m.records_put.incr();
                             self.puts += 1;
@@ -482,7 +497,10 @@ impl<E: SinkEncoder> KinesisSink<E> {
                     self.backoff.reset();
                     return;
                 }
-                let delay = self.backoff.fail(now);
+                // escalate only when the call made no progress (every record refused or
+                // throttled); a call that put records saw some shards throttled, not the stream
+                let delay =
+                    if put > 0 && fatal.is_none() { self.backoff.progress(now) } else { self.backoff.fail(now) };
                 if let Some(suppressed) = self.error_log.pass(now, delay) {
                     match &fatal {
                         Some(k) => {
@@ -875,6 +893,57 @@ mod tests {
         assert!(m.get() > 0);
         assert!(h.context().counter(metric::THROTTLED).get() > 0);
         assert!(fake.calls.lock().unwrap().iter().all(|&n| n <= 4), "one record per key per call");
+    }
+
+    /// Per-record throttling that never clears (every call of more than one record has one
+    /// throttled while the others are put) is progress: the throttled records are retried after
+    /// the shortest back-off. Escalating on such calls (to 60 s here) slowed a sink with a backlog
+    /// to one call per longest back-off, until its inputs timed out and were dead-lettered.
+    #[tokio::test]
+    async fn per_record_throttling_with_progress_retries_after_the_shortest_back_off() {
+        let script: Script = Box::new(|_, r| {
+            Ok((0..r.len())
+                .map(|i| {
+                    (r.len() > 1 && i == r.len() - 1).then(|| EntryError {
+                        code: "ProvisionedThroughputExceededException".into(),
+                        message: "slow down".into(),
+                    })
+                })
+                .collect())
+        });
+        let fake = Fake::new(Duration::from_millis(1), script);
+        let mut h = harness(
+            cfg(|c| {
+                c.max_batch_records = 4;
+                c.linger_ms = 1;
+                c.retry_min_backoff_ms = 20;
+                c.retry_max_backoff_ms = 60_000;
+            }),
+            &fake,
+        )
+        .await;
+        for i in 0..40 {
+            h.execute(vals(format!("k{i}"), format!("{i}"))).await.unwrap();
+        }
+        // about 14 calls 20 ms apart; escalating, the back-offs alone would add up to minutes
+        let drained = tokio::time::timeout(Duration::from_secs(30), h.drain()).await;
+        let calls = fake.calls.lock().unwrap().len();
+        assert!(drained.is_ok(), "the sink still backs off after {calls} calls, each of which put records");
+        assert_eq!(h.acked().len(), 40, "failed {:?} held {:?}", h.failed(), h.held());
+        assert_eq!(fake.keys().len(), 40, "each record written once");
+        assert!(h.context().counter(metric::THROTTLED).get() > 0, "records were throttled");
+    }
+
+    #[test]
+    fn the_back_off_escalates_on_calls_without_progress_only() {
+        let (min, max) = (Duration::from_millis(100), Duration::from_secs(60));
+        let mut b = Backoff::new(min, max);
+        let now = Instant::now();
+        let escalated = (0..12).map(|_| b.fail(now)).last().unwrap();
+        assert!(escalated > min * 8, "{escalated:?}");
+        assert_eq!(b.progress(now), min, "a call that put records retries the rest after the shortest delay");
+        assert_eq!(b.pending(now), Some(now + min));
+        assert!(b.fail(now) <= min * 2, "and a later failure escalates from the start again");
     }
 
     /// A stage writer's sink (whose encoder asks for watermark barriers) with throttled records

@@ -44,8 +44,10 @@ pub struct KinesisSinkConfig {
     pub linger_ms: u64,
     /// First back-off after throttling or a retryable failure (default 100 ms).
     pub retry_min_backoff_ms: u64,
-    /// Cap of the back-off, which doubles with each failed call in a row, with jitter
-    /// (default 5000 ms).
+    /// Cap of the back-off, which doubles with each call in a row that put nothing, with
+    /// jitter (default 5000 ms). After a call that put some records and had others throttled
+    /// (per-record throttling: some shards over their limit), the rest are retried after
+    /// `retry_min_backoff_ms`.
     pub retry_max_backoff_ms: u64,
     /// Fault injection (tests): abort the process once this many records were put, before the
     /// last one's inputs are acked (so they are replayed, and put again). `None` in production;

@@ -425,6 +425,33 @@ impl Coordinator {
         shard: &Arc<str>,
         wake_tx: &mpsc::UnboundedSender<Wake>,
     ) -> Result<(), CoordError> {
+        // The shard's hash key range goes with its tuples (exactly-once state scopes production
+        // floors by it and tells a shard's ancestors by it): learn it before taking the shard, from
+        // the task's cache of ListShards (listed once per new shard). While ListShards fails the
+        // shard waits, as a shard the leader has not listed yet does.
+        let range = match self.reader.hash_range(shard).await {
+            Ok(r) => r.map(|r| Arc::from(format!("{}-{}", r.start, r.end))),
+            Err(e) => {
+                let msg = format!(
+                    "the hash key range of shard {shard} of stream {} is unknown (ListShards failed); it is taken once \
+                     known: {e}",
+                    self.cfg.stream
+                );
+                {
+                    let mut st = lock(&self.reader.status);
+                    let entry = st.entry(shard.clone()).or_default();
+                    if entry.last_error.as_deref() != Some(e.to_string().as_str()) {
+                        entry.errors += 1;
+                    }
+                    entry.last_error = Some(e.to_string());
+                    entry.retryable = Some(true);
+                    entry.error_since_ms.get_or_insert(now_ms());
+                }
+                block(s, shard, Duration::from_secs(1), None);
+                warn_once(s, &msg);
+                return Ok(());
+            }
+        };
         // A holder that vanished while we looked gets one more try at once.
         for _ in 0..3 {
             let lease = match s.store.try_acquire(shard, &s.task).await? {
@@ -500,18 +527,8 @@ impl Coordinator {
                 }
                 _ => None,
             };
-            // the shard's hash key range goes with its tuples (exactly-once state tells a shard's
-            // ancestors by it); the task's cache of ListShards, listed once per new shard
-            let range = match self.reader.hash_range(shard).await {
-                Ok(r) => r.map(|r| Arc::from(format!("{}-{}", r.start, r.end))),
-                Err(e) => {
-                    tracing::warn!(stream = %self.cfg.stream, shard = %shard, error = %e,
-                        "the shard's hash key range is unknown (ListShards failed): its tuples carry none");
-                    None
-                }
-            };
             let epoch = lock(&self.tracker).start_owned(shard, lease_token(&lease.path), floor);
-            lock(&self.tracker).set_range(shard, epoch, range);
+            lock(&self.tracker).set_range(shard, epoch, range.clone());
             let token = CancellationToken::new();
             tracing::info!(task = %s.task, stream = %self.cfg.stream, shard = %shard, from = %cp.value.position, "reading shard");
             self.reader.read_log.acquire(&s.task, shard, &cp.value.position.to_string());

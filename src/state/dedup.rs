@@ -55,7 +55,9 @@
 //!   this stage coarser than the boundary's key (a per-region or a global total) reads from many
 //!   intermediate shards at once, and a floor of one says nothing of another, lagging one. So
 //!   floors are kept per hash range ([`RangeFloor`]), and an applied id is pruned only by a floor
-//!   whose range holds its hash key.
+//!   whose range holds its hash key. When `X`'s range is unknown (the tuple carries none), the
+//!   floor holds for the carrying production's own hash key only, never for the whole key space:
+//!   that would skip the productions of a lagging other shard, and of a replay there.
 //! - A source shard whose descendant's production took effect in range R has had every
 //!   production in R handled here (they were all put before the descendant was read): it is done
 //!   in R (floor [`DONE`]). An entry left with nothing but such floors is dropped once its
@@ -402,7 +404,9 @@ pub struct FloorCandidate {
     pub shard: String,
     /// Its position there.
     pub sequence: String,
-    /// The intermediate shard's hash key range (none: unknown, the whole space).
+    /// The hash key range the floor holds for once in effect: the intermediate shard's, or only
+    /// the carrying production's hash key when the shard's range was unknown (none: written
+    /// before ranges were known, the whole space).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub range: Option<KeyRange>,
 }
@@ -776,7 +780,7 @@ impl Dedup {
         if d.range.is_none() {
             d.range = p.range;
         }
-        let range = id.range.unwrap_or(KeyRange::ALL);
+        let range = candidate_range(id);
         if !floor.is_empty() && d.floors.iter().any(|f| f.range == range && position_at_or_below(floor, &f.floor)) {
             return;
         }
@@ -784,10 +788,11 @@ impl Dedup {
             // a floor-less candidate only tells of the source's ancestors, which it cannot name
             return;
         }
-        // a candidate of the same intermediate shard with a higher or equal floor read earlier
-        // takes effect no later: nothing to add
+        // a candidate of the same intermediate shard, for a range holding this one's, with a
+        // higher or equal floor read earlier takes effect no later: nothing to add
         let dominated = d.candidates.iter().any(|c| {
             c.shard == *id.shard
+                && covered(range, vec![c.range.unwrap_or(KeyRange::ALL)])
                 && position_at_or_below(&c.sequence, &id.sequence)
                 && (floor.is_empty() || (!c.floor.is_empty() && position_at_or_below(floor, &c.floor)))
         });
@@ -798,12 +803,26 @@ impl Dedup {
             floor: floor.to_string(),
             shard: id.shard.to_string(),
             sequence: id.sequence.to_string(),
-            range: id.range,
+            range: Some(range),
         };
         if d.candidates.len() >= MAX_CANDIDATES {
             d.candidates.pop();
         }
         d.candidates.push(c);
+    }
+}
+
+/// The hash key range a floor carried by production input `id` holds for: the range of the
+/// intermediate shard it was read from; when that is unknown (its reader could not learn it), only
+/// the input's own hash key, since every production of one hash key goes through one shard and
+/// its ancestors, while a key of this stage coarser than the boundary's also reads other shards,
+/// which may lag; with neither known (inputs of a producer that carried no hash key), the whole
+/// key space, as floors were before they were scoped.
+fn candidate_range(id: &RecordId) -> KeyRange {
+    match (id.range, id.hash) {
+        (Some(range), _) => range,
+        (None, Some(hash)) => KeyRange { start: hash, end: hash },
+        (None, None) => KeyRange::ALL,
     }
 }
 
@@ -1267,6 +1286,70 @@ mod tests {
         );
         // while a copy of 11 in the lower half is
         assert_eq!(d.judge(&hashed("11", None, "lo", low, 5, "300", Some("200"))), Verdict::handled());
+    }
+
+    #[test]
+    fn a_floor_read_where_the_range_is_unknown_holds_only_for_its_own_hash_key() {
+        // a key coarser than the boundary's reads from both halves; the lower half's reader took
+        // its shard without learning its hash key range (ListShards failed), so its tuples carry
+        // none; the upper half lags
+        let (low, high) = (KeyRange { start: 0, end: HALF }, KeyRange { start: HALF + 1, end: u128::MAX });
+        let rangeless = |src: &str, pfloor: Option<&str>, hash: u128, xseq: &str, xfloor: Option<&str>| RecordId {
+            range: None,
+            ..hashed(src, pfloor, "lo", low, hash, xseq, xfloor)
+        };
+        let mut d = Dedup::default();
+        assert_eq!(take(&mut d, &rangeless("11", None, 5, "100", None)), Verdict::Fresh);
+        // a production of 20 carries the producer's floor 15, and this stage's checkpoint of the
+        // lower shard passes where it was read: the floor takes effect
+        assert_eq!(take(&mut d, &rangeless("20", Some("15"), 6, "200", Some("100"))), Verdict::Fresh);
+        assert!(dup(&take(&mut d, &rangeless("20", Some("15"), 6, "200", Some("200")))));
+        // the lagging upper shard's production of 10 (below the floor, put before it) arrives:
+        // nothing says it was read here, it must be applied
+        assert_eq!(
+            take(&mut d, &hashed("10", None, "hi", high, HALF + 9, "50", None)),
+            Verdict::Fresh,
+            "a floor of a shard of unknown range taken for the whole key space: the production is lost"
+        );
+        // the floor still holds for the key it was carried with (every production of that hash
+        // key went through the shard it was read from, or its ancestors)
+        assert_eq!(d.judge(&rangeless("12", None, 6, "300", Some("200"))), Verdict::handled());
+    }
+
+    #[test]
+    fn ancestors_are_done_only_where_a_descendants_floor_was_read() {
+        // the producing stage's source shard 0 split into 1 (and 2); a production of 1, read
+        // from the lower intermediate half of unknown range, takes effect: shard 0 is done only
+        // for that production's hash key, not in the lagging upper half
+        let (low, high) = (KeyRange { start: 0, end: HALF }, KeyRange { start: HALF + 1, end: u128::MAX });
+        let of = |mut p: RecordId, src_shard: u64, src_range: KeyRange| {
+            if let Some(pid) = &mut p.production {
+                pid.shard = qualified_shard("src", &format!("shardId-{src_shard:012}"));
+                pid.range = Some(src_range);
+            }
+            p
+        };
+        let mut d = Dedup::default();
+        // shard 0's production of 5, read from the lower half
+        let first = of(RecordId { range: None, ..hashed("5", None, "lo", low, 6, "90", None) }, 0, KeyRange::ALL);
+        assert_eq!(take(&mut d, &first), Verdict::Fresh);
+        // shard 1's production, read from the lower half (range unknown), takes effect
+        let child = |xseq: &str, xfloor: &str| {
+            of(
+                RecordId { range: None, ..hashed("30", Some("30"), "lo", low, 6, xseq, Some(xfloor)) },
+                1,
+                KeyRange { start: 0, end: HALF },
+            )
+        };
+        assert_eq!(take(&mut d, &child("100", "95")), Verdict::Fresh);
+        assert!(dup(&take(&mut d, &child("100", "100"))));
+        // shard 0's production of 7 from the lagging upper half: never applied here
+        let late = of(hashed("7", None, "hi", high, HALF + 9, "40", None), 0, KeyRange::ALL);
+        assert_eq!(d.judge(&late), Verdict::Fresh, "shard 0 taken as done in the whole key space: lost");
+        // while a copy of shard 0's production of 5 in the lower half is handled
+        let copy =
+            of(RecordId { range: None, ..hashed("5", None, "lo", low, 6, "300", Some("100")) }, 0, KeyRange::ALL);
+        assert!(dup(&d.judge(&copy)));
     }
 
     #[test]
