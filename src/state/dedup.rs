@@ -310,12 +310,14 @@ impl Applied {
 }
 
 /// The stored form: a bare array of productions (what items written before origins hold, and
-/// still the form of an input that is not a production), or `{p, o, h}`.
+/// still the form of an input that is not a production), or `{p, o, h}` (productions when any,
+/// their origin then, and the hash key in hex).
 #[derive(Serialize, Deserialize)]
 #[serde(untagged)]
 enum AppliedForm {
     Bare(Vec<serde_json::Value>),
     Full {
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
         p: Vec<serde_json::Value>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         o: Option<Origin>,
@@ -329,7 +331,7 @@ impl Serialize for Applied {
         if self.origin.is_none() && self.hash.is_none() {
             return self.out.serialize(s);
         }
-        AppliedForm::Full { p: self.out.clone(), o: self.origin.clone(), h: self.hash.map(|h| h.to_string()) }
+        AppliedForm::Full { p: self.out.clone(), o: self.origin.clone(), h: self.hash.map(|h| format!("{h:x}")) }
             .serialize(s)
     }
 }
@@ -341,7 +343,10 @@ impl<'de> Deserialize<'de> for Applied {
             AppliedForm::Full { p, o, h } => {
                 let hash = match h {
                     None => None,
-                    Some(h) => Some(h.parse().map_err(|_| serde::de::Error::custom(format!("bad hash key {h:?}")))?),
+                    Some(h) => Some(
+                        u128::from_str_radix(&h, 16)
+                            .map_err(|_| serde::de::Error::custom(format!("bad hash key {h:?}")))?,
+                    ),
                 };
                 Applied { out: p, origin: o, hash }
             }
@@ -601,7 +606,11 @@ impl Dedup {
         s.token = s.token.max(id.lease_token);
         match &id.production {
             Some(p) => {
-                let applied = Applied { out: productions, origin: Some(id.origin()), hash: id.hash };
+                // the identity its productions are re-sent under (none to re-send: none kept), the
+                // checkpoint left out (a re-sent copy carries none: it only delays pruning), so an
+                // entry stays small where a key holds many (a global total)
+                let origin = (!productions.is_empty()).then(|| Origin { floor: String::new(), ..id.origin() });
+                let applied = Applied { out: productions, origin, hash: id.hash };
                 let d = self.productions.entry(p.shard.to_string()).or_default();
                 if d.range.is_none() {
                     d.range = p.range;
@@ -1213,12 +1222,19 @@ mod tests {
         let copy = mk_prod("10", None, "y", "555", 1, Some("500"), 7);
         let Verdict::Duplicate(Some(a)) = d.judge(&copy) else { panic!("not a duplicate") };
         assert_eq!(a.out, vec![serde_json::json!({"n": 1})]);
-        assert_eq!(a.origin, Some(first.origin()));
+        // the first identity, without the checkpoint it carried then (a re-sent copy carries none)
+        assert_eq!(a.origin, Some(Origin { floor: String::new(), ..first.origin() }));
         assert_eq!(a.origin.as_ref().unwrap().position, "100:0");
-        assert_eq!(a.origin.as_ref().unwrap().floor, "90");
         // and it survives the store
         let back: Dedup = serde_json::from_slice(&serde_json::to_vec(&d).unwrap()).unwrap();
         assert_eq!(back, d);
+        // an input that produced nothing keeps no origin: its entry is the hash key alone
+        let mut e = Dedup::default();
+        let mut quiet = mk_prod("11", None, "x", "101", 1, Some("90"), 7);
+        quiet.hash = Some(0xabc);
+        e.record(&quiet, vec![]);
+        let text = serde_json::to_string(&e.productions).unwrap();
+        assert!(text.contains(r#""11:0:0":{"h":"abc"}"#), "{text}");
     }
 
     #[test]
