@@ -616,13 +616,16 @@ impl KinesisSpout {
         let idle = KinesisSpoutConfig::ms(self.cfg.watermark_idle_timeout_ms);
         if let Some(stage) = &mut self.stage {
             let t = lock(&self.tracker);
-            let free = now_ms().saturating_sub(i64::try_from(idle.as_millis()).unwrap_or(i64::MAX));
+            let now = now_ms();
+            let idle_ms = i64::try_from(idle.as_millis()).unwrap_or(i64::MAX);
+            let free = now.saturating_sub(idle_ms);
             let owned = t.owned_epochs().map(|(shard, epoch)| {
                 let read =
                     t.get(shard).map_or_else(stage_input::ReadProgress::default, |tr| stage_input::ReadProgress {
                         caught_up_ms: tr.caught_up_ms,
                         queued: !tr.queued.is_empty(),
                         ended: tr.ended,
+                        ended_idle: tr.ended_ms.is_some_and(|e| now.saturating_sub(e) >= idle_ms),
                     });
                 (shard, epoch, read)
             });
