@@ -194,12 +194,16 @@ impl StreamCoordinator {
         'generations: loop {
             // Wait for a live session the worker admitted (it re-reads its lifecycle state first
             // after an expiry: a drain or a new deployment may have come meanwhile). Until then
-            // the tasks see no healthy session: they do not register or take shards.
+            // the tasks see no healthy session: they do not register or take shards. Nor do
+            // they while the view still holds the store of an earlier session: it is healthy
+            // again only with the store of this one (below), or a task would take the old,
+            // dead store for a live one and fail on it, again and again.
             let (generation, session) = loop {
                 let v: SessionView = sessions.borrow_and_update().clone();
                 admissions.borrow_and_update();
                 let admitted = self.session.admitted(v.generation);
-                self.publish_health(if admitted { &v.health } else { &Health::Lost });
+                let current = self.view.borrow().generation == v.generation;
+                self.publish_health(if admitted && current { &v.health } else { &Health::Lost });
                 if let (Some(s), Health::Ok | Health::Unsafe, true) = (v.session.clone(), &v.health, admitted) {
                     break (v.generation, s);
                 }
@@ -242,11 +246,16 @@ impl StreamCoordinator {
                     continue 'generations;
                 }
             };
+            let health = {
+                let now = sessions.borrow();
+                if now.generation == generation { now.health.clone() } else { Health::Lost }
+            };
             self.view.send_modify(|v| {
                 let v = Arc::make_mut(v);
                 v.generation = generation;
                 v.store = Some(store.clone());
                 v.assignment = None;
+                v.health = health;
             });
             let mut dirty = Dirty { tasks: true, assignment: true, finished: false };
             let mut tick = tokio::time::interval(Duration::from_millis(250));
