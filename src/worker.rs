@@ -271,6 +271,9 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
     let session = SharedSession::connect(&zk, Duration::from_millis(args.zk_give_up_after_ms))
         .await
         .map_err(|e| anyhow::anyhow!("worker of topology {}: {e}", args.topology))?;
+    // After an expiry, the worker re-reads its lifecycle state before its tasks use the new
+    // session (see the new-generation arm of the loop below).
+    session.hold_new_sessions();
     metrics.set_session(session.clone());
     let mut store = open_store(&session, &args).await?;
     let state = ensure_deployment(&store).await?;
@@ -296,6 +299,9 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
     let status = |engines: &Engines| worker_status(&identity, since, engines, metrics_addr.clone());
     let mut draining = false;
     let mut failure: Option<String> = None;
+    // The deployment drained while this worker had no session: it leaves without handing on
+    // anything it held (see the new-generation arm).
+    let mut abandon = false;
     check_drain(&store, &engines, &deployment, &mut draining).await;
     let stop_reason = loop {
         tokio::select! {
@@ -338,21 +344,42 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
                 if v.generation != generation
                     && let Some(s) = v.session.clone() {
                         // A new session after expiry: watch again and re-read what we obey.
-                        match reopen(s, &args).await {
+                        match reopen_retrying(s, &args).await {
                             Ok((s, ev)) => {
                                 store = s;
                                 events = Some(ev);
                                 generation = v.generation;
                                 published = None;
-                                engines.register_producers_again().await;
-                                check_drain(&store, &engines, &deployment, &mut draining).await;
+                                // Every lease, registration and producer of this worker went with
+                                // the old session; its tasks wait (held) until it is known what
+                                // the topology became meanwhile.
+                                if !draining && drain_requested(&store, &deployment).await {
+                                    // The deployment drains (or drained) without this worker: the
+                                    // others took no shard of it (a drain acquires nothing), and
+                                    // everything it still holds belongs to leases it lost; what
+                                    // it read but did not checkpoint, the next deployment reads
+                                    // again. Draining here would hand on that stale state (its
+                                    // windows flushed, its writers' records and markers put after
+                                    // the others drained), and reading would take shards.
+                                    abandon = true;
+                                    break "the deployment drained while this worker's ZooKeeper session was lost";
+                                }
                                 if let Some(reason) =
                                     obey_state(&store, &engines, &deployment, &mut last_state, &mut wait).await
                                 {
                                     break reason;
                                 }
+                                session.admit(generation);
+                                engines.register_producers_again().await;
+                                check_drain(&store, &engines, &deployment, &mut draining).await;
                             }
-                            Err(e) => tracing::warn!(error = %e, "watching the topology state on the new session failed; retrying"),
+                            Err(e) => {
+                                // Not left held for good: the tasks go on as they did before
+                                // the hold (their own ZooKeeper calls fail the same way now).
+                                tracing::warn!(error = %e, "watching the topology state on the new session failed; \
+                                    the tasks use it without the lifecycle check, retried at the next session change");
+                                session.admit(v.generation);
+                            }
                         }
                     }
             }
@@ -373,6 +400,19 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
             },
         }
     };
+    if abandon {
+        tracing::warn!(topology = %args.topology, deployment = %deployment,
+            "{stop_reason}: leaving without handing anything on (no shard taken, nothing flushed or put); what \
+             this worker read and did not checkpoint is read again by the next deployment");
+        let stopped = engines.kill(Duration::ZERO).await;
+        finish_drain(&store, &identity.worker_id, &deployment).await;
+        drop(events);
+        drop(store);
+        session.close().await;
+        stopped.map_err(|e| anyhow::anyhow!("stopping topology {}: {e}", args.topology))?;
+        tracing::info!(topology = %args.topology, "worker left its drained deployment");
+        return Ok(());
+    }
     tracing::info!(reason = stop_reason, ?wait, "stopping: deactivating, waiting for in-flight tuples");
     let stopped = engines.kill(wait).await;
     drop(events);
@@ -679,6 +719,24 @@ async fn reopen(
     Ok((store, events))
 }
 
+/// [`reopen`], tried 5 times 500 ms apart.
+async fn reopen_retrying(
+    session: std::sync::Arc<crate::coord::ZkSession>,
+    args: &WorkerArgs,
+) -> Result<(ZkStore, tokio::sync::mpsc::Receiver<ChangeEvent>), CoordError> {
+    let mut attempt = 1;
+    loop {
+        match reopen(session.clone(), args).await {
+            Err(e) if attempt < 5 => {
+                tracing::debug!(error = %e, attempt, "watching the topology state on the new session failed; retrying");
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Reads the lifecycle state and obeys it. Returns why to stop, if it says to.
 async fn obey_state(
     store: &ZkStore,
@@ -738,6 +796,19 @@ async fn check_drain(store: &ZkStore, running: &Engines, deployment: &str, drain
         }
         Ok(None) => {}
         Err(e) => tracing::warn!(error = %e, "reading the drain notification failed"),
+    }
+}
+
+/// Whether a drain of `deployment` was requested (false when it cannot be read: the state
+/// read next decides).
+async fn drain_requested(store: &ZkStore, deployment: &str) -> bool {
+    match store.read_drain().await {
+        Ok(Some(req)) => req.deployment_id == deployment,
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the drain notification failed");
+            false
+        }
     }
 }
 

@@ -4,17 +4,27 @@
 //! - `squall drain` under load: nothing read after the notification apart from what was in
 //!   flight, open windows flushed, checkpoints at the last processed records, the topology
 //!   DRAINED and the workers exit 0; a later start continues from the checkpoints with nothing
-//!   lost and nothing repeated; a drain notification of another deployment is ignored.
+//!   lost and nothing repeated; a drain notification of another deployment is ignored;
+//! - the same drain where features meet: two input streams, a split of a source shard, KPL
+//!   aggregates of both producer styles, and a worker SIGKILLed right before the drain; with the
+//!   at-least-once windows of `windowed_counts` and with exactly-once windows fired by the
+//!   committed watermark (`exactly_once_counts --window-ms --fire-to`), whose windows unfired at
+//!   the drain fire once in the next deployment.
 
 use squall_test_support as support;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use squall::coord::{CheckpointPosition, sequence_cmp};
-use squall::kinesis::{self, PutOptions};
+use squall::kinesis::kpl::{self, Deaggregated};
+use squall::kinesis::payload::{AuditPayload, Manifest};
+use squall::kinesis::{self, PutOptions, ShardDescription};
 use support::TestStream;
 use support::ops::{assert_watermarks_monotonic, json_lines, squall_run};
+use support::state::{count_in, start_counts};
 use support::workers::{Cluster, example_bin, read_deliveries, read_log_entries, scratch};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,4 +200,691 @@ async fn drain_under_load(prefix: &str, efo: bool) {
     assert_eq!(c.stop(Duration::from_secs(30)), Some(0));
     support::zk_delete_tree(&zk, &cluster.zk_root).await;
     s.delete().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A drain where features meet (issue #31, composition matrix): several input streams, a source
+// split, KPL aggregates of both producer styles, and a worker SIGKILLed right before the drain;
+// with the at-least-once windows of `windowed_counts` and with the exactly-once windows of
+// `exactly_once_counts --window-ms --fire-to`.
+//
+// The KPL writers below are copied from tests/kpl.rs (reference_aggregate, put_one, and the two
+// producer styles, reduced to what a timed producer needs): another branch moves tests/kpl.rs's
+// writers to tests/support/kpl.rs; these can use that module once both are merged.
+// ---------------------------------------------------------------------------------------------
+
+/// The reference aggregator's Python (a project-local venv made by `localstack/up`).
+fn reference_python() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let state = std::env::var_os("SQUALL_STATE_DIR").map(PathBuf::from).unwrap_or_else(|| root.join(".squall"));
+    let py = state.join("kpl-agg/venv/bin/python");
+    assert!(py.exists(), "{} missing: run localstack/up (it installs aws-kinesis-agg)", py.display());
+    py
+}
+
+/// One user record to aggregate: (partition key, data).
+type UserPut = (String, Vec<u8>);
+
+/// One Kinesis record to put: (partition key, explicit hash key, data).
+type Put = (String, Option<String>, Vec<u8>);
+
+/// Packs each group of user records into one aggregated record with AWS's reference aggregator
+/// (`localstack/kpl_aggregate.py`, `aws-kinesis-agg` from PyPI), in one run of it.
+fn reference_aggregate(groups: &[Vec<UserPut>]) -> Vec<Put> {
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let unhex = |s: &str| (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect();
+    let request = serde_json::json!({
+        "aggregates": groups.iter().map(|g| g.iter().map(|(k, d)| serde_json::json!({
+            "partition_key": k, "data_hex": hex(d)
+        })).collect::<Vec<_>>()).collect::<Vec<_>>()
+    });
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("localstack/kpl_aggregate.py");
+    let mut child = Command::new(reference_python())
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("running localstack/kpl_aggregate.py");
+    use std::io::Write as _;
+    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "kpl_aggregate.py failed");
+    let v: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let aggs: Vec<Put> = v
+        .iter()
+        .map(|a| {
+            (
+                a["partition_key"].as_str().unwrap().to_string(),
+                a["explicit_hash_key"].as_str().map(str::to_string),
+                unhex(a["data_hex"].as_str().unwrap()),
+            )
+        })
+        .collect();
+    assert_eq!(aggs.len(), groups.len(), "one aggregate per group");
+    assert!(aggs.iter().all(|a| a.2.starts_with(&kpl::MAGIC)), "the reference aggregator wrote the KPL format");
+    aggs
+}
+
+fn hash_range(d: &ShardDescription) -> (u128, u128) {
+    (d.starting_hash_key.parse().unwrap(), d.ending_hash_key.parse().unwrap())
+}
+
+/// Puts one record and returns the shard it landed in.
+async fn put_one(client: &aws_sdk_kinesis::Client, stream: &str, (pk, ehk, data): &Put) -> String {
+    let out = client
+        .put_record()
+        .stream_name(stream)
+        .partition_key(pk)
+        .set_explicit_hash_key(ehk.clone())
+        .data(aws_sdk_kinesis::primitives::Blob::new(data.clone()))
+        .send()
+        .await
+        .expect("PutRecord");
+    out.shard_id().to_string()
+}
+
+/// What the KPL producer of stream A wrote.
+#[derive(Debug)]
+struct KplWritten {
+    manifest: Manifest,
+    /// User records written by the KPL-like and by the Lambda-style producer.
+    kpl_like: u64,
+    lambda: u64,
+    aggregates: u64,
+    /// Lambda-style user records that landed in a shard whose range does not hold their key.
+    outside: u64,
+    /// The shard split between two rounds.
+    parent: String,
+}
+
+/// Writes stream A in `rounds` rounds, `pause` apart, with both KPL producer styles: each round
+/// one user record of each of 16 keys `kl-*` as the KPL does (grouped by the open shard the
+/// key hashes to, a FRESH shard map each round, 6 per aggregate: no aggregate lands elsewhere,
+/// so none is re-sent and every duplicate downstream is the consumer's), and one of each of 16
+/// keys `la-*` as AWS's aggregation library does from a Lambda producer (any keys in one
+/// aggregate of 8, routed by its first record, never re-sent). Splits `shardId-000000000000`
+/// before round `split_at` (and waits until the stream is ACTIVE).
+async fn kpl_producer(
+    client: aws_sdk_kinesis::Client,
+    label: String,
+    stream: String,
+    rounds: usize,
+    split_at: usize,
+    pause: Duration,
+) -> KplWritten {
+    let run = "drainkpl";
+    let kl: Vec<String> = (0..16).map(|i| format!("kl-{i}")).collect();
+    let la: Vec<String> = (0..16).map(|i| format!("la-{i}")).collect();
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    let mut w = KplWritten {
+        manifest: Manifest::default(),
+        kpl_like: 0,
+        lambda: 0,
+        aggregates: 0,
+        outside: 0,
+        parent: "shardId-000000000000".into(),
+    };
+    for round in 0..rounds {
+        if round == split_at {
+            kinesis::split_shard(&client, &label, &stream, &w.parent).await.expect("split");
+        }
+        let shards = kinesis::list_shards(&client, &label, &stream).await.unwrap();
+        let ranges: BTreeMap<String, (u128, u128)> =
+            shards.iter().map(|d| (d.shard_id.clone(), hash_range(d))).collect();
+        let mut user = |k: &String| {
+            let seq = counts.entry(k.clone()).or_default();
+            let p = (k.clone(), AuditPayload::new(run, k, *seq, 0).to_bytes());
+            *seq += 1;
+            p
+        };
+        // KPL-like: per predicted (open) shard, its keys' records, 6 per aggregate
+        let mut groups: Vec<Vec<UserPut>> = Vec::new();
+        let mut predicted: Vec<String> = Vec::new();
+        for shard in shards.iter().filter(|d| !d.closed) {
+            let (lo, hi) = hash_range(shard);
+            let mine: Vec<UserPut> =
+                kl.iter().filter(|k| (lo..=hi).contains(&kpl::partition_key_hash(k))).map(&mut user).collect();
+            for g in mine.chunks(6) {
+                groups.push(g.to_vec());
+                predicted.push(shard.shard_id.clone());
+            }
+        }
+        let kpl_groups = groups.len();
+        // Lambda-style: every key's record in arrival order, 8 per aggregate, mixed keys
+        let users: Vec<UserPut> = la.iter().map(&mut user).collect();
+        groups.extend(users.chunks(8).map(<[_]>::to_vec));
+        let aggs = reference_aggregate(&groups);
+        for (i, (agg, g)) in aggs.iter().zip(&groups).enumerate() {
+            let landed = put_one(&client, &stream, agg).await;
+            w.aggregates += 1;
+            if i < kpl_groups {
+                assert_eq!(landed, predicted[i], "a fresh shard map predicts where a KPL aggregate lands");
+                w.kpl_like += g.len() as u64;
+            } else {
+                let (lo, hi) = ranges[&landed];
+                w.outside += g.iter().filter(|(k, _)| !(lo..=hi).contains(&kpl::partition_key_hash(k))).count() as u64;
+                w.lambda += g.len() as u64;
+            }
+        }
+        tokio::time::sleep(pause).await;
+    }
+    w.manifest = Manifest { run: run.into(), stream: stream.clone(), total: counts.values().sum(), counts };
+    w
+}
+
+/// The ZooKeeper session of the worker with process id `pid`: the ephemeral owner of its status
+/// znode (its spout tasks' leases are nodes of the same session). Waits for its first status.
+async fn worker_session(zk: &zookeeper_client::Client, cluster: &Cluster, pid: u32) -> i64 {
+    let dir = format!("{}/topologies/{}/workers", cluster.zk_root, cluster.topology);
+    let start = Instant::now();
+    loop {
+        for w in zk.list_children(&dir).await.unwrap_or_default() {
+            let path = format!("{dir}/{w}");
+            if support::ops::znode_json(zk, &path).await.is_some_and(|v| v["pid"].as_u64() == Some(u64::from(pid)))
+                && let Ok(Some(st)) = zk.check_stat(&path).await
+            {
+                return st.ephemeral_owner;
+            }
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "worker {pid} published no status\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The shards of `stream` whose lease (the lowest sequence under `owners/{shard}`) belongs to
+/// ZooKeeper session `session`.
+async fn shards_held_by(
+    zk: &zookeeper_client::Client,
+    cluster: &Cluster,
+    stream: &str,
+    session: i64,
+) -> BTreeSet<String> {
+    let dir = format!("{}/topologies/{}/streams/{stream}/owners", cluster.zk_root, cluster.topology);
+    let seq = |n: &str| n.rsplit_once('-').and_then(|(_, d)| d.parse::<u64>().ok()).unwrap_or(u64::MAX);
+    let mut out = BTreeSet::new();
+    for shard in zk.list_children(&dir).await.unwrap_or_default() {
+        let mut leases = zk.list_children(&format!("{dir}/{shard}")).await.unwrap_or_default();
+        leases.sort_by_key(|n| seq(n));
+        if let Some(first) = leases.first()
+            && let Ok(Some(st)) = zk.check_stat(&format!("{dir}/{shard}/{first}")).await
+            && st.ephemeral_owner == session
+        {
+            out.insert(shard);
+        }
+    }
+    out
+}
+
+/// The checkpoint of `shard` of `stream`.
+async fn checkpoint_of(
+    zk: &zookeeper_client::Client,
+    cluster: &Cluster,
+    stream: &str,
+    shard: &str,
+) -> Option<squall::coord::Checkpoint> {
+    let path = format!("{}/topologies/{}/streams/{stream}/checkpoints/{shard}", cluster.zk_root, cluster.topology);
+    let (data, _) = zk.get_data(&path).await.ok()?;
+    Some(serde_json::from_slice(&data).unwrap_or_else(|e| panic!("{path}: {e}")))
+}
+
+/// (stream, shard) -> the last processed user record: the highest (sequence, sub-sequence)
+/// delivered.
+fn last_delivered(delivered: &[squall::audit::Delivery]) -> BTreeMap<(String, String), (String, u64)> {
+    let mut last: BTreeMap<(String, String), (String, u64)> = BTreeMap::new();
+    for d in delivered {
+        let e = last.entry((d.stream.clone(), d.shard.clone())).or_insert_with(|| (d.sequence.clone(), d.sub_sequence));
+        if sequence_cmp(&d.sequence, &e.0).then(d.sub_sequence.cmp(&e.1)).is_gt() {
+            *e = (d.sequence.clone(), d.sub_sequence);
+        }
+    }
+    last
+}
+
+/// Waits until the split of `parent` in `stream` shows in the shard list and a read log shows
+/// records read from one of its children (a child is read only after its parent finished).
+/// Returns the children.
+async fn wait_child_read(s: &TestStream, cluster: &Cluster, parent: &str) -> Vec<String> {
+    let start = Instant::now();
+    loop {
+        let shards = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap();
+        let children: Vec<String> = shards
+            .iter()
+            .filter(|d| d.parent_shard_id.as_deref() == Some(parent))
+            .map(|d| d.shard_id.clone())
+            .collect();
+        let read =
+            read_log_entries(&cluster.read_logs()).iter().any(|e| e.event == "records" && children.contains(&e.shard));
+        if read {
+            return children;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no child of {parent} read in 60 s (children {children:?})\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A user record as its producer named it: (stream, run, key, per-key sequence).
+type RecordName = (String, String, String, u64);
+/// A shard of a stream: (stream, shard id).
+type StreamShard = (String, String);
+
+/// Delivered records more than once, with the shards each was read from.
+fn duplicated(delivered: &[squall::audit::Delivery]) -> BTreeMap<RecordName, BTreeSet<StreamShard>> {
+    let mut seen: BTreeMap<RecordName, (usize, BTreeSet<StreamShard>)> = BTreeMap::new();
+    for d in delivered {
+        let e = seen.entry((d.stream.clone(), d.run.clone(), d.key.clone(), d.seq)).or_default();
+        e.0 += 1;
+        e.1.insert((d.stream.clone(), d.shard.clone()));
+    }
+    seen.into_iter().filter(|(_, (n, _))| *n > 1).map(|(k, (_, s))| (k, s)).collect()
+}
+
+/// Stream A (3 shards) written by both KPL producer styles through a split of shard 0, stream B
+/// (2 shards) by plain records, read by 3 `windowed_counts --stream B` workers; once a child of
+/// the split was read, worker c is SIGKILLed and the topology drained at once. a and b drain:
+/// their windows count exactly what they delivered, nothing is read after the notification, and
+/// their shards' checkpoints sit at the last processed user record (sequence, sub-sequence); the
+/// next deployment loses nothing of either stream, and repeats only records of shards c held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_of_two_streams_through_a_split_with_kpl_aggregates_and_a_sigkill_checkpoints_exactly() {
+    let t0 = Instant::now();
+    let mark = |what: &str| eprintln!("[{:>6.1} s] {what}", t0.elapsed().as_secs_f64());
+    let sa = TestStream::create("dkpl-a", 3).await;
+    let sb = TestStream::create("dkpl-b", 2).await;
+    let dir = scratch("dkpl");
+    let cluster = Cluster::with_spout_config(&sa.name, &dir, serde_json::json!({"watermark_idle_timeout_ms": 1000}));
+    let bin = example_bin("windowed_counts");
+    let start = |name: &str| {
+        let out = dir.join(format!("{name}.windows.jsonl"));
+        let wms = dir.join(format!("{name}.watermarks.jsonl"));
+        let args = [
+            "--window-ms",
+            "1000",
+            "--out",
+            out.to_str().unwrap(),
+            "--watermarks",
+            wms.to_str().unwrap(),
+            "--stream",
+            sb.name.as_str(),
+        ];
+        cluster.start_example(&bin, name, 1, &args)
+    };
+    let mut a = start("a");
+    let mut b = start("b");
+    let mut c = start("c");
+    let pa =
+        tokio::spawn(kpl_producer(sa.client.clone(), sa.label(), sa.name.clone(), 60, 10, Duration::from_millis(150)));
+    let pb = {
+        let (client, label, name) = (sb.client.clone(), sb.label(), sb.name.clone());
+        tokio::spawn(async move {
+            let opts = PutOptions { count: 1500, keys: 10, rate: Some(70.0), ..PutOptions::default() };
+            kinesis::put_records(&client, &label, &name, &opts).await.expect("put").manifest
+        })
+    };
+    let parent = "shardId-000000000000";
+    let children = wait_child_read(&sa, &cluster, parent).await;
+    mark(&format!("{parent} split into {children:?}; a child was read"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // c holds shards of both streams (or at least one) and has delivered
+    let zk = support::zk_client().await;
+    let session = worker_session(&zk, &cluster, c.pid()).await;
+    let mut c_shards: BTreeSet<(String, String)> = BTreeSet::new();
+    for stream in [&sa.name, &sb.name] {
+        for shard in shards_held_by(&zk, &cluster, stream, session).await {
+            c_shards.insert((stream.clone(), shard));
+        }
+    }
+    let c_delivered = read_deliveries(std::slice::from_ref(&c.deliveries)).len();
+    assert!(!c_shards.is_empty() && c_delivered > 0, "c holds {c_shards:?}, delivered {c_delivered}");
+    c.kill();
+    mark(&format!("SIGKILL c (held {c_shards:?}, delivered {c_delivered})"));
+
+    let topo = format!("{}/topologies/{}", cluster.zk_root, cluster.topology);
+    let (data, _) = zk.get_data(&format!("{topo}/state")).await.unwrap();
+    let deployment =
+        serde_json::from_slice::<serde_json::Value>(&data).unwrap()["deployment_id"].as_str().unwrap().to_string();
+    let drained_at = squall::coord::now_ms();
+    let (rc, out, err) = squall_run(&cluster, &["drain", &cluster.topology, "--wait", "90"]);
+    assert_eq!(rc, 0, "{out}{err}\n{}", cluster.logs());
+    mark(&format!("drained: {}", out.trim()));
+    assert_eq!(a.stop(Duration::from_secs(20)), Some(0), "worker exits 0 after the drain\n{}", cluster.logs());
+    assert_eq!(b.stop(Duration::from_secs(20)), Some(0), "{}", cluster.logs());
+    let (_, st, _) = squall_run(&cluster, &["status", &cluster.topology, "--json"]);
+    let st: serde_json::Value = serde_json::from_str(&st).unwrap();
+    assert_eq!(st["state"], "DRAINED");
+    assert_eq!(st["deployment_id"], deployment.as_str());
+
+    // nothing acquired or read after the notification (a GetRecords in flight when it arrived:
+    // its round trip allowed)
+    for e in &read_log_entries(&[a.read_log.clone(), b.read_log.clone()]) {
+        assert!(!(e.event == "acquire" && e.t_ms > drained_at + 300), "shard acquired after the drain: {e:?}");
+        assert!(!(e.event == "records" && e.t_ms > drained_at + 1500), "records read after the drain: {e:?}");
+    }
+    // a's and b's windows, flushed at the drain, count every record they delivered
+    let ab_delivered = read_deliveries(&[a.deliveries.clone(), b.deliveries.clone()]);
+    let windows: Vec<serde_json::Value> =
+        ["a", "b"].iter().flat_map(|n| json_lines(&dir.join(format!("{n}.windows.jsonl")))).collect();
+    let counted: u64 = windows.iter().filter(|l| l.get("late").is_none()).map(|l| l["count"].as_u64().unwrap()).sum();
+    let late = windows.iter().filter(|l| l.get("late").is_some()).count() as u64;
+    let from_b = ab_delivered.iter().filter(|d| d.stream == sb.name).count();
+    let kpl_users = ab_delivered.iter().filter(|d| d.stream == sa.name && d.sub_sequence > 0).count();
+    mark(&format!(
+        "a and b delivered {} ({from_b} of stream B; {kpl_users} user records at sub-sequence > 0); windows \
+         counted {counted}, late {late}",
+        ab_delivered.len()
+    ));
+    assert!(from_b > 0 && kpl_users > 0, "a and b read both streams and KPL aggregates");
+    assert_eq!(counted + late, ab_delivered.len() as u64, "windows flushed at the drain count every delivered record");
+    for n in ["a", "b"] {
+        let p = dir.join(format!("{n}.watermarks.jsonl"));
+        assert_watermarks_monotonic(&p);
+        let last = json_lines(&p).last().cloned().unwrap();
+        assert_eq!(last["watermark"].as_u64(), Some(u64::MAX), "+infinity watermark at the drain");
+    }
+    // checkpoints: every shard a or b held sits at its last processed user record (sequence AND
+    // sub-sequence); the split parent is finished; c's shards are wherever c last wrote
+    let all_before = read_deliveries(&cluster.delivery_files());
+    let last = last_delivered(&all_before);
+    let mut checked = Vec::new();
+    for ((stream, shard), (sequence, sub_sequence)) in &last {
+        if c_shards.contains(&(stream.clone(), shard.clone())) {
+            continue;
+        }
+        let cp = checkpoint_of(&zk, &cluster, stream, shard).await.expect("a checkpoint of a shard read");
+        if stream == &sa.name && shard == parent {
+            assert!(cp.finished, "the split parent is finished: {cp:?}");
+            continue;
+        }
+        assert_eq!(
+            cp.position,
+            CheckpointPosition::AfterSequence { sequence: sequence.clone(), sub_sequence: *sub_sequence },
+            "{stream}/{shard}: the drain checkpoints the last processed user record"
+        );
+        checked.push((stream.clone(), shard.clone(), *sub_sequence));
+    }
+    mark(&format!("checkpoints at the last processed user record: {checked:?}"));
+    assert!(checked.iter().any(|(s, _, _)| s == &sa.name), "a shard of stream A checked");
+    assert!(checked.iter().any(|(s, _, _)| s == &sb.name), "a shard of stream B checked");
+
+    // the next deployment continues from the checkpoints: nothing lost over both streams, and
+    // records repeated only from shards c held (read after its last checkpoint)
+    let written = pa.await.unwrap();
+    let mb = pb.await.unwrap();
+    mark(&format!(
+        "producers done: A {} user records (KPL-like {}, Lambda-style {} of which {} outside their shard's range) \
+         in {} aggregates; B {} records",
+        written.manifest.total, written.kpl_like, written.lambda, written.outside, written.aggregates, mb.total
+    ));
+    assert!(written.outside > 0, "Lambda-style aggregates put user records outside their shard's range");
+    let mut d = start("d");
+    let manifests = [written.manifest.clone(), mb.clone()];
+    let r = cluster.wait_delivered(&manifests, Duration::from_secs(90)).await;
+    assert_eq!(r.lost, 0, "{r:?}\n{}", cluster.logs());
+    let all = read_deliveries(&cluster.delivery_files());
+    let dups = duplicated(&all);
+    let stray: Vec<_> =
+        dups.iter().filter(|(_, shards)| shards.iter().any(|s| !c_shards.contains(s))).take(10).collect();
+    assert!(stray.is_empty(), "records repeated from shards c did not hold (a or b checkpointed short): {stray:?}");
+    // how many drained checkpoints fell inside an aggregate (neither its first nor last record)
+    let size: BTreeMap<&str, u64> = all.iter().fold(BTreeMap::new(), |mut m, d| {
+        let e = m.entry(d.sequence.as_str()).or_insert(0);
+        *e = (*e).max(d.sub_sequence + 1);
+        m
+    });
+    let inside = checked
+        .iter()
+        .filter(|(s, shard, sub)| {
+            let seq = &last[&(s.clone(), shard.clone())].0;
+            *sub > 0 && size.get(seq.as_str()).is_some_and(|n| sub + 1 < *n)
+        })
+        .count();
+    mark(&format!(
+        "next deployment: {r:?}; {} records repeated, all from c's shards; {inside} drained checkpoint(s) inside an \
+         aggregate",
+        dups.len()
+    ));
+    let (_, st, _) = squall_run(&cluster, &["status", &cluster.topology, "--json"]);
+    let st: serde_json::Value = serde_json::from_str(&st).unwrap();
+    assert_eq!(st["state"], "ACTIVE");
+    assert_ne!(st["deployment_id"], deployment.as_str(), "a new deployment id after a drain");
+    assert_eq!(d.stop(Duration::from_secs(30)), Some(0));
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    sa.delete().await;
+    sb.delete().await;
+}
+
+/// The true per-window counts of a stream whose records may be KPL aggregates: every user
+/// record (every record read back from TRIM_HORIZON, aggregates de-aggregated) under
+/// `{its partition key}@{window start}` by its Kinesis record's arrival time, as
+/// `exactly_once_counts --window-ms` keys them.
+async fn deagg_window_truth(s: &TestStream, window_ms: u64) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for rec in support::stages::read_records(s).await {
+        let at = rec.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
+        let window = at - at % window_ms as i64;
+        let keys: Vec<String> = match kpl::deaggregate(&bytes::Bytes::copy_from_slice(rec.data().as_ref())) {
+            Deaggregated::Plain => vec![rec.partition_key().to_string()],
+            Deaggregated::Records(users) => users.iter().map(|u| u.partition_key.to_string()).collect(),
+            Deaggregated::Corrupt(why) => panic!("a corrupt aggregate in {}: {why}", s.name),
+        };
+        for k in keys {
+            *out.entry(format!("{k}@{window}")).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// Every window in the results stream: `fire_key` -> the counts it was put with (one per copy).
+async fn fired_windows(results: &TestStream) -> BTreeMap<String, Vec<u64>> {
+    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for r in support::stages::read_records(results).await {
+        let v: serde_json::Value = serde_json::from_slice(r.data().as_ref()).expect("a fired window is JSON");
+        let key = v["fire_key"].as_str().expect("fire_key").to_string();
+        out.entry(key).or_default().push(v["count"].as_u64().expect("count"));
+    }
+    out
+}
+
+/// The variant with exactly-once windows (`exactly_once_counts --window-ms 1000 --fire-to R`):
+/// the same streams, split, KPL producers, SIGKILL of c and drain. `ExactlyOnce` flushes its
+/// commits at the drain and the firers stop; windows the committed watermark had not passed
+/// stay in the table with their timers, and must fire in the next deployment, each once with its
+/// exact count (over both streams, user records of aggregates counted one by one), none late;
+/// the next deployment skips as duplicates only records of shards c held (a's and b's
+/// checkpoints are exact), and a window is put twice only when c's firer had it in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_windows_unfired_at_a_drain_fire_once_in_the_next_deployment() {
+    let t0 = Instant::now();
+    let mark = |what: &str| eprintln!("[{:>6.1} s] {what}", t0.elapsed().as_secs_f64());
+    let sa = TestStream::create("deo-a", 3).await;
+    let sb = TestStream::create("deo-b", 2).await;
+    let results = TestStream::create("deo-fired", 1).await;
+    let dir = scratch("deo");
+    let cluster = Cluster::with_spout_config(
+        &sa.name,
+        &dir,
+        serde_json::json!({
+            "checkpoint_interval_ms": 200,
+            "committed_watermark_interval_ms": 300,
+            "watermark_idle_timeout_ms": 1000
+        }),
+    );
+    let table = support::unique_name("deo");
+    let url = support::state_endpoint();
+    let store = support::state::open(&url, &table).await;
+    let start = |name: &str| {
+        let reads = dir.join(format!("{name}.reads.jsonl"));
+        let flags = [
+            "--window-ms",
+            "1000",
+            "--fire-to",
+            results.name.as_str(),
+            "--stream",
+            sb.name.as_str(),
+            "--read-log",
+            reads.to_str().unwrap(),
+        ];
+        start_counts(&cluster, name, &url, &table, &flags)
+    };
+    let mut a = start("a");
+    let mut b = start("b");
+    let mut c = start("c");
+    let pa =
+        tokio::spawn(kpl_producer(sa.client.clone(), sa.label(), sa.name.clone(), 60, 10, Duration::from_millis(150)));
+    let pb = {
+        let (client, label, name) = (sb.client.clone(), sb.label(), sb.name.clone());
+        tokio::spawn(async move {
+            let opts = PutOptions { count: 1500, keys: 10, rate: Some(70.0), ..PutOptions::default() };
+            kinesis::put_records(&client, &label, &name, &opts).await.expect("put").manifest
+        })
+    };
+    let parent = "shardId-000000000000";
+    let children = wait_child_read(&sa, &cluster, parent).await;
+    mark(&format!("{parent} split into {children:?}; a child was read"));
+    // windows fire before the drain
+    let guard = Instant::now();
+    while fired_windows(&results).await.is_empty() {
+        assert!(guard.elapsed() < Duration::from_secs(60), "no window fired in 60 s\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // what c holds: shards of the streams, and its share of the timer partitions
+    let zk = support::zk_client().await;
+    let session = worker_session(&zk, &cluster, c.pid()).await;
+    let mut c_shards: BTreeSet<String> = BTreeSet::new();
+    for stream in [&sa.name, &sb.name] {
+        for shard in shards_held_by(&zk, &cluster, stream, session).await {
+            c_shards.insert(format!("{stream}/{shard}"));
+        }
+    }
+    let topo = format!("{}/topologies/{}", cluster.zk_root, cluster.topology);
+    let firers_dir = format!("{topo}/firers/{}", support::state::COMPONENT);
+    let mut firers = zk.list_children(&firers_dir).await.unwrap();
+    firers.sort();
+    // the firer has a session of its own: one of those c's log says it connected
+    let c_sessions: BTreeSet<String> = std::fs::read_to_string(&c.log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("connected to ZooKeeper"))
+        .filter_map(|l| support::state::log_field(l, "session").map(str::to_string))
+        .collect();
+    let mut c_firer = None;
+    for (i, f) in firers.iter().enumerate() {
+        let owner = zk.check_stat(&format!("{firers_dir}/{f}")).await.unwrap().map(|st| st.ephemeral_owner);
+        if owner.is_some_and(|o| c_sessions.contains(&format!("{o:#x}"))) {
+            c_firer = Some(i);
+        }
+    }
+    let c_firer =
+        c_firer.unwrap_or_else(|| panic!("c's window firer is registered: {firers:?}, c's sessions {c_sessions:?}"));
+    let scope = squall::state::scope(&cluster.topology, support::state::COMPONENT);
+    let c_partitions: BTreeSet<String> =
+        (0..8).filter(|p| p % firers.len() == c_firer).map(|p| format!("{scope}#{p}")).collect();
+    assert!(!c_shards.is_empty(), "c holds no shard");
+    c.kill();
+    mark(&format!("SIGKILL c (held {c_shards:?}; timer partitions {c_partitions:?})"));
+
+    let drained_at = squall::coord::now_ms();
+    let (rc, out, err) = squall_run(&cluster, &["drain", &cluster.topology, "--wait", "90"]);
+    assert_eq!(rc, 0, "{out}{err}\n{}", cluster.logs());
+    mark(&format!("drained: {}", out.trim()));
+    assert_eq!(a.wait_exit(Duration::from_secs(30)), Some(0), "a exits 0 after the drain\n{}", cluster.logs());
+    assert_eq!(b.wait_exit(Duration::from_secs(30)), Some(0), "b exits 0 after the drain\n{}", cluster.logs());
+    let (_, st, _) = squall_run(&cluster, &["status", &cluster.topology, "--json"]);
+    let st: serde_json::Value = serde_json::from_str(&st).unwrap();
+    assert_eq!(st["state"], "DRAINED");
+    for e in &read_log_entries(&[dir.join("a.reads.jsonl"), dir.join("b.reads.jsonl")]) {
+        assert!(!(e.event == "acquire" && e.t_ms > drained_at + 300), "shard acquired after the drain: {e:?}");
+        assert!(!(e.event == "records" && e.t_ms > drained_at + 1500), "records read after the drain: {e:?}");
+    }
+    let at_drain = fired_windows(&results).await;
+
+    let written = pa.await.unwrap();
+    let mb = pb.await.unwrap();
+    mark(&format!(
+        "producers done: A {} user records (KPL-like {}, Lambda-style {} of which {} outside their shard's range) \
+         in {} aggregates; B {} records",
+        written.manifest.total, written.kpl_like, written.lambda, written.outside, written.aggregates, mb.total
+    ));
+    let mut truth = deagg_window_truth(&sa, 1000).await;
+    for (k, n) in deagg_window_truth(&sb, 1000).await {
+        *truth.entry(k).or_default() += n;
+    }
+    assert_eq!(truth.values().sum::<u64>(), written.manifest.total + mb.total, "the streams hold every record put");
+    let left = truth.keys().filter(|k| !at_drain.contains_key(*k)).count();
+    mark(&format!(
+        "{} windows fired before the drain, {left} of {} left to the next deployment",
+        at_drain.len(),
+        truth.len()
+    ));
+    assert!(left > 0, "the drain left windows unfired");
+
+    // the next deployment fires the rest
+    let mut d = start("d");
+    let guard = Instant::now();
+    let got = loop {
+        let got = fired_windows(&results).await;
+        if truth.keys().all(|k| got.contains_key(k)) || guard.elapsed() > Duration::from_secs(120) {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let logs: Vec<PathBuf> = ["a", "b", "c", "d"].iter().map(|n| dir.join(format!("{n}.log"))).collect();
+    let late: usize = logs.iter().map(|l| count_in(l, "late input: key")).sum();
+    let missing: Vec<_> = truth.keys().filter(|k| !got.contains_key(*k)).take(10).collect();
+    let wrong: Vec<_> = truth
+        .iter()
+        .filter_map(|(k, n)| got.get(k).filter(|c| c.iter().any(|c| c != n)).map(|c| (k, *n, c.clone())))
+        .take(10)
+        .collect();
+    let unknown: Vec<_> = got.keys().filter(|k| !truth.contains_key(*k)).take(10).collect();
+    assert!(
+        missing.is_empty() && wrong.is_empty() && unknown.is_empty(),
+        "fired windows differ from the streams: missing {missing:?}; (window, true, fired) {wrong:?}; unknown \
+         {unknown:?}\n{}",
+        cluster.logs()
+    );
+    assert_eq!(late, 0, "inputs arrived after their window fired\n{}", cluster.logs());
+    let twice: Vec<(&String, String)> = got
+        .iter()
+        .filter(|(_, c)| c.len() > 1)
+        .map(|(k, _)| (k, squall::state::timer_partition(&scope, k, 8)))
+        .collect();
+    let not_c: Vec<_> = twice.iter().filter(|(_, p)| !c_partitions.contains(p)).collect();
+    assert!(
+        not_c.is_empty(),
+        "windows put twice though no firer that had them in flight died (a firing acked before the drain fired \
+         again in the next deployment): {not_c:?}"
+    );
+    // the drained workers' checkpoints are exact: the next deployment skips as duplicates only
+    // records of shards c held
+    let dups: Vec<String> = std::fs::read_to_string(dir.join("d.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("duplicate input skipped"))
+        .filter_map(|l| support::state::log_field(l, "shard").map(str::to_string))
+        .collect();
+    let stray: BTreeSet<&String> = dups.iter().filter(|s| !c_shards.contains(*s)).collect();
+    assert!(stray.is_empty(), "records of shards a or b drained were applied again: {stray:?}");
+    let counted = support::state::counts(&support::state::items(&store, &cluster.topology).await);
+    assert_eq!(counted, truth, "the table's window counts");
+    mark(&format!(
+        "all {} windows fired with their exact counts ({left} in the next deployment); put twice {} (c's partitions); \
+         late 0; duplicates skipped in the next deployment {} (shards {:?})",
+        truth.len(),
+        twice.len(),
+        dups.len(),
+        dups.iter().collect::<BTreeSet<_>>()
+    ));
+    d.stop(Duration::from_secs(15));
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    support::state::delete_table(&store).await;
+    sa.delete().await;
+    sb.delete().await;
+    results.delete().await;
 }

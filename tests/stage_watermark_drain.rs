@@ -1,6 +1,7 @@
 //! Watermarks and drain across a stage boundary (examples/windowed_counts.rs with
 //! `--boundary-shards`): the windows run in the second stage, behind an intermediate Kinesis
-//! stream, and see the watermark carried across it.
+//! stream, and see the watermark carried across it. A drain crosses the boundary, also when the
+//! intermediate stream was split and a writer of it is a zombie that comes back after DRAINED.
 
 use squall_test_support as support;
 
@@ -9,7 +10,7 @@ use std::time::Duration;
 use squall::kinesis::{self, PutOptions};
 use support::TestStream;
 use support::ops::{assert_watermarks_monotonic, json_lines, squall_run};
-use support::workers::{Cluster, Worker, example_bin, read_deliveries, scratch};
+use support::workers::{Cluster, Worker, example_bin, read_deliveries, read_log_entries, scratch};
 
 fn files(cluster: &Cluster, suffix: &str) -> Vec<std::path::PathBuf> {
     let mut v: Vec<_> = cluster
@@ -181,5 +182,330 @@ async fn a_drain_crosses_the_boundary_and_ignores_a_stale_deployments_marker() {
     let zk = support::zk_client().await;
     support::zk_delete_tree(&zk, &cluster.zk_root).await;
     delete_intermediate(&cluster).await;
+    s.delete().await;
+}
+
+/// The ZooKeeper session of the worker with process id `pid`: the ephemeral owner of its status
+/// znode (every node of the worker, its producer registrations too, is of that session). Waits
+/// for its first status.
+async fn worker_session(zk: &zookeeper_client::Client, cluster: &Cluster, pid: u32) -> i64 {
+    let dir = format!("{}/topologies/{}/workers", cluster.zk_root, cluster.topology);
+    let start = std::time::Instant::now();
+    loop {
+        for w in zk.list_children(&dir).await.unwrap_or_default() {
+            let path = format!("{dir}/{w}");
+            if support::ops::znode_json(zk, &path).await.is_some_and(|v| v["pid"].as_u64() == Some(u64::from(pid)))
+                && let Ok(Some(st)) = zk.check_stat(&path).await
+            {
+                return st.ephemeral_owner;
+            }
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "worker {pid} published no status\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The producers of intermediate stream `stream` registered by ZooKeeper session `session`.
+async fn producers_of(zk: &zookeeper_client::Client, cluster: &Cluster, stream: &str, session: i64) -> Vec<u64> {
+    let dir = format!("{}/topologies/{}/stages/{stream}/producers", cluster.zk_root, cluster.topology);
+    let mut out = Vec::new();
+    for p in zk.list_children(&dir).await.unwrap_or_default() {
+        if let Ok(Some(st)) = zk.check_stat(&format!("{dir}/{p}")).await
+            && st.ephemeral_owner == session
+        {
+            let id = p.split('-').next().and_then(|h| u64::from_str_radix(h, 16).ok());
+            out.push(id.unwrap_or_else(|| panic!("producer node {p}: expected {{producer:016x}}-{{deployment}}")));
+        }
+    }
+    out
+}
+
+/// Data tuples of this deployment's records in `shard` of intermediate stream `stream` after
+/// sequence `after` (all when `None`) that arrived before `before_ms`.
+async fn tuples_after(s: &TestStream, stream: &str, shard: &str, after: Option<&str>, before_ms: i64) -> u64 {
+    use aws_sdk_kinesis::types::ShardIteratorType;
+    let req = s.client.get_shard_iterator().stream_name(stream).shard_id(shard);
+    let req = match after {
+        Some(seq) => req.shard_iterator_type(ShardIteratorType::AfterSequenceNumber).starting_sequence_number(seq),
+        None => req.shard_iterator_type(ShardIteratorType::TrimHorizon),
+    };
+    let mut it = req.send().await.expect("GetShardIterator").shard_iterator;
+    let mut n = 0;
+    while let Some(i) = it.take() {
+        let r = s.client.get_records().shard_iterator(i).limit(10_000).send().await.expect("GetRecords");
+        for rec in r.records() {
+            let arrived = rec.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
+            if arrived >= before_ms {
+                return n;
+            }
+            if let Ok(d) = squall::stage::codec::decode(&bytes::Bytes::copy_from_slice(rec.data().as_ref()), 2)
+                && let squall::stage::codec::Payload::Data(values) = d.payload
+            {
+                n += values.len() as u64;
+            }
+        }
+        if r.records().is_empty() && r.millis_behind_latest().unwrap_or(0) == 0 {
+            break;
+        }
+        it = r.next_shard_iterator().map(String::from);
+    }
+    n
+}
+
+/// The shards of `stream` whose lease belongs to ZooKeeper session `session`.
+async fn shards_held(zk: &zookeeper_client::Client, cluster: &Cluster, stream: &str, session: i64) -> Vec<String> {
+    let dir = format!("{}/topologies/{}/streams/{stream}/owners", cluster.zk_root, cluster.topology);
+    let seq = |n: &str| n.rsplit_once('-').and_then(|(_, d)| d.parse::<u64>().ok()).unwrap_or(u64::MAX);
+    let mut out = Vec::new();
+    for shard in zk.list_children(&dir).await.unwrap_or_default() {
+        let mut leases = zk.list_children(&format!("{dir}/{shard}")).await.unwrap_or_default();
+        leases.sort_by_key(|n| seq(n));
+        if let Some(first) = leases.first()
+            && let Ok(Some(st)) = zk.check_stat(&format!("{dir}/{shard}/{first}")).await
+            && st.ephemeral_owner == session
+        {
+            out.push(shard);
+        }
+    }
+    out
+}
+
+/// The open shards of `stream` whose lease belongs to ZooKeeper session `session`, and the
+/// number of open shards.
+async fn open_shards_held(
+    s: &TestStream,
+    zk: &zookeeper_client::Client,
+    cluster: &Cluster,
+    stream: &str,
+    session: i64,
+) -> (usize, usize) {
+    let open: Vec<String> = kinesis::list_shards(&s.client, &s.label(), stream)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|d| !d.closed)
+        .map(|d| d.shard_id)
+        .collect();
+    let dir = format!("{}/topologies/{}/streams/{stream}/owners", cluster.zk_root, cluster.topology);
+    let seq = |n: &str| n.rsplit_once('-').and_then(|(_, d)| d.parse::<u64>().ok()).unwrap_or(u64::MAX);
+    let mut held = 0;
+    for shard in &open {
+        let mut leases = zk.list_children(&format!("{dir}/{shard}")).await.unwrap_or_default();
+        leases.sort_by_key(|n| seq(n));
+        if let Some(first) = leases.first()
+            && let Ok(Some(st)) = zk.check_stat(&format!("{dir}/{shard}/{first}")).await
+            && st.ephemeral_owner == session
+        {
+            held += 1;
+        }
+    }
+    (held, open.len())
+}
+
+/// A drain across a split intermediate stream with a zombie writer. Two `windowed_counts
+/// --boundary-shards 2` workers; a shard of `{topology}-keys` is split under load and a child is
+/// read; b (a writer of the intermediate stream, and a reader of both streams) is SIGSTOPped past
+/// its ZooKeeper session, so a takes its shards, and the topology is drained while b is frozen.
+/// b's producers left the registry with their session: a's second stage drains only once it has
+/// consumed the intermediate shards past their departure. After DRAINED, b is resumed: it must
+/// hand nothing on (no read, no window, no data record put into the intermediate stream: the
+/// deployment is over), the windows count every tuple put into the intermediate stream, a's
+/// writer put every record a's first stage delivered, and the next deployment loses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_across_a_split_intermediate_stream_with_a_zombie_writer_hands_nothing_on_after_it() {
+    let t0 = std::time::Instant::now();
+    let mark = |what: &str| eprintln!("[{:>6.1} s] {what}", t0.elapsed().as_secs_f64());
+    let s = TestStream::create("szdrain", 3).await;
+    let dir = scratch("szdrain");
+    let cluster = Cluster::with_spout_config(&s.name, &dir, serde_json::json!({"watermark_idle_timeout_ms": 1000}));
+    let mut a = start_windows(&cluster, "a");
+    let mut b = start_windows(&cluster, "b");
+    let producer = {
+        let (client, label, name) = (s.client.clone(), s.label(), s.name.clone());
+        tokio::spawn(async move {
+            let opts = PutOptions { count: 4500, keys: 12, rate: Some(150.0), ..PutOptions::default() };
+            kinesis::put_records(&client, &label, &name, &opts).await.expect("put").manifest
+        })
+    };
+    let delivered_by = |w: &Worker| read_deliveries(std::slice::from_ref(&w.deliveries)).len();
+    let guard = std::time::Instant::now();
+    while delivered_by(&a) < 100 || delivered_by(&b) < 100 {
+        assert!(guard.elapsed() < Duration::from_secs(60), "a and b never both delivered\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // split an intermediate shard under load; wait until a child was read (its checkpoint moved)
+    let inter = format!("{}-keys", cluster.topology);
+    let parent = "shardId-000000000000";
+    kinesis::split_shard(&s.client, &s.label(), &inter, parent).await.expect("split the intermediate stream");
+    let children: Vec<String> = kinesis::list_shards(&s.client, &s.label(), &inter)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|d| d.parent_shard_id.as_deref() == Some(parent))
+        .map(|d| d.shard_id)
+        .collect();
+    assert_eq!(children.len(), 2, "{children:?}");
+    let zk = support::zk_client().await;
+    let cps = format!("{}/topologies/{}/streams/{inter}/checkpoints", cluster.zk_root, cluster.topology);
+    support::ops::wait_for(&cluster, "a child of the split intermediate shard read", Duration::from_secs(60), || {
+        let (zk, cps, children) = (&zk, &cps, &children);
+        async move {
+            for c in children {
+                let cp = support::ops::znode_json(zk, &format!("{cps}/{c}")).await;
+                if cp.is_some_and(|cp| cp["position"]["type"] == "AFTER_SEQUENCE") {
+                    return Some(());
+                }
+            }
+            None
+        }
+    })
+    .await;
+    mark(&format!("{inter}: {parent} split into {children:?}, a child read"));
+
+    // b: a writer (its producers) and a reader; frozen past its session
+    let (session_a, session_b) =
+        (worker_session(&zk, &cluster, a.pid()).await, worker_session(&zk, &cluster, b.pid()).await);
+    let (a_producers, b_producers) =
+        (producers_of(&zk, &cluster, &inter, session_a).await, producers_of(&zk, &cluster, &inter, session_b).await);
+    assert!(!a_producers.is_empty() && !b_producers.is_empty(), "{a_producers:?} {b_producers:?}");
+    let (b_held, _) = open_shards_held(&s, &zk, &cluster, &s.name, session_b).await;
+    let (b_held_inter, _) = open_shards_held(&s, &zk, &cluster, &inter, session_b).await;
+    assert!(
+        b_held > 0 && b_held_inter > 0,
+        "b reads both streams: {b_held} source, {b_held_inter} intermediate shards"
+    );
+    b.pause();
+    let paused_at = squall::coord::now_ms();
+    // where a takes b's intermediate shards over: b's checkpoints (b, frozen, writes none)
+    let mut b_inter = Vec::new();
+    for shard in shards_held(&zk, &cluster, &inter, session_b).await {
+        let cp = support::ops::znode_json(&zk, &format!("{cps}/{shard}")).await;
+        let after = cp.and_then(|cp| cp["position"]["sequence"].as_str().map(str::to_string));
+        b_inter.push((shard, after));
+    }
+    mark(&format!(
+        "SIGSTOP b (producers {b_producers:x?}; {b_held} source and {b_held_inter} intermediate shards, checkpoints \
+         {b_inter:?})"
+    ));
+    // a takes every open shard of both streams once b's session expired
+    support::ops::wait_for(&cluster, "a holding every shard", Duration::from_secs(60), || {
+        let (s, zk, cluster, inter) = (&s, &zk, &cluster, &inter);
+        async move {
+            let (x, n) = open_shards_held(s, zk, cluster, &s.name, session_a).await;
+            let (y, m) = open_shards_held(s, zk, cluster, inter, session_a).await;
+            (x == n && y == m).then_some(())
+        }
+    })
+    .await;
+    mark("b's session expired; a holds every shard");
+
+    let (rc, out, err) = squall_run(&cluster, &["drain", &cluster.topology, "--wait", "90"]);
+    assert_eq!(rc, 0, "{out}{err}\n{}", cluster.logs());
+    mark(&format!("drained: {}", out.trim()));
+    assert_eq!(a.stop(Duration::from_secs(30)), Some(0), "a exits 0 after the drain\n{}", cluster.logs());
+    let (_, st, _) = squall_run(&cluster, &["status", &cluster.topology, "--json"]);
+    let st: serde_json::Value = serde_json::from_str(&st).unwrap();
+    assert_eq!(st["state"], "DRAINED");
+    let deployment = st["deployment_id"].as_str().unwrap().to_string();
+
+    // the zombie comes back after DRAINED: it leaves without handing anything on
+    let resumed_at = squall::coord::now_ms();
+    b.resume();
+    mark("SIGCONT b");
+    let guard = std::time::Instant::now();
+    while b.is_running() && guard.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let b_exit = b.stop(Duration::from_secs(30));
+    mark(&format!("b exited: {b_exit:?}"));
+    let b_log = std::fs::read_to_string(dir.join("b.log")).unwrap_or_default();
+    let after: Vec<_> = read_log_entries(std::slice::from_ref(&b.read_log))
+        .into_iter()
+        .filter(|e| e.t_ms >= resumed_at && matches!(e.event.as_str(), "acquire" | "records"))
+        .collect();
+    let b_windows_after: Vec<_> = json_lines(&dir.join("b.windows.jsonl"))
+        .into_iter()
+        .filter(|l| l["fired_at_ms"].as_i64().or(l["at_ms"].as_i64()).unwrap_or(0) >= resumed_at)
+        .collect();
+
+    // the intermediate stream, read back: b's producers put no data record after SIGCONT
+    let inter_stream = TestStream::existing(&inter).await;
+    let mut tuples_before = 0u64;
+    let (mut a_tuples, mut b_tuples, mut b_after, mut b_control_after) = (0u64, 0u64, Vec::new(), 0u64);
+    for r in support::stages::read_records(&inter_stream).await {
+        let arrived = r.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
+        let Ok(rec) = squall::stage::codec::decode(&bytes::Bytes::copy_from_slice(r.data().as_ref()), 2) else {
+            continue;
+        };
+        let zombie = b_producers.contains(&rec.producer);
+        if let squall::stage::codec::Payload::Data(values) = &rec.payload {
+            let n = values.len() as u64;
+            if rec.deployment == deployment && arrived < resumed_at {
+                tuples_before += n;
+            }
+            if a_producers.contains(&rec.producer) {
+                a_tuples += n;
+            }
+            if zombie {
+                b_tuples += n;
+                if arrived >= resumed_at {
+                    b_after.push((r.sequence_number().to_string(), arrived, n));
+                }
+            }
+        } else if zombie && arrived >= resumed_at {
+            b_control_after += 1;
+        }
+    }
+    mark(&format!(
+        "after SIGCONT, b: reads {}, windows {}, data records put {} ({} tuples), control records {b_control_after}",
+        after.len(),
+        b_windows_after.len(),
+        b_after.len(),
+        b_after.iter().map(|x| x.2).sum::<u64>()
+    ));
+    assert!(
+        after.is_empty() && b_windows_after.is_empty() && b_after.is_empty(),
+        "the zombie handed on after the drain: read {after:?}; windows {b_windows_after:?}; data records put {b_after:?}\n{b_log}"
+    );
+    assert_eq!(b_exit, Some(0), "the zombie exits 0 (its deployment drained)\n{b_log}");
+
+    // everything put into the intermediate stream before the drain was counted, and a's writer
+    // put every record a's first stage delivered (what b delivered and never put, a read again).
+    // Counted twice at most: what b's second stage had read past its checkpoints when it froze
+    // (a reads it again from there: at-least-once, as after any crash)
+    let windows: Vec<serde_json::Value> =
+        ["a", "b"].iter().flat_map(|n| json_lines(&dir.join(format!("{n}.windows.jsonl")))).collect();
+    let counted: u64 = windows.iter().filter(|l| l.get("late").is_none()).map(|l| l["count"].as_u64().unwrap()).sum();
+    let late = windows.iter().filter(|l| l.get("late").is_some()).count() as u64;
+    let (da, db) = (delivered_by(&a) as u64, delivered_by(&b) as u64);
+    let mut read_again = 0;
+    for (shard, after) in &b_inter {
+        read_again += tuples_after(&inter_stream, &inter, shard, after.as_deref(), paused_at).await;
+    }
+    mark(&format!(
+        "first stage delivered a {da}, b {db}; intermediate data tuples {tuples_before} (a's {a_tuples}, b's \
+         {b_tuples}); windows counted {counted}, late {late}; b's second stage had {read_again} past its checkpoints"
+    ));
+    assert_eq!(a_tuples, da, "a's writer put every record a's first stage delivered");
+    assert!(b_tuples <= db, "b put only what it delivered");
+    assert!(
+        counted + late >= tuples_before && counted + late <= tuples_before + read_again,
+        "the second stage counted every tuple put into the intermediate stream before the drain, twice at most \
+         those b's second stage had read past its checkpoints ({read_again}): counted {counted} + late {late}, \
+         tuples {tuples_before}\n{}",
+        cluster.logs()
+    );
+
+    // the next deployment loses nothing
+    let manifest = producer.await.unwrap();
+    let mut c = start_windows(&cluster, "c");
+    let r = cluster.wait_delivered(std::slice::from_ref(&manifest), Duration::from_secs(90)).await;
+    assert_eq!(r.lost, 0, "{r:?}\n{}", cluster.logs());
+    mark(&format!("next deployment: {r:?}"));
+    assert_eq!(c.stop(Duration::from_secs(30)), Some(0));
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    delete_intermediate(&cluster).await;
+    inter_stream.forget();
     s.delete().await;
 }

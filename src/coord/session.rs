@@ -296,12 +296,22 @@ async fn confirm(view: &watch::Sender<SessionView>) -> bool {
 /// loop. It watches the session and publishes [`SessionView`]s: `Unsafe` after half the session
 /// timeout disconnected, `Lost` when it expired, then a new generation once a new session is up,
 /// or `Failed` when none could be built within `give_up_after`.
+///
+/// A worker that must re-read its lifecycle state before its coordination uses a new session
+/// (a drain or a new deployment may have come while it had none) calls
+/// [`SharedSession::hold_new_sessions`]: a later generation is then only used by the spouts'
+/// coordinators (and whatever asks [`SharedSession::admitted`]) once the worker called
+/// [`SharedSession::admit`] for it.
 #[derive(Debug)]
 pub struct SharedSession {
     cfg: ZkConfig,
     view: watch::Sender<SessionView>,
     cancel: CancellationToken,
     liveness: Arc<Liveness>,
+    /// New generations wait for [`SharedSession::admit`].
+    hold: AtomicBool,
+    /// The highest generation admitted (the first is).
+    admitted: watch::Sender<u64>,
 }
 
 impl SharedSession {
@@ -311,7 +321,14 @@ impl SharedSession {
         let first = ZkSession::connect(cfg).await?;
         let (view, _) = watch::channel(SessionView { generation: 1, session: Some(first.clone()), health: Health::Ok });
         let liveness = Arc::new(Liveness::new(first.timeout()));
-        let shared = Arc::new(Self { cfg: cfg.clone(), view, cancel: CancellationToken::new(), liveness });
+        let shared = Arc::new(Self {
+            cfg: cfg.clone(),
+            view,
+            cancel: CancellationToken::new(),
+            liveness,
+            hold: AtomicBool::new(false),
+            admitted: watch::channel(1).0,
+        });
         tokio::spawn(tick_liveness(shared.liveness.clone(), shared.view.clone(), shared.cancel.clone()));
         tokio::spawn(monitor(shared.cfg.clone(), shared.view.clone(), first, give_up_after, shared.cancel.clone()));
         Ok(shared)
@@ -320,6 +337,31 @@ impl SharedSession {
     /// Whether leases can be trusted right now (see [`Liveness`]).
     pub fn liveness(&self) -> Arc<Liveness> {
         self.liveness.clone()
+    }
+
+    /// From now on, a new session (after an expiry) is used by the coordination only once
+    /// [`SharedSession::admit`] was called for its generation. The first session is admitted.
+    pub fn hold_new_sessions(&self) {
+        self.hold.store(true, Ordering::Release);
+    }
+
+    /// Lets the coordination use the session of `generation` (and earlier ones).
+    pub fn admit(&self, generation: u64) {
+        self.admitted.send_if_modified(|a| {
+            let more = generation > *a;
+            *a = (*a).max(generation);
+            more
+        });
+    }
+
+    /// Whether the coordination may use the session of `generation`.
+    pub fn admitted(&self, generation: u64) -> bool {
+        !self.hold.load(Ordering::Acquire) || *self.admitted.borrow() >= generation
+    }
+
+    /// Follows the admitted generation.
+    pub fn admissions(&self) -> watch::Receiver<u64> {
+        self.admitted.subscribe()
     }
 
     /// The configuration the sessions are built from.

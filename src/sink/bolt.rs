@@ -21,6 +21,19 @@ use crate::topology::{AckHandle, Bolt, BoltOutput, ComponentError, TaskContext, 
 const SHARDS_TTL: Duration = Duration::from_secs(10);
 /// Encode errors are logged at most once per this period (the rest are counted).
 const ENCODE_LOG_PERIOD: Duration = Duration::from_secs(1);
+/// How long a sink whose [`PutGate`] says "not now" waits before asking again.
+const GATE_PAUSE: Duration = Duration::from_millis(100);
+
+/// Asked by a [`KinesisSink`] before each PutRecords call (see [`KinesisSink::with_put_gate`]):
+/// a writer whose right to write depends on something outside the sink (the stage boundary's
+/// writer: its worker's ZooKeeper session, under which the inputs it holds were read).
+pub trait PutGate: Send + Sync + std::fmt::Debug + 'static {
+    /// `Some(epoch)`: the sink may put now. When `epoch` differs from the one given for the
+    /// previous call, every record buffered until now is failed instead of put (their inputs
+    /// fail; records of the encoder's hooks are dropped, counted). `None`: not now; the sink
+    /// asks again after a short pause, holding its records (and, once full, its inputs).
+    fn epoch(&self) -> Option<u64>;
+}
 
 /// Names of the sink's user metrics (summed over its tasks in the topology's metrics).
 pub mod metric {
@@ -149,6 +162,11 @@ impl Backoff {
         self.until = None;
     }
 
+    /// No call before `until` (without counting as a failure).
+    fn hold(&mut self, until: Instant) {
+        self.until = Some(self.until.map_or(until, |u| u.max(until)));
+    }
+
     /// When the back-off ends, if it has not.
     fn pending(&self, now: Instant) -> Option<Instant> {
         self.until.filter(|u| *u > now)
@@ -207,6 +225,9 @@ pub struct KinesisSink<E: SinkEncoder> {
     peak_bytes: usize,
     /// Records put so far (for `abort_after_puts`).
     puts: u64,
+    /// Asked before each call, and the epoch it gave last.
+    gate: Option<Arc<dyn PutGate>>,
+    gate_epoch: Option<u64>,
 }
 
 impl<E: SinkEncoder> std::fmt::Debug for KinesisSink<E> {
@@ -260,7 +281,16 @@ impl<E: SinkEncoder> KinesisSink<E> {
             encode_log: LogGate::default(),
             peak_bytes: 0,
             puts: 0,
+            gate: None,
+            gate_epoch: None,
         }
+    }
+
+    /// Asks `gate` before each PutRecords call whether to put now, hold, or fail what is
+    /// buffered (see [`PutGate`]).
+    pub fn with_put_gate(mut self, gate: Arc<dyn PutGate>) -> Self {
+        self.gate = Some(gate);
+        self
     }
 
     /// The configuration.
@@ -330,7 +360,7 @@ impl<E: SinkEncoder> KinesisSink<E> {
             if !self.wait_backoff().await {
                 return false;
             }
-            self.launch();
+            self.launch(out);
             if self.in_flight.is_none() {
                 return true; // nothing to send (cannot happen with bytes buffered)
             }
@@ -361,7 +391,7 @@ impl<E: SinkEncoder> KinesisSink<E> {
                 || self.queue.buffered_bytes() >= self.cfg.max_batch_bytes;
             let due = self.queue.oldest_ready().is_some_and(|t| now >= t + self.linger());
             if full || due {
-                self.launch();
+                self.launch(out);
             }
         }
         self.arm(out, now);
@@ -388,8 +418,36 @@ impl<E: SinkEncoder> KinesisSink<E> {
         }
     }
 
-    /// Starts a PutRecords call with the next batch.
-    fn launch(&mut self) {
+    /// Whether the gate (if any) lets a call start now; fails everything buffered when its
+    /// epoch changed, and holds off the next call when it says not now.
+    fn pass_gate(&mut self, out: &mut BoltOutput) -> bool {
+        let Some(gate) = &self.gate else { return true };
+        let Some(epoch) = gate.epoch() else {
+            self.backoff.hold(Instant::now() + GATE_PAUSE);
+            return false;
+        };
+        let Some(previous) = self.gate_epoch.replace(epoch).filter(|p| *p != epoch) else { return true };
+        let Some(run) = &self.run else { return true };
+        let (mut records, mut inputs) = (0usize, 0u64);
+        for e in self.queue.take_all() {
+            records += 1;
+            inputs += e.tag.len() as u64;
+            fail_entry(e, &run.m, out);
+        }
+        if records > 0 {
+            tracing::warn!(stream = %self.cfg.stream, previous, epoch, records, inputs,
+                "Kinesis sink: the writer's epoch changed (its worker's ZooKeeper session was replaced): the records \
+                 buffered under the old one are not put; their inputs are failed, records without input dropped \
+                 (sink.failed_inputs, sink.dropped_records)");
+        }
+        true
+    }
+
+    /// Starts a PutRecords call with the next batch (when the gate lets it).
+    fn launch(&mut self, out: &mut BoltOutput) {
+        if !self.pass_gate(out) {
+            return;
+        }
         let Some(run) = &self.run else { return };
         let batch = self.queue.take_batch(self.cfg.max_batch_records, self.cfg.max_batch_bytes);
         if batch.is_empty() {
@@ -565,7 +623,7 @@ impl<E: SinkEncoder> KinesisSink<E> {
             if !self.wait_backoff().await {
                 return;
             }
-            self.launch();
+            self.launch(out);
         }
     }
 
@@ -650,6 +708,7 @@ impl<E: SinkEncoder> Bolt for KinesisSink<E> {
         };
         self.run =
             Some(Running { backend, endpoint, ctx: ctx.clone(), cancel: ctx.cancellation(), m: Metrics::new(ctx) });
+        self.gate_epoch = self.gate.as_ref().and_then(|g| g.epoch());
         Ok(())
     }
 
@@ -843,6 +902,45 @@ mod tests {
         assert!(fake.calls.lock().unwrap().is_empty(), "lingering");
         h.advance(Duration::from_millis(200)).await.unwrap();
         assert_eq!(*fake.calls.lock().unwrap(), [2]);
+        assert_eq!(h.acked().len(), 2);
+    }
+
+    #[derive(Debug, Default)]
+    struct TestGate(Mutex<Option<u64>>);
+
+    impl PutGate for TestGate {
+        fn epoch(&self) -> Option<u64> {
+            *self.0.lock().unwrap()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_put_gate_holds_the_calls_and_an_epoch_change_fails_what_was_buffered_under_the_old_one() {
+        let fake = Fake::new(Duration::ZERO, Fake::ok());
+        let gate = Arc::new(TestGate(Mutex::new(Some(1))));
+        let sink = KinesisSink::with_backend(
+            cfg(|c| c.linger_ms = 10),
+            Arc::new(Shared(fake.clone())),
+            FieldsEncoder::new(&["k"]).data_field("v"),
+        )
+        .with_put_gate(gate.clone());
+        let mut h = BoltHarness::new(sink).input("spout", "default", &["k", "v"]).prepare().await.unwrap();
+        h.execute(vals("a", "1")).await.unwrap();
+        h.advance(Duration::from_millis(200)).await.unwrap();
+        assert_eq!((fake.keys(), h.acked().len()), (vec!["1".to_string()], 1), "put in epoch 1");
+        *gate.0.lock().unwrap() = None;
+        h.execute(vals("b", "2")).await.unwrap();
+        h.execute(vals("c", "3")).await.unwrap();
+        h.advance(Duration::from_millis(500)).await.unwrap();
+        assert_eq!(fake.calls.lock().unwrap().len(), 1, "not now: held");
+        assert!(h.failed().is_empty(), "held, not failed");
+        *gate.0.lock().unwrap() = Some(2);
+        h.advance(Duration::from_millis(300)).await.unwrap();
+        assert_eq!(fake.calls.lock().unwrap().len(), 1, "buffered under epoch 1: never put");
+        assert_eq!(h.failed().len(), 2, "their inputs failed");
+        h.execute(vals("d", "4")).await.unwrap();
+        h.advance(Duration::from_millis(200)).await.unwrap();
+        assert_eq!(fake.keys(), ["1", "4"], "epoch 2's records go");
         assert_eq!(h.acked().len(), 2);
     }
 

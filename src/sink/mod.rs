@@ -84,6 +84,6 @@ mod config;
 mod encoder;
 mod queue;
 
-pub use bolt::{KinesisSink, metric};
+pub use bolt::{KinesisSink, PutGate, metric};
 pub use config::{KinesisSinkConfig, MAX_BYTES_PER_CALL, MAX_RECORD_BYTES, MAX_RECORDS_PER_CALL, SinkConfigError};
 pub use encoder::{FieldsEncoder, OpenShard, SinkEncoder, SinkRecord};

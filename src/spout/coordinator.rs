@@ -179,6 +179,14 @@ impl Coordinator {
                     tracing::warn!(task = %s.task, "ZooKeeper session lost: stopped reading every shard; re-registering and re-acquiring");
                     self.last_attempt(&mut s).await;
                     self.drop_everything(&mut s).await;
+                    // Wait for the next session's view (never spin on the lost one's store).
+                    while view_rx.borrow().generation == s.generation {
+                        tokio::select! {
+                            _ = cancel.cancelled() => break,
+                            r = view_rx.changed() => if r.is_err() { return },
+                            _ = tokio::time::sleep(Duration::from_millis(500)) => break,
+                        }
+                    }
                 }
             }
         }

@@ -330,6 +330,9 @@ pub struct KinesisSpout {
     /// Set when this spout reads a stage's input (an intermediate stream).
     stage: Option<stage_input::StageInput>,
     next_drain_check: Instant,
+    /// Whether the worker's leases can be trusted now (set in `open`): no watermark is handed
+    /// on while they cannot.
+    liveness: Option<Arc<crate::coord::Liveness>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -368,6 +371,7 @@ impl KinesisSpout {
             draining: false,
             stage: None,
             next_drain_check: Instant::now(),
+            liveness: None,
         }
     }
 
@@ -610,6 +614,14 @@ impl KinesisSpout {
         })
     }
 
+    /// Whether the worker's session can be trusted now (see [`crate::coord::Liveness`]): after
+    /// the process was paused, nothing is handed on until the session is confirmed, watermarks
+    /// included. A watermark computed before a pause past the session (a zombie's) would fire
+    /// windows over records whose leases are gone, which their next owner reads again.
+    fn trusted(&self) -> bool {
+        self.liveness.as_ref().is_none_or(|l| l.trusted())
+    }
+
     /// This task's low watermark (see `Tracker::task_watermark`: records queued or awaiting a
     /// replay hold it, records in flight do not; a task assigned no shard reports the current
     /// time minus the idle timeout, so it does not hold downstream watermarks back; shards
@@ -620,13 +632,15 @@ impl KinesisSpout {
         let now = self.watermark_now();
         if let Some(stage) = &mut self.stage {
             let t = lock(&self.tracker);
-            let free = now.saturating_sub(i64::try_from(idle.as_millis()).unwrap_or(i64::MAX));
+            let idle_ms = i64::try_from(idle.as_millis()).unwrap_or(i64::MAX);
+            let free = now.saturating_sub(idle_ms);
             let owned = t.owned_epochs().map(|(shard, epoch)| {
                 let read =
                     t.get(shard).map_or_else(stage_input::ReadProgress::default, |tr| stage_input::ReadProgress {
                         caught_up_ms: tr.caught_up_ms,
                         queued: !tr.queued.is_empty(),
                         ended: tr.ended,
+                        ended_idle: tr.ended_ms.is_some_and(|e| now.saturating_sub(e) >= idle_ms),
                     });
                 (shard, epoch, read)
             });
@@ -646,6 +660,9 @@ impl KinesisSpout {
     /// (it locks the tracker and scans the owned shards); returns whether it did.
     fn refresh_watermark(&mut self, now: Instant) -> bool {
         if self.draining || now < self.next_watermark {
+            return false;
+        }
+        if !self.trusted() {
             return false;
         }
         self.next_watermark = now + KinesisSpoutConfig::ms(self.cfg.watermark_interval_ms);
@@ -675,6 +692,7 @@ impl Spout for KinesisSpout {
             .await
             .map_err(|e| ComponentError::fatal(format!("Kinesis spout of topology {}: {e}", self.cfg.topology)))?;
         self.attached = true;
+        self.liveness = Some(session.liveness());
         let read_log = readlog::ReadLog::open(self.cfg.read_log.as_deref())
             .map_err(|e| ComponentError::fatal(format!("cannot open the read log {:?}: {e}", self.cfg.read_log)))?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
@@ -749,6 +767,7 @@ impl Spout for KinesisSpout {
         }
         if self.refresh_watermark(now)
             && let Some(wm) = self.last_watermark
+            && self.trusted()
         {
             out.watermark(wm);
         }
@@ -836,7 +855,7 @@ impl Spout for KinesisSpout {
     /// fires see the watermark that fires it.
     fn low_watermark(&mut self) -> Option<u64> {
         self.refresh_watermark(Instant::now());
-        self.last_watermark
+        self.last_watermark.filter(|_| self.trusted())
     }
 
     async fn ack(&mut self, id: SpoutMsgId) {

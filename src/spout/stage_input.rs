@@ -20,8 +20,11 @@
 //! none is still to come). Producers that left before this input's first listing are unknown to
 //! it: every shard's watermark stays unknown until the shard was consumed past that listing.
 //! A shard no producer holds reports the current time minus the idle timeout, like a task
-//! without shards. The task's watermark is the minimum over its shards, unknown while an
-//! assigned shard is not owned yet.
+//! without shards; so does a shard read to its end (a reshard of the intermediate stream closed
+//! it) once every record of it was taken and the idle timeout passed since its end was read: a
+//! window holding its last records until it fires must fire for them to be acked, and only then
+//! does it finish and are its children read (see the tracker's module docs). The task's
+//! watermark is the minimum over its shards, unknown while an assigned shard is not owned yet.
 //!
 //! # Drain markers
 //!
@@ -118,6 +121,8 @@ pub(crate) struct ReadProgress {
     pub queued: bool,
     /// The shard's end was read.
     pub ended: bool,
+    /// The shard's end was read at least the idle timeout ago.
+    pub ended_idle: bool,
 }
 
 /// Most producers that left remembered (the oldest are forgotten first).
@@ -287,6 +292,12 @@ impl StageInput {
     }
 
     fn shard_wm(&self, shard: &str, epoch: u64, read: ReadProgress, live: &[u64]) -> ShardWm {
+        // read to its end, every record taken, the idle timeout passed: nothing can arrive in it
+        // any more, and a window holding its last records until it fires must be able to fire
+        // (its children are read only once they are acked: see the tracker's module docs)
+        if read.ended_idle && !read.queued {
+            return ShardWm::Free;
+        }
         let s = self.shards.get(shard).filter(|s| s.epoch == epoch);
         let past = |t: i64| Self::consumed_past(s, read, t);
         // producers that left before the first listing are unknown: their records may be ahead
@@ -407,7 +418,7 @@ mod tests {
 
     /// Read and consumed to the tip at `at`: nothing queued, caught up then.
     fn caught_up(at: i64) -> ReadProgress {
-        ReadProgress { caught_up_ms: Some(at), queued: false, ended: false }
+        ReadProgress { caught_up_ms: Some(at), queued: false, ended: false, ended_idle: false }
     }
 
     #[test]
@@ -458,7 +469,7 @@ mod tests {
         let data = |p: u64, wm: u64| encode_data(p, "dep", Some(wm), &[Value::from("w")]);
         si.on_record(&rec_at(&a, data(1, 5_000), 4_000), 1);
         si.on_record(&rec_at(&a, data(2, 4_000), 4_100), 1);
-        let lagging = ReadProgress { caught_up_ms: None, queued: true, ended: false };
+        let lagging = ReadProgress { caught_up_ms: None, queued: true, ended: false, ended_idle: false };
         assert_eq!(wm_of(&mut si, &a, lagging, 99_000), Some(4_000));
         tx.send_replace(producers(&[(1, "dep")], 10_000));
         // producer 1 runs ahead; 2's last records (watermark 9 000, put before 10 000) unread
@@ -477,7 +488,7 @@ mod tests {
         si.on_record(&rec_at(&b, data(2, 4_000), 4_100), 1);
         tx.send_replace(producers(&[], 10_000));
         let free = 50_000;
-        let lag = ReadProgress { caught_up_ms: Some(5_000), queued: false, ended: false };
+        let lag = ReadProgress { caught_up_ms: Some(5_000), queued: false, ended: false, ended_idle: false };
         assert_eq!(si.task_watermark(std::iter::once((&b, 1, lag)), true, free), Some(4_000), "not free: unread");
         let unseen: Arc<str> = "c".into();
         assert_eq!(
@@ -487,7 +498,7 @@ mod tests {
         );
         assert_eq!(si.task_watermark(std::iter::once((&b, 1, caught_up(13_001))), true, free), Some(free));
         assert_eq!(si.task_watermark(std::iter::once((&unseen, 1, caught_up(13_001))), true, free), Some(free));
-        let ended = ReadProgress { caught_up_ms: None, queued: false, ended: true };
+        let ended = ReadProgress { caught_up_ms: None, queued: false, ended: true, ended_idle: false };
         assert_eq!(si.task_watermark(std::iter::once((&unseen, 1, ended)), true, free), Some(free), "read to its end");
     }
 
@@ -507,7 +518,7 @@ mod tests {
         let a: Arc<str> = "a".into();
         let data = |p: u64, wm: u64| encode_data(p, "dep", Some(wm), &[Value::from("w")]);
         si.on_record(&rec_at(&a, data(1, 30_000), 15_000), 1);
-        let lagging = ReadProgress { caught_up_ms: None, queued: true, ended: false };
+        let lagging = ReadProgress { caught_up_ms: None, queued: true, ended: false, ended_idle: false };
         assert_eq!(wm_of(&mut si, &a, lagging, 99_000), None, "not consumed past the first listing yet");
         // producer 9, dead before the listing, shows up: unknown to the registry, it has left
         si.on_record(&rec_at(&a, data(9, 12_000), 16_000), 1);
@@ -519,6 +530,20 @@ mod tests {
         // it registers again (a new session of its worker): live again
         tx.send_replace(producers(&[(1, "dep"), (9, "dep")], 40_000));
         assert_eq!(wm_of(&mut si, &a, lagging, 99_000), Some(12_000));
+    }
+
+    #[test]
+    fn a_shard_read_to_its_end_is_free_once_the_idle_timeout_passed_since() {
+        // a live producer's last record in the shard (it writes into the children now): the
+        // shard is held at that record's watermark until the idle timeout after its end
+        let (mut si, _tx) = input(&[(1, "dep")]);
+        let a: Arc<str> = "a".into();
+        si.on_record(&rec_at(&a, encode_data(1, "dep", Some(7_000), &[Value::from("w")]), 5_000), 1);
+        let ended =
+            |ended_idle: bool, queued: bool| ReadProgress { caught_up_ms: None, queued, ended: true, ended_idle };
+        assert_eq!(wm_of(&mut si, &a, ended(false, false), 99_000), Some(7_000), "ended, within the idle timeout");
+        assert_eq!(wm_of(&mut si, &a, ended(true, true), 99_000), Some(7_000), "records still queued");
+        assert_eq!(wm_of(&mut si, &a, ended(true, false), 99_000), Some(99_000), "ended and idle: free");
     }
 
     #[test]

@@ -188,14 +188,23 @@ struct Dirty {
 impl StreamCoordinator {
     async fn run(mut self, cancel: CancellationToken) {
         let mut sessions = self.session.subscribe();
+        let mut admissions = self.session.admissions();
         let resync = KinesisSpoutConfig::ms(self.cfg.resync_interval_ms);
         let discovery_every = KinesisSpoutConfig::ms(self.cfg.shard_discovery_interval_ms);
         'generations: loop {
-            // Wait for a live session.
+            // Wait for a live session the worker admitted (it re-reads its lifecycle state first
+            // after an expiry: a drain or a new deployment may have come meanwhile). Until then
+            // the tasks see no healthy session: they do not register or take shards. Nor do
+            // they while the view still holds the store of an earlier session: it is healthy
+            // again only with the store of this one (below), or a task would take the old,
+            // dead store for a live one and fail on it, again and again.
             let (generation, session) = loop {
                 let v: SessionView = sessions.borrow_and_update().clone();
-                self.publish_health(&v);
-                if let (Some(s), Health::Ok | Health::Unsafe) = (v.session.clone(), &v.health) {
+                admissions.borrow_and_update();
+                let admitted = self.session.admitted(v.generation);
+                let current = self.view.borrow().generation == v.generation;
+                self.publish_health(if admitted && current { &v.health } else { &Health::Lost });
+                if let (Some(s), Health::Ok | Health::Unsafe, true) = (v.session.clone(), &v.health, admitted) {
                     break (v.generation, s);
                 }
                 if matches!(v.health, Health::Failed(_)) {
@@ -206,6 +215,7 @@ impl StreamCoordinator {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     r = sessions.changed() => if r.is_err() { return },
+                    r = admissions.changed() => if r.is_err() { return },
                 }
             };
             self.local.clear();
@@ -236,11 +246,16 @@ impl StreamCoordinator {
                     continue 'generations;
                 }
             };
+            let health = {
+                let now = sessions.borrow();
+                if now.generation == generation { now.health.clone() } else { Health::Lost }
+            };
             self.view.send_modify(|v| {
                 let v = Arc::make_mut(v);
                 v.generation = generation;
                 v.store = Some(store.clone());
                 v.assignment = None;
+                v.health = health;
             });
             let mut dirty = Dirty { tasks: true, assignment: true, finished: false };
             let mut tick = tokio::time::interval(Duration::from_millis(250));
@@ -261,10 +276,11 @@ impl StreamCoordinator {
                     r = sessions.changed() => {
                         if r.is_err() { return; }
                         let v = sessions.borrow().clone();
-                        self.publish_health(&v);
                         if v.generation != generation || v.session.is_none() {
+                            self.publish_health(&Health::Lost);
                             continue 'generations;
                         }
+                        self.publish_health(&v.health);
                         if v.health == Health::Ok {
                             // Back from a disconnection: events may have been lost.
                             dirty = Dirty { tasks: true, assignment: true, finished: true };
@@ -347,12 +363,12 @@ impl StreamCoordinator {
         }
     }
 
-    fn publish_health(&self, v: &SessionView) {
+    fn publish_health(&self, health: &Health) {
         self.view.send_if_modified(|view| {
-            if view.health == v.health {
+            if view.health == *health {
                 return false;
             }
-            Arc::make_mut(view).health = v.health.clone();
+            Arc::make_mut(view).health = health.clone();
             true
         });
     }

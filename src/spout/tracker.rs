@@ -34,6 +34,17 @@
 //! default stream. The same holds for records a handoff abandons (the next owner reads them
 //! again from the checkpoint, after its own watermark may have passed them).
 //!
+//! A shard whose end was read (a split or merge closed it) holds the watermark at its newest
+//! record, so that it does not pass the records arriving in its children meanwhile; but only
+//! for the idle timeout after its end was read ([`Tracker::task_watermark`]). Its children are
+//! read once every record of it is acked, and a window holding the shard's last records until
+//! it fires (its end is after them) would otherwise wait for that very watermark: the window
+//! never fires, the records are never acked, the shard never finishes, its children are never
+//! read, and the task's watermark never moves again. After the idle timeout it reports, like an
+//! idle caught-up shard, the current time minus the idle timeout (it can receive nothing more);
+//! records of its children that arrived before the watermark passed them are then late. A shard
+//! whose records are acked as they are emitted finishes (and leaves the task) well before that.
+//!
 //! # Committed watermark
 //!
 //! The committed watermark ([`ShardTrack::committed_watermark`],
@@ -207,6 +218,8 @@ pub(crate) struct ShardTrack {
     pub last_emitted: Option<SeqKey>,
     /// The reader saw the end of the shard (null NextShardIterator).
     pub ended: bool,
+    /// Wall time (ms) when the end was read.
+    pub ended_ms: Option<i64>,
     /// Handoff or shutdown in progress: nothing new is emitted, replays are dropped.
     pub stopping: bool,
     /// Records read but not yet emitted.
@@ -234,6 +247,7 @@ impl ShardTrack {
             safe: None,
             last_emitted: None,
             ended: false,
+            ended_ms: None,
             stopping: false,
             queued: Queue::default(),
             scheduled: false,
@@ -252,6 +266,24 @@ impl ShardTrack {
     /// after that). `None`: unknown yet.
     pub fn watermark(&self, idle: Duration) -> Option<i64> {
         self.low_mark(idle, |e| e.awaiting_replay && !e.acked)
+    }
+
+    /// [`ShardTrack::watermark`] at wall time `now_ms`, with the rule for a shard whose end was
+    /// read (see the module docs): once nothing of it is queued or awaiting a replay and its end
+    /// was read `idle` ago or more, it can receive nothing more and reports at least `now_ms -
+    /// idle`, so windows holding its last records until they fire can fire, the records be
+    /// acked, the shard finish and its children be read.
+    pub fn watermark_at(&self, idle: Duration, now_ms: i64) -> Option<i64> {
+        let w = self.watermark(idle);
+        let idle_ms = i64::try_from(idle.as_millis()).unwrap_or(i64::MAX);
+        let ended_idle = self.ended_ms.is_some_and(|e| now_ms.saturating_sub(e) >= idle_ms)
+            && self.queued.is_empty()
+            && !self.inflight.values().any(|e| e.awaiting_replay && !e.acked);
+        if !ended_idle {
+            return w;
+        }
+        let idle_wm = now_ms.saturating_sub(idle_ms);
+        Some(w.map_or(idle_wm, |w| w.max(idle_wm)))
     }
 
     /// The shard's committed watermark (ms): like [`ShardTrack::watermark`], but every record
@@ -364,7 +396,7 @@ impl Tracker {
     /// backlog, read from TRIM_HORIZON or a checkpoint, may be older than anything else), or
     /// while an owned shard has read nothing.
     pub fn task_watermark(&self, idle: Duration, now_ms: i64) -> Option<i64> {
-        self.task_mark(idle, now_ms, ShardTrack::watermark)
+        self.task_mark(idle, now_ms, |t, idle| t.watermark_at(idle, now_ms))
     }
 
     /// The task's committed watermark, given `now_ms`: [`ShardTrack::committed_watermark`] (every
@@ -497,11 +529,12 @@ impl Tracker {
         self.shards.values().filter(|t| !t.stopping).map(|t| (&t.id, t.epoch))
     }
 
-    /// Marks the shard's end as read. Returns false when stale.
-    pub fn mark_ended(&mut self, shard: &str, epoch: u64) -> bool {
+    /// Marks the shard's end as read (at wall time `wall_ms`). Returns false when stale.
+    pub fn mark_ended(&mut self, shard: &str, epoch: u64, wall_ms: i64) -> bool {
         match self.live(shard, epoch) {
             Some(t) => {
                 t.ended = true;
+                t.ended_ms.get_or_insert(wall_ms);
                 true
             }
             None => false,
@@ -1083,6 +1116,32 @@ mod tests {
         assert_eq!(both(&t), (None, None), "handing b off: fewer owned than assigned");
         t.set_assigned(1);
         assert_eq!(both(&t), (Some(3_000), Some(3_000)), "a alone: its queued record");
+    }
+
+    /// A shard read to its end holds the in-band watermark at its newest record (its children's
+    /// records are not read yet) for the idle timeout after its end was read, then stops
+    /// holding it even while its last records are in flight: a window holding them until it
+    /// fires must fire for them to be acked, the shard to finish and its children to be read.
+    /// The committed watermark keeps holding (nothing in band waits on it).
+    #[test]
+    fn an_ended_shard_stops_holding_the_watermark_for_its_records_in_flight_after_the_idle_timeout() {
+        let idle = Duration::from_secs(1);
+        let mut t = Tracker::default();
+        t.set_assigned(1);
+        let s: Arc<str> = "shardId-0".into();
+        let e = t.start(&s);
+        let mk = |seq: u64, at: i64| Record { arrival_ms: at, ..rec(&s, seq) };
+        t.enqueue(&s, e, vec![mk(1, 10_000), mk(2, 10_100)]);
+        t.next_to_emit();
+        assert!(t.mark_ended(&s, e, 10_500));
+        let track = |t: &Tracker, now: i64| (t.task_watermark(idle, now), t.task_committed_watermark(idle, now));
+        assert_eq!(track(&t, 20_000), (Some(10_100), Some(10_000)), "a record still queued holds it");
+        let (r2, _) = t.next_to_emit().unwrap();
+        assert_eq!(track(&t, 11_400), (Some(10_100), Some(10_000)), "within the idle timeout: its newest record");
+        assert_eq!(track(&t, 11_600), (Some(10_600), Some(10_000)), "ended long enough: now minus the idle timeout");
+        assert_eq!(track(&t, 30_000), (Some(29_000), Some(10_000)), "it moves on while its records are in flight");
+        assert!(matches!(t.fail(&s, e, &r2.sequence, 0, 3), FailOutcome::Replay(1)));
+        assert_eq!(track(&t, 30_000), (Some(10_100), Some(10_000)), "a record awaiting its replay holds it");
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //!   (`--max-spout-pending`, e.g. 5000), which also lets more tuples of a key share a record.
 //! - At drain, a drain marker (tagged with producer and deployment) goes to every open shard,
 //!   after every data record, and the sink flushes before the stage's task stops.
+//! - A writer puts only while its worker's ZooKeeper session can be trusted, and only what it
+//!   buffered under the current session ([`StageWriter::new`]): a zombie writer puts nothing.
 //! - Order: the next stage takes, per shard, the highest watermark of this producer's records it
 //!   consumed; so no record may land in a shard ahead of an earlier record of this producer with
 //!   a lower watermark. The sink keeps only one key's records in order, and a PutRecords call
@@ -267,9 +269,33 @@ pub struct StageWriter {
 }
 
 impl StageWriter {
-    /// A writer for one task.
+    /// A writer for one task. Its sink puts only while its worker's ZooKeeper session can be
+    /// trusted ([`SessionGate`]).
     pub fn new(sink: KinesisSink<StageEncoder>, producer: u64, registrar: ProducerRegistrar) -> Self {
-        Self { sink, producer, registrar }
+        let gate = SessionGate { session: registrar.session.clone(), liveness: registrar.session.liveness() };
+        Self { sink: sink.with_put_gate(Arc::new(gate)), producer, registrar }
+    }
+}
+
+/// A boundary writer puts only under the ZooKeeper session its inputs were read under (the
+/// epoch is the session generation) and only while that session can be trusted: connected,
+/// no pause of the process unconfirmed ([`crate::coord::Liveness`]), and admitted by the worker
+/// ([`SharedSession::admitted`]). A worker frozen past its session (a zombie) lost the leases
+/// of what its writer holds: others read those records again from the checkpoints, and what it
+/// would put once thawed (in the old epoch) only repeats them, or lands after the deployment
+/// drained; it holds, then fails what it buffered once the new session is admitted, or puts
+/// nothing at all when its worker leaves.
+#[derive(Debug)]
+struct SessionGate {
+    session: Arc<SharedSession>,
+    liveness: Arc<crate::coord::Liveness>,
+}
+
+impl crate::sink::PutGate for SessionGate {
+    fn epoch(&self) -> Option<u64> {
+        let v = self.session.current();
+        (v.health == crate::coord::Health::Ok && self.liveness.trusted() && self.session.admitted(v.generation))
+            .then_some(v.generation)
     }
 }
 

@@ -21,7 +21,8 @@
 //! 3. It emits the frozen state through [`OnFire::fire`] as a tracked tuple, with the key and
 //!    the fire time ([`FIRE_FIELDS`]).
 //! 4. When that tuple's tree completes, it takes the timer out of the index (UpdateItem REMOVE,
-//!    in bulk at the next poll).
+//!    in bulk at the next poll, or when the firer closes: after a drain or a stop, whose acks
+//!    the engine delivers first, so a clean stop leaves no delivered firing to emit again).
 //!    A failed tuple, or a firer that died before the ack, leaves the timer in the index: the
 //!    key is found and emitted again, with the same frozen state. Downstream, `fire_key`
 //!    identifies a firing exactly; a consumer that must count each once deduplicates by it.
@@ -536,6 +537,17 @@ impl<F: OnFire> Spout for WindowFirer<F> {
 
     async fn close(&mut self) {
         if let Some(o) = self.open.take() {
+            // Firings acked since the last poll (at a drain or a stop, the engine delivers the
+            // acks of every firing in flight before closing): their timers leave the index now,
+            // or the next deployment's firer would emit them again.
+            if !self.unconfirmed.is_empty() {
+                self.confirm_pending(&o).await;
+                if !self.unconfirmed.is_empty() {
+                    tracing::warn!(component = %self.cfg.component, left = self.unconfirmed.len(),
+                        "window firer stopping: some delivered firings could not be taken out of the timer index; \
+                         the next firer emits them again (same frozen state, same fire_key)");
+                }
+            }
             o.zk.close_gracefully().await;
         }
     }
