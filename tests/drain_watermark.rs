@@ -15,14 +15,14 @@ use squall_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use squall::coord::{CheckpointPosition, sequence_cmp};
-use squall::kinesis::kpl::{self, Deaggregated};
+use squall::kinesis::kpl;
 use squall::kinesis::payload::{AuditPayload, Manifest};
-use squall::kinesis::{self, PutOptions, ShardDescription};
+use squall::kinesis::{self, PutOptions};
 use support::TestStream;
+use support::kpl::{UserPut, counts_of, deaggregated, put_one_with, range, reference_aggregate};
 use support::ops::{assert_watermarks_monotonic, json_lines, squall_run};
 use support::state::{count_in, start_counts};
 use support::workers::{Cluster, example_bin, read_deliveries, read_log_entries, scratch};
@@ -208,80 +208,9 @@ async fn drain_under_load(prefix: &str, efo: bool) {
 // with the at-least-once windows of `windowed_counts` and with the exactly-once windows of
 // `exactly_once_counts --window-ms --fire-to`.
 //
-// The KPL writers below are copied from tests/kpl.rs (reference_aggregate, put_one, and the two
-// producer styles, reduced to what a timed producer needs): another branch moves tests/kpl.rs's
-// writers to tests/support/kpl.rs; these can use that module once both are merged.
+// Stream A's producer below paces both producer styles with AWS's reference aggregator
+// (`support::kpl`), a round at a time, around a split.
 // ---------------------------------------------------------------------------------------------
-
-/// The reference aggregator's Python (a project-local venv made by `localstack/up`).
-fn reference_python() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let state = std::env::var_os("SQUALL_STATE_DIR").map(PathBuf::from).unwrap_or_else(|| root.join(".squall"));
-    let py = state.join("kpl-agg/venv/bin/python");
-    assert!(py.exists(), "{} missing: run localstack/up (it installs aws-kinesis-agg)", py.display());
-    py
-}
-
-/// One user record to aggregate: (partition key, data).
-type UserPut = (String, Vec<u8>);
-
-/// One Kinesis record to put: (partition key, explicit hash key, data).
-type Put = (String, Option<String>, Vec<u8>);
-
-/// Packs each group of user records into one aggregated record with AWS's reference aggregator
-/// (`localstack/kpl_aggregate.py`, `aws-kinesis-agg` from PyPI), in one run of it.
-fn reference_aggregate(groups: &[Vec<UserPut>]) -> Vec<Put> {
-    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
-    let unhex = |s: &str| (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect();
-    let request = serde_json::json!({
-        "aggregates": groups.iter().map(|g| g.iter().map(|(k, d)| serde_json::json!({
-            "partition_key": k, "data_hex": hex(d)
-        })).collect::<Vec<_>>()).collect::<Vec<_>>()
-    });
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("localstack/kpl_aggregate.py");
-    let mut child = Command::new(reference_python())
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("running localstack/kpl_aggregate.py");
-    use std::io::Write as _;
-    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "kpl_aggregate.py failed");
-    let v: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-    let aggs: Vec<Put> = v
-        .iter()
-        .map(|a| {
-            (
-                a["partition_key"].as_str().unwrap().to_string(),
-                a["explicit_hash_key"].as_str().map(str::to_string),
-                unhex(a["data_hex"].as_str().unwrap()),
-            )
-        })
-        .collect();
-    assert_eq!(aggs.len(), groups.len(), "one aggregate per group");
-    assert!(aggs.iter().all(|a| a.2.starts_with(&kpl::MAGIC)), "the reference aggregator wrote the KPL format");
-    aggs
-}
-
-fn hash_range(d: &ShardDescription) -> (u128, u128) {
-    (d.starting_hash_key.parse().unwrap(), d.ending_hash_key.parse().unwrap())
-}
-
-/// Puts one record and returns the shard it landed in.
-async fn put_one(client: &aws_sdk_kinesis::Client, stream: &str, (pk, ehk, data): &Put) -> String {
-    let out = client
-        .put_record()
-        .stream_name(stream)
-        .partition_key(pk)
-        .set_explicit_hash_key(ehk.clone())
-        .data(aws_sdk_kinesis::primitives::Blob::new(data.clone()))
-        .send()
-        .await
-        .expect("PutRecord");
-    out.shard_id().to_string()
-}
 
 /// What the KPL producer of stream A wrote.
 #[derive(Debug)]
@@ -329,8 +258,7 @@ async fn kpl_producer(
             kinesis::split_shard(&client, &label, &stream, &w.parent).await.expect("split");
         }
         let shards = kinesis::list_shards(&client, &label, &stream).await.unwrap();
-        let ranges: BTreeMap<String, (u128, u128)> =
-            shards.iter().map(|d| (d.shard_id.clone(), hash_range(d))).collect();
+        let ranges: BTreeMap<String, (u128, u128)> = shards.iter().map(|d| (d.shard_id.clone(), range(d))).collect();
         let mut user = |k: &String| {
             let seq = counts.entry(k.clone()).or_default();
             let p = (k.clone(), AuditPayload::new(run, k, *seq, 0).to_bytes());
@@ -341,7 +269,7 @@ async fn kpl_producer(
         let mut groups: Vec<Vec<UserPut>> = Vec::new();
         let mut predicted: Vec<String> = Vec::new();
         for shard in shards.iter().filter(|d| !d.closed) {
-            let (lo, hi) = hash_range(shard);
+            let (lo, hi) = range(shard);
             let mine: Vec<UserPut> =
                 kl.iter().filter(|k| (lo..=hi).contains(&kpl::partition_key_hash(k))).map(&mut user).collect();
             for g in mine.chunks(6) {
@@ -355,7 +283,7 @@ async fn kpl_producer(
         groups.extend(users.chunks(8).map(<[_]>::to_vec));
         let aggs = reference_aggregate(&groups);
         for (i, (agg, g)) in aggs.iter().zip(&groups).enumerate() {
-            let landed = put_one(&client, &stream, agg).await;
+            let landed = put_one_with(&client, &stream, agg).await;
             w.aggregates += 1;
             if i < kpl_groups {
                 assert_eq!(landed, predicted[i], "a fresh shard map predicts where a KPL aggregate lands");
@@ -657,38 +585,6 @@ async fn a_drain_of_two_streams_through_a_split_with_kpl_aggregates_and_a_sigkil
     sb.delete().await;
 }
 
-/// The true per-window counts of a stream whose records may be KPL aggregates: every user
-/// record (every record read back from TRIM_HORIZON, aggregates de-aggregated) under
-/// `{its partition key}@{window start}` by its Kinesis record's arrival time, as
-/// `exactly_once_counts --window-ms` keys them.
-async fn deagg_window_truth(s: &TestStream, window_ms: u64) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for rec in support::stages::read_records(s).await {
-        let at = rec.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
-        let window = at - at % window_ms as i64;
-        let keys: Vec<String> = match kpl::deaggregate(&bytes::Bytes::copy_from_slice(rec.data().as_ref())) {
-            Deaggregated::Plain => vec![rec.partition_key().to_string()],
-            Deaggregated::Records(users) => users.iter().map(|u| u.partition_key.to_string()).collect(),
-            Deaggregated::Corrupt(why) => panic!("a corrupt aggregate in {}: {why}", s.name),
-        };
-        for k in keys {
-            *out.entry(format!("{k}@{window}")).or_default() += 1;
-        }
-    }
-    out
-}
-
-/// Every window in the results stream: `fire_key` -> the counts it was put with (one per copy).
-async fn fired_windows(results: &TestStream) -> BTreeMap<String, Vec<u64>> {
-    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for r in support::stages::read_records(results).await {
-        let v: serde_json::Value = serde_json::from_slice(r.data().as_ref()).expect("a fired window is JSON");
-        let key = v["fire_key"].as_str().expect("fire_key").to_string();
-        out.entry(key).or_default().push(v["count"].as_u64().expect("count"));
-    }
-    out
-}
-
 /// The variant with exactly-once windows (`exactly_once_counts --window-ms 1000 --fire-to R`):
 /// the same streams, split, KPL producers, SIGKILL of c and drain. `ExactlyOnce` flushes its
 /// commits at the drain and the firers stop; windows the committed watermark had not passed
@@ -747,7 +643,7 @@ async fn exactly_once_windows_unfired_at_a_drain_fire_once_in_the_next_deploymen
     mark(&format!("{parent} split into {children:?}; a child was read"));
     // windows fire before the drain
     let guard = Instant::now();
-    while fired_windows(&results).await.is_empty() {
+    while support::state::fired_windows(&results).await.is_empty() {
         assert!(guard.elapsed() < Duration::from_secs(60), "no window fired in 60 s\n{}", cluster.logs());
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -802,7 +698,7 @@ async fn exactly_once_windows_unfired_at_a_drain_fire_once_in_the_next_deploymen
         assert!(!(e.event == "acquire" && e.t_ms > drained_at + 300), "shard acquired after the drain: {e:?}");
         assert!(!(e.event == "records" && e.t_ms > drained_at + 1500), "records read after the drain: {e:?}");
     }
-    let at_drain = fired_windows(&results).await;
+    let at_drain = support::state::fired_windows(&results).await;
 
     let written = pa.await.unwrap();
     let mb = pb.await.unwrap();
@@ -811,8 +707,8 @@ async fn exactly_once_windows_unfired_at_a_drain_fire_once_in_the_next_deploymen
          in {} aggregates; B {} records",
         written.manifest.total, written.kpl_like, written.lambda, written.outside, written.aggregates, mb.total
     ));
-    let mut truth = deagg_window_truth(&sa, 1000).await;
-    for (k, n) in deagg_window_truth(&sb, 1000).await {
+    let mut truth = counts_of(&deaggregated(&sa).await, Some(1000));
+    for (k, n) in counts_of(&deaggregated(&sb).await, Some(1000)) {
         *truth.entry(k).or_default() += n;
     }
     assert_eq!(truth.values().sum::<u64>(), written.manifest.total + mb.total, "the streams hold every record put");
@@ -828,7 +724,7 @@ async fn exactly_once_windows_unfired_at_a_drain_fire_once_in_the_next_deploymen
     let mut d = start("d");
     let guard = Instant::now();
     let got = loop {
-        let got = fired_windows(&results).await;
+        let got = support::state::fired_windows(&results).await;
         if truth.keys().all(|k| got.contains_key(k)) || guard.elapsed() > Duration::from_secs(120) {
             break got;
         }

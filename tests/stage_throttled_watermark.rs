@@ -78,6 +78,49 @@ async fn throttling_proxy(rate: f64) -> FaultProxy {
     .await
 }
 
+/// Waits (60 s at most) until both workers read both streams (the source and the intermediate
+/// one) and every shard is leased by the task it is assigned to (`squall wait-settled`). A shard
+/// that changes owner while records flow is read again from its checkpoint by the new owner,
+/// whose watermark may have passed those records already: late by design (ARCHITECTURE.md,
+/// Watermarks), and not what these tests are about.
+fn wait_settled(cluster: &Cluster) {
+    let start = Instant::now();
+    loop {
+        let (rc, out, err) = squall_run(cluster, &["status", &cluster.topology, "--json"]);
+        // the second stage reads the intermediate stream, into which both writers are registered
+        let ready = serde_json::from_str::<serde_json::Value>(&out).ok().is_some_and(|v| {
+            v["stages"].as_array().is_some_and(|st| {
+                st.iter().any(|s| s["intermediate"] == true && s["stream"].is_object() && s["producers"] == 2)
+            })
+        });
+        if rc == 0 && ready {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the second stage and its two producers never showed in the status: {out}{err}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let (rc, out, err) = squall_run(cluster, &["wait-settled", &cluster.topology, "--workers", "2", "--timeout", "60"]);
+    assert_eq!(rc, 0, "the two workers did not settle: {out}{err}\n{}", cluster.logs());
+}
+
+/// The lines of both workers' logs that tell of shards changing owner, sessions and pauses,
+/// for the message of a failed assertion on late tuples: a late tuple after one of these is the
+/// documented cost of a handoff, without one it is a bug of the boundary's ordering.
+fn ownership_events(cluster: &Cluster) -> String {
+    let needles = ["reading shard", "handing it off", "shard released", "session", "paused", "leads"];
+    let mut out = String::new();
+    for name in ["a", "b"] {
+        let log = std::fs::read_to_string(cluster.dir.join(format!("{name}.log"))).unwrap_or_default();
+        for l in log.lines().filter(|l| needles.iter().any(|n| l.contains(n))).take(60) {
+            out.push_str(&format!("{name}: {l}\n"));
+        }
+    }
+    out
+}
+
 async fn clean_up(cluster: &Cluster, s: TestStream) {
     let zk = support::zk_client().await;
     support::zk_delete_tree(&zk, &cluster.zk_root).await;
@@ -98,7 +141,7 @@ async fn per_record_throttling_of_the_intermediate_stream_makes_no_tuple_late() 
     let cluster = Cluster::with_spout_config(&s.name, &dir, serde_json::json!({"watermark_idle_timeout_ms": 1000}));
     let mut a = start_windows(&cluster, "a", &url);
     let mut b = start_windows(&cluster, "b", &url);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    wait_settled(&cluster);
     let opts = PutOptions { count: 3000, keys: 12, rate: Some(150.0), ..PutOptions::default() };
     let manifest = kinesis::put_records(&s.client, &s.label(), &s.name, &opts).await.expect("put").manifest;
     mark(&format!("{} records put", manifest.total));
@@ -143,7 +186,12 @@ async fn per_record_throttling_of_the_intermediate_stream_makes_no_tuple_late() 
         wrong.len(),
         wrong.iter().take(3).collect::<Vec<_>>()
     );
-    assert!(late.is_empty(), "tuples reached the windows after the watermark passed them\n{}", cluster.logs());
+    assert!(
+        late.is_empty(),
+        "tuples reached the windows after the watermark passed them: {late:?}\nownership:\n{}\n{}",
+        ownership_events(&cluster),
+        cluster.logs()
+    );
     assert!(wrong.is_empty(), "fired windows differ from the source stream\n{}", cluster.logs());
     assert_eq!(a.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());
     assert_eq!(b.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());
@@ -163,6 +211,7 @@ async fn a_drain_under_per_record_throttling_counts_every_record_the_first_stage
     cluster.message_timeout_ms = 120_000;
     let mut a = start_windows(&cluster, "a", &url);
     let mut b = start_windows(&cluster, "b", &url);
+    wait_settled(&cluster);
     let producer = {
         let (client, label, name) = (s.client.clone(), s.label(), s.name.clone());
         tokio::spawn(async move {
@@ -192,7 +241,12 @@ async fn a_drain_under_per_record_throttling_counts_every_record_the_first_stage
     let counted: u64 = fired.values().flatten().sum();
     eprintln!("delivered by the first stage {delivered}; counted in the second {counted}; late {}", late.len());
     assert!(delivered < 3000, "the drain came under load: {delivered} delivered");
-    assert!(late.is_empty(), "tuples reached the windows after the watermark passed them\n{}", cluster.logs());
+    assert!(
+        late.is_empty(),
+        "tuples reached the windows after the watermark passed them: {late:?}\nownership:\n{}\n{}",
+        ownership_events(&cluster),
+        cluster.logs()
+    );
     assert_eq!(counted, delivered, "the second stage counted every record the first delivered\n{}", cluster.logs());
     clean_up(&cluster, s).await;
 }

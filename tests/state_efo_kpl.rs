@@ -38,7 +38,6 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use squall::kinesis;
-use squall::state::StateStore;
 use support::TestStream;
 use support::efo::Seen;
 use support::kpl::{KplProducer, counts_of, deaggregated, kpl_counters};
@@ -68,24 +67,6 @@ async fn exited(p: &mut Proc, timeout: Duration) -> Option<i32> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     None
-}
-
-/// The counts stored by `component` of `topology`, for the keys whose state is a number.
-async fn table_counts(store: &StateStore, topology: &str, component: &str) -> BTreeMap<String, u64> {
-    let scope = squall::state::scope(topology, component);
-    let rows = store.scan_scope(&scope).await.unwrap_or_else(|e| panic!("scanning {scope}: {e}"));
-    rows.into_iter().filter_map(|(k, _, s)| serde_json::from_slice::<u64>(&s).ok().map(|n| (k, n))).collect()
-}
-
-/// The fired windows in the results stream: `fire_key` -> every count it was put with.
-async fn fired(results: &TestStream) -> BTreeMap<String, Vec<u64>> {
-    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for r in support::stages::read_records(results).await {
-        let v: serde_json::Value = serde_json::from_slice(r.data().as_ref()).expect("a fired window is JSON");
-        let key = v["fire_key"].as_str().expect("fire_key").to_string();
-        out.entry(key).or_default().push(v["count"].as_u64().expect("count"));
-    }
-    out
 }
 
 /// (keys counted short, keys counted over, records missing, records counted twice) of `got`
@@ -220,13 +201,15 @@ async fn exactly_once_over_efo_and_kpl(mode: Mode) {
     // ---- exactly once ----
     let wait_start = Instant::now();
     let (counted, totals, fired_windows) = loop {
-        let counted = table_counts(&store, &cluster.topology, "counts").await;
+        let counted = support::state::numbers(&store, &cluster.topology, "counts").await;
         let totals = match mode {
-            Mode::TwoStages => Some(table_counts(&store, &format!("{}.totals", cluster.topology), "totals").await),
+            Mode::TwoStages => {
+                Some(support::state::numbers(&store, &format!("{}.totals", cluster.topology), "totals").await)
+            }
             _ => None,
         };
         let fired_windows = match &results {
-            Some(r) => Some(fired(r).await),
+            Some(r) => Some(support::state::fired_windows(r).await),
             None => None,
         };
         let done = counted == truth

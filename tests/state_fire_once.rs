@@ -26,23 +26,11 @@ use support::workers::{Cluster, scratch};
 
 const WINDOW_MS: u64 = 1000;
 
-/// Every result record in the results stream: `fire_key` -> the counts it was put with (one per
-/// copy).
-async fn fired(results: &TestStream) -> BTreeMap<String, Vec<u64>> {
-    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for r in support::stages::read_records(results).await {
-        let v: serde_json::Value = serde_json::from_slice(r.data().as_ref()).expect("a fired window is JSON");
-        let key = v["fire_key"].as_str().expect("fire_key").to_string();
-        out.entry(key).or_default().push(v["count"].as_u64().expect("count"));
-    }
-    out
-}
-
 /// Waits (60 s at most) until every window of `truth` fired; the results then.
 async fn wait_fired(results: &TestStream, truth: &BTreeMap<String, u64>) -> BTreeMap<String, Vec<u64>> {
     let start = Instant::now();
     loop {
-        let got = fired(results).await;
+        let got = support::state::fired_windows(results).await;
         if truth.keys().all(|k| got.contains_key(k)) || start.elapsed() > Duration::from_secs(60) {
             return got;
         }
@@ -75,7 +63,7 @@ async fn a_window_fires_once_when_a_stale_timer_index_still_lists_it() {
     let got = wait_fired(&results, &truth).await;
     // the stale reads went on for a while after the last window fired
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let got_after = fired(&results).await;
+    let got_after = support::state::fired_windows(&results).await;
     let stale = proxy.stale_items();
     eprintln!("index entries listed after the index lost them: {stale}; {} windows", truth.len());
     assert!(stale > 0, "the proxy served no stale index entry: the fault did not happen");

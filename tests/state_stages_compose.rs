@@ -45,33 +45,6 @@ async fn production_copies(stream: &TestStream) -> BTreeMap<(String, String), us
     copies
 }
 
-/// The state of every item of `component` in `topology`, as numbers: key -> value.
-async fn numbers(store: &StateStore, topology: &str, component: &str) -> BTreeMap<String, u64> {
-    let scope = squall::state::scope(topology, component);
-    let rows = store.scan_scope(&scope).await.unwrap_or_else(|e| panic!("scanning {scope}: {e}"));
-    rows.into_iter().filter_map(|(k, _, s)| serde_json::from_slice::<u64>(&s).ok().map(|n| (k, n))).collect()
-}
-
-/// Polls until every (topology, component) holds exactly `expected` (or the timeout); the last
-/// readings.
-async fn wait_exact(
-    store: &StateStore,
-    stages: &[(String, &str, BTreeMap<String, u64>)],
-    timeout: Duration,
-) -> Vec<BTreeMap<String, u64>> {
-    let start = Instant::now();
-    loop {
-        let mut got = Vec::new();
-        for (topology, component, _) in stages {
-            got.push(numbers(store, topology, component).await);
-        }
-        if stages.iter().zip(&got).all(|((_, _, want), g)| g == want) || start.elapsed() > timeout {
-            return got;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 fn manifest_counts(path: &Path) -> BTreeMap<String, u64> {
     let m: Manifest = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     m.counts.into_iter().collect()
@@ -121,7 +94,7 @@ async fn three_stages_count_exactly_with_productions_put_twice_on_both_boundarie
         (format!("{topo}.totals"), "totals", want.clone()),
         (format!("{topo}.finals"), "finals", want.clone()),
     ];
-    let got = wait_exact(&store, &stages, Duration::from_secs(120)).await;
+    let got = support::state::wait_exact(&store, &stages, Duration::from_secs(120)).await;
     mark("counts settled (or timed out)");
 
     // ---- the faults really happened: both intermediate streams hold productions twice ----
@@ -212,7 +185,7 @@ async fn coarse_totals_count_exactly_with_a_lagging_intermediate_shard(by: &str)
         (cluster.topology.clone(), "counts", manifest.counts.clone().into_iter().collect()),
         (totals, "totals", want.clone()),
     ];
-    let got = wait_exact(&store, &stages, Duration::from_secs(120)).await;
+    let got = support::state::wait_exact(&store, &stages, Duration::from_secs(120)).await;
     mark("counts settled (or timed out)");
     let dup: usize = [&a, &b].iter().map(|p| count_in(&p.log, "duplicate production skipped")).sum();
     eprintln!("totals by {by}: {:?} (written {want:?}); duplicate productions skipped: {dup}", got[1]);

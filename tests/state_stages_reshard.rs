@@ -30,33 +30,6 @@ use support::reliability::spawn_producer;
 use support::state::{count_in, start_counts, wait_reading};
 use support::workers::{Cluster, scratch};
 
-/// The state of every item of `component` in `topology`, as numbers: key -> value.
-async fn numbers(store: &StateStore, topology: &str, component: &str) -> BTreeMap<String, u64> {
-    let scope = squall::state::scope(topology, component);
-    let rows = store.scan_scope(&scope).await.unwrap_or_else(|e| panic!("scanning {scope}: {e}"));
-    rows.into_iter().filter_map(|(k, _, s)| serde_json::from_slice::<u64>(&s).ok().map(|n| (k, n))).collect()
-}
-
-/// Polls until every (topology, component) holds exactly `expected` (or the timeout); the last
-/// readings.
-async fn wait_exact(
-    store: &StateStore,
-    stages: &[(String, &str, BTreeMap<String, u64>)],
-    timeout: Duration,
-) -> Vec<BTreeMap<String, u64>> {
-    let start = Instant::now();
-    loop {
-        let mut got = Vec::new();
-        for (topology, component, _) in stages {
-            got.push(numbers(store, topology, component).await);
-        }
-        if stages.iter().zip(&got).all(|((_, _, want), g)| g == want) || start.elapsed() > timeout {
-            return got;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 /// Data records per shard of `stream` (control records of the stage writers left out), read back
 /// from TRIM_HORIZON on every shard, closed ones too.
 async fn data_records_per_shard(stream: &TestStream) -> BTreeMap<String, usize> {
@@ -321,7 +294,7 @@ async fn two_stages_through_reshards_and_throttling(by: &str) {
         (cluster.topology.clone(), "counts", per_key.clone()),
         (format!("{}.totals", cluster.topology), "totals", want.clone()),
     ];
-    let got = wait_exact(&store, &stages, Duration::from_secs(180)).await;
+    let got = support::state::wait_exact(&store, &stages, Duration::from_secs(180)).await;
     mark("counts settled (or timed out)");
 
     // ---- the faults really happened ----

@@ -15,7 +15,6 @@
 
 use squall_test_support as support;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use aws_sdk_kinesis::types::ShardIteratorType;
@@ -29,17 +28,6 @@ use support::workers::{Cluster, scratch};
 const WINDOW_MS: u64 = 1000;
 /// How long every ListShards answer takes (the fault proxy holds it).
 const LISTING_DELAY_MS: u64 = 2500;
-
-/// The fired windows in the results stream: `fire_key` -> the counts it was fired with.
-async fn fired(results: &TestStream) -> BTreeMap<String, Vec<u64>> {
-    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for r in support::stages::read_records(results).await {
-        let v: serde_json::Value = serde_json::from_slice(r.data().as_ref()).expect("a fired window is JSON");
-        let key = v["fire_key"].as_str().expect("fire_key").to_string();
-        out.entry(key).or_default().push(v["count"].as_u64().expect("count"));
-    }
-    out
-}
 
 /// Arrival times (ms) of every record of one shard.
 async fn arrivals(s: &TestStream, shard: &str) -> Vec<i64> {
@@ -174,7 +162,7 @@ async fn windows_fire_with_no_late_input_when_a_lagging_parent_splits_and_its_ch
     assert_eq!(truth.values().sum::<u64>(), manifest.total + backlog.total, "the stream holds every record put");
     let start = Instant::now();
     let got = loop {
-        let got = fired(&results).await;
+        let got = support::state::fired_windows(&results).await;
         if truth.keys().all(|k| got.contains_key(k)) || start.elapsed() > Duration::from_secs(90) {
             break got;
         }

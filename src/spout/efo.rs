@@ -473,7 +473,7 @@ impl ReaderCtx {
                 Ended::ShardEnd(children) => {
                     tracing::info!(stream = %self.stream, shard = %shard, ?children, "read to the end of the shard (enhanced fan-out)");
                     self.read_log.end(&lock(&self.task), &shard, last_fetched.as_deref());
-                    lock(&self.tracker).mark_ended(&shard, epoch, crate::coord::now_ms());
+                    lock(&self.tracker).mark_ended(&shard, epoch, self.source.watermark_now());
                     self.wakeup.notify();
                     let _ = self.events.send(ReaderEvent::Ended { shard: shard.clone(), epoch, children });
                     return;

@@ -98,12 +98,21 @@ pub async fn put_one_seq(s: &TestStream, put: &Put) -> String {
     put_one_at(s, put).await.1
 }
 
+/// Puts one record into `stream` with `client` (for a producer task that holds no
+/// [`TestStream`]) and returns the shard it landed in.
+pub async fn put_one_with(client: &aws_sdk_kinesis::Client, stream: &str, put: &Put) -> String {
+    put_one_into(client, stream, put).await.0
+}
+
 /// Puts one record; returns (shard, sequence number).
-async fn put_one_at(s: &TestStream, (pk, ehk, data): &Put) -> (String, String) {
-    let out = s
-        .client
+async fn put_one_at(s: &TestStream, put: &Put) -> (String, String) {
+    put_one_into(&s.client, &s.name, put).await
+}
+
+async fn put_one_into(client: &aws_sdk_kinesis::Client, stream: &str, (pk, ehk, data): &Put) -> (String, String) {
+    let out = client
         .put_record()
-        .stream_name(&s.name)
+        .stream_name(stream)
         .partition_key(pk)
         .set_explicit_hash_key(ehk.clone())
         .data(Blob::new(data.clone()))

@@ -235,3 +235,43 @@ pub async fn window_truth(stream: &super::TestStream, window_ms: u64) -> BTreeMa
     }
     out
 }
+
+/// Every window fired into the results stream of a `WindowFirer` (`exactly_once_counts
+/// --fire-to`): `fire_key` -> the counts it was put with (one per copy, so a window put twice
+/// shows two).
+pub async fn fired_windows(results: &super::TestStream) -> BTreeMap<String, Vec<u64>> {
+    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for r in super::stages::read_records(results).await {
+        let v: serde_json::Value = serde_json::from_slice(r.data().as_ref()).expect("a fired window is JSON");
+        let key = v["fire_key"].as_str().expect("fire_key").to_string();
+        out.entry(key).or_default().push(v["count"].as_u64().expect("count"));
+    }
+    out
+}
+
+/// The state of every item of `component` in `topology` whose state is a number: key -> value.
+pub async fn numbers(store: &StateStore, topology: &str, component: &str) -> BTreeMap<String, u64> {
+    let scope = squall::state::scope(topology, component);
+    let rows = store.scan_scope(&scope).await.unwrap_or_else(|e| panic!("scanning {scope}: {e}"));
+    rows.into_iter().filter_map(|(k, _, s)| serde_json::from_slice::<u64>(&s).ok().map(|n| (k, n))).collect()
+}
+
+/// Polls until every (topology, component) holds exactly its expected numbers (or `timeout`
+/// passed); the last readings, in the order of `stages`.
+pub async fn wait_exact(
+    store: &StateStore,
+    stages: &[(String, &str, BTreeMap<String, u64>)],
+    timeout: Duration,
+) -> Vec<BTreeMap<String, u64>> {
+    let start = Instant::now();
+    loop {
+        let mut got = Vec::new();
+        for (topology, component, _) in stages {
+            got.push(numbers(store, topology, component).await);
+        }
+        if stages.iter().zip(&got).all(|((_, _, want), g)| g == want) || start.elapsed() > timeout {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
