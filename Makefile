@@ -12,7 +12,7 @@ export SQUALL_ZK ?= 127.0.0.1:$(SQUALL_ZK_PORT)
 export SQUALL_STATE_ENDPOINT ?= $(if $(filter 1,$(SQUALL_USE_DOCKER)),$(SQUALL_KINESIS_ENDPOINT),http://127.0.0.1:$(SQUALL_DYNAMODB_PORT))
 CARGO ?= cargo
 
-.PHONY: all up down lint build test chaos demo bench clean
+.PHONY: all up down lint check build test chaos demo bench clean
 
 all: build
 
@@ -28,6 +28,12 @@ build:
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# The inner loop, no services: fmt, clippy, the squall crate's unit tests and every test of the
+# engine (squall-topology: unit, integration and property tests, all in memory).
+check: lint
+	$(CARGO) test -p squall --lib
+	$(CARGO) test -p squall-topology --lib --tests
 
 # up + fmt + clippy + every test of the workspace + down (down runs even when a step fails).
 # Test binaries run through scripts/test-lanes: one at a time on 2 cores, two lanes (each with its own services) on 4+: most
