@@ -55,6 +55,11 @@ async fn throttling_500s_resets_and_latency_lose_nothing() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let after_heavy = proxy.counters();
+    // The SDK retries each call (3 attempts) before the spout sees an error: random faults reach
+    // the spout only when one call draws three in a row, which a run may never do. A burst of
+    // throttled reads does, every time: each attempt of every GetRecords is refused for 2 s.
+    proxy.set_plan(FaultPlan { throttle: 1.0, only_ops: vec!["GetRecords".into()], ..FaultPlan::default() });
+    tokio::time::sleep(Duration::from_secs(2)).await;
     proxy.set_plan(FaultPlan {
         throttle: 0.10,
         server_error: 0.05,
