@@ -20,7 +20,7 @@ use squall_test_support as support;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use squall::coord::{ShardRuntime, WorkerStatus};
+use squall::coord::ShardRuntime;
 use squall::kinesis::{self, PutOptions};
 use support::TestStream;
 use support::reliability::spawn_producer;
@@ -30,20 +30,6 @@ use support::workers::{Cluster, audit_bin, read_log_entries, read_log_violations
 async fn put(s: &TestStream, count: u64) -> squall::kinesis::payload::Manifest {
     let opts = PutOptions { count, keys: 50, ..PutOptions::default() };
     kinesis::put_records(&s.client, &s.label(), &s.name, &opts).await.expect("put").manifest
-}
-
-/// The shard status every live worker of the cluster publishes, merged (shard -> runtime).
-async fn shard_status(zk: &zookeeper_client::Client, cluster: &Cluster) -> BTreeMap<String, ShardRuntime> {
-    let dir = format!("{}/topologies/{}/workers", cluster.zk_root, cluster.topology);
-    let mut out = BTreeMap::new();
-    for w in zk.list_children(&dir).await.unwrap_or_default() {
-        if let Ok((data, _)) = zk.get_data(&format!("{dir}/{w}")).await
-            && let Ok(st) = serde_json::from_slice::<WorkerStatus>(&data)
-        {
-            out.extend(st.shards);
-        }
-    }
-    out
 }
 
 /// Keeps the highest counters seen per shard while `f` holds (status is refreshed every few s).
@@ -73,7 +59,7 @@ async fn watch_status(
 ) {
     let start = Instant::now();
     while start.elapsed() < timeout {
-        merge_max(seen, shard_status(zk, cluster).await);
+        merge_max(seen, support::efo::shard_status(zk, cluster).await);
         if done(seen) {
             return;
         }
@@ -188,7 +174,7 @@ async fn efo_renewed_subscriptions_continue_from_the_continuation_sequence() {
     let producer = spawn_producer(&s.client, &s.label(), &s.name, 1500, 40, 100.0);
     let mut seen = BTreeMap::new();
     while !producer.is_finished() {
-        merge_max(&mut seen, shard_status(&zk, &cluster).await);
+        merge_max(&mut seen, support::efo::shard_status(&zk, &cluster).await);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let manifest = producer.await.unwrap();
@@ -233,7 +219,7 @@ async fn efo_watchdog_renews_a_silent_subscription() {
     let stalled = proxy.stall_streams();
     assert_eq!(stalled, 2, "event streams open when stalled ({:?} after the start)", start.elapsed());
     while !producer.is_finished() {
-        merge_max(&mut seen, shard_status(&zk, &cluster).await);
+        merge_max(&mut seen, support::efo::shard_status(&zk, &cluster).await);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let manifest = producer.await.unwrap();
