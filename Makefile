@@ -12,7 +12,7 @@ export SQUALL_ZK ?= 127.0.0.1:$(SQUALL_ZK_PORT)
 export SQUALL_STATE_ENDPOINT ?= $(if $(filter 1,$(SQUALL_USE_DOCKER)),$(SQUALL_KINESIS_ENDPOINT),http://127.0.0.1:$(SQUALL_DYNAMODB_PORT))
 CARGO ?= cargo
 
-.PHONY: all up down lint check build test chaos demo bench clean
+.PHONY: all up down lint check build test it chaos soak breaks demo bench clean
 
 all: build
 
@@ -45,10 +45,19 @@ test:
 	@status=0; \
 	  $(MAKE) --no-print-directory lint && \
 	  $(CARGO) build --workspace --bins --examples && \
-	  ./scripts/test-lanes -- --workspace --lib --bins --tests --examples && \
+	  ./scripts/test-lanes -- --workspace --lib --tests && \
 	  $(CARGO) test --workspace --doc || status=$$?; \
 	  ./localstack/down; \
 	  exit $$status
+
+# One integration test binary with what it spawns built first (`cargo test --test NAME` builds
+# the squall binary but not the examples the workers run): make it NAME=chaos [ARGS='some_test --nocapture']
+it:
+	@test -n "$(NAME)" || { echo "make it: say which test: make it NAME=spout_reshard (the files in tests/)" >&2; exit 2; }
+	@test -f tests/$(NAME).rs || { echo "make it: no tests/$(NAME).rs; the tests are: $$(ls tests/*.rs | xargs -n1 basename | sed 's/\.rs$$//' | tr '\n' ' ')" >&2; exit 2; }
+	./localstack/up
+	$(CARGO) build --bins --examples
+	$(CARGO) test --test $(NAME) -- $(ARGS)
 
 # The network fault suite (tests/netfaults.rs, needs root): workers, a 3-node ZooKeeper ensemble
 # and kinesis-local each in its own network namespace; partitions, a leader cut from its followers,
@@ -61,6 +70,25 @@ chaos:
 	  $(CARGO) test --test netfaults -- --include-ignored --test-threads=1 --nocapture || status=$$?; \
 	  ./localstack/down; \
 	  exit $$status
+
+# The long soaks `make test` runs short versions of (#[ignore = "soak: make soak"]): the 9000-record
+# chaos run, 50 shards of backlog under the memory bound, an AT_TIMESTAMP a minute ahead of the
+# service's clock. Then down (also when a test fails).
+soak:
+	./localstack/up
+	@status=0; \
+	  $(CARGO) build --bins --examples && \
+	  $(CARGO) test --test chaos --test spout_memory --test spout_clock_skew -- --ignored --test-threads=1 --nocapture || status=$$?; \
+	  ./localstack/down; \
+	  exit $$status
+
+# Every deliberate break of scripts/breaks/ applied to a scratch copy and run against the test that
+# guards it (scripts/break-test --all): green when each break is caught; a break that does not
+# build fails it. Builds into target/breaks (the first build takes a few minutes, then about a
+# minute a break).
+breaks:
+	./localstack/up
+	./scripts/break-test --all
 
 demo:
 	./localstack/up

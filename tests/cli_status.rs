@@ -42,7 +42,8 @@ async fn status_table_watch_and_progress_on_a_terminal_only() {
     let mut w = cluster.start("w", 2);
     let r = cluster.wait_delivered(std::slice::from_ref(&first), Duration::from_secs(60)).await;
     assert_eq!(r.lost, 0, "{r:?}\n{}", cluster.logs());
-    // every shard reports a lag once read
+    // every shard reports a lag once read (a status is written every checkpoint interval, 300 ms)
+    let asked = std::time::Instant::now();
     let json = loop {
         let out = squall(&cluster).args(["status", &cluster.topology, "--json"]).output().unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status json");
@@ -50,6 +51,11 @@ async fn status_table_watch_and_progress_on_a_terminal_only() {
         if shards.len() == 3 && shards.iter().all(|sh| sh["millis_behind_latest"].is_i64() && sh["owner"].is_string()) {
             break v;
         }
+        assert!(
+            asked.elapsed() < Duration::from_secs(30),
+            "after 30 s `squall status --json` still shows a shard without a lag or an owner: {v}\n{}",
+            cluster.logs()
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
 

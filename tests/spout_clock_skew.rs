@@ -267,7 +267,9 @@ async fn at_timestamp_5s_ahead_of_the_service_clock_is_retried_until_it_passes()
     at_timestamp_ahead_of_the_service(5_000, false).await;
 }
 
+/// The 5 s case in a minute's wait (`make soak`; `make test` runs the 5 s ones).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "soak: make soak"]
 async fn at_timestamp_60s_ahead_of_the_service_clock_is_retried_until_it_passes() {
     at_timestamp_ahead_of_the_service(60_000, false).await;
 }

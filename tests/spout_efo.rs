@@ -82,9 +82,14 @@ async fn efo_through_a_split_loses_nothing_and_keeps_order() {
     let mut w2 = cluster.start_with("w2", 1, &["--consumer", &consumer]);
     let label = s.label();
 
-    let mut manifests = vec![put(&s, 300).await];
+    // The split happens while a producer writes (100 a second for 6 s) and the subscriptions
+    // deliver (asserted).
+    let producer = support::reliability::spawn_producer(&s.client, &label, &s.name, 600, 40, 100.0);
+    let delivered = cluster.wait_more_delivered(0).await;
     kinesis::split_shard(&s.client, &label, &s.name, "shardId-000000000000").await.unwrap();
-    manifests.push(put(&s, 300).await);
+    assert!(!producer.is_finished(), "the producer had finished before the split: it was not under load");
+    eprintln!("split after {delivered} deliveries, with the producer writing");
+    let manifests = vec![producer.await.unwrap()];
     let report = cluster.wait_delivered(&manifests, Duration::from_secs(90)).await;
     assert_eq!(report.lost, 0, "lost records: {report:?}\n{}", cluster.logs());
     assert_eq!(report.order_violations, 0, "per-key order broken: {report:?}");

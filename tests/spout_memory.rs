@@ -6,6 +6,9 @@
 //! 1 MiB worth of records read: without the byte bound every reader would take its whole
 //! backlog (up to 10,000 records, 10 MB, per shard).
 //!
+//! `make soak` runs the 50 shards; `make test` runs 12 (the same per-shard bound, 20 MB of
+//! backlog).
+//!
 //! Sampling ends once every shard was read and no read happened for 5 s (all queues full).
 //! `SQUALL_MEMORY_BASELINE=1` first runs the same with the byte bound lifted (1 GiB per shard),
 //! for comparison; `SQUALL_MEMORY_BACKLOG=N` sets the records per shard. Putting the backlog
@@ -21,7 +24,6 @@ use squall::kinesis::{self, PutOptions};
 use support::TestStream;
 use support::workers::{Cluster, read_log_entries, scratch};
 
-const SHARDS: usize = 50;
 const LIMIT_KB: u64 = 100 * 1024;
 
 fn vm_rss_kb(pid: u32) -> Option<u64> {
@@ -42,7 +44,13 @@ struct Sample {
 
 /// Starts one worker of a fresh topology on the stream, behind a one-record-per-second consumer,
 /// and samples its VmRSS until every shard was read and no read happened for 5 s.
-async fn fill_and_sample(name: &str, s: &TestStream, manifest: &Manifest, extra: serde_json::Value) -> Sample {
+async fn fill_and_sample(
+    name: &str,
+    s: &TestStream,
+    shards: usize,
+    manifest: &Manifest,
+    extra: serde_json::Value,
+) -> Sample {
     let dir = scratch(name);
     let cluster = Cluster::with_spout_config(&s.name, &dir, extra);
     let start = Instant::now();
@@ -70,13 +78,13 @@ async fn fill_and_sample(name: &str, s: &TestStream, manifest: &Manifest, extra:
             *read.entry(e.shard.clone()).or_default() += e.count.unwrap_or(0) as u64;
         }
         let quiet = reads.last().is_some_and(|e| squall::coord::now_ms() - e.t_ms >= 5_000);
-        if read.len() == SHARDS && quiet {
+        if read.len() == shards && quiet {
             break (read, vm_rss_kb(pid).unwrap_or(0));
         }
         assert!(w.is_running(), "{name}: the worker died\n{}", cluster.logs());
         assert!(
             start.elapsed() < Duration::from_secs(300),
-            "{name}: {} of {SHARDS} shards read\n{}",
+            "{name}: {} of {shards} shards read\n{}",
             read.len(),
             cluster.logs()
         );
@@ -94,9 +102,19 @@ async fn fill_and_sample(name: &str, s: &TestStream, manifest: &Manifest, extra:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twelve_shards_of_1kb_backlog_hold_1_mib_each_and_stay_under_100_mb() {
+    backlog(12).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "soak: make soak"]
 async fn fifty_shards_of_1kb_backlog_stay_under_100_mb() {
+    backlog(50).await;
+}
+
+async fn backlog(shards_n: usize) {
     let per_shard: u64 = std::env::var("SQUALL_MEMORY_BACKLOG").ok().and_then(|v| v.parse().ok()).unwrap_or(1_600);
-    let s = TestStream::create("memory", SHARDS as i32).await;
+    let s = TestStream::create("memory", shards_n as i32).await;
     let shards = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap();
     let t0 = Instant::now();
     // 1 KB payloads, the same number of records in every shard (explicit hash keys), one run id.
@@ -120,13 +138,14 @@ async fn fifty_shards_of_1kb_backlog_stay_under_100_mb() {
         counts: manifests.iter().flat_map(|m| m.counts.clone()).collect(),
         total: manifests.iter().map(|m| m.total).sum(),
     };
-    eprintln!("put {} records of 1 KB into {SHARDS} shards in {:?}", manifest.total, t0.elapsed());
+    eprintln!("put {} records of 1 KB into {shards_n} shards in {:?}", manifest.total, t0.elapsed());
     let mb = |kb: u64| kb as f64 / 1024.0;
 
     if std::env::var_os("SQUALL_MEMORY_BASELINE").is_some() {
         let b = fill_and_sample(
             "memory-baseline",
             &s,
+            shards_n,
             &manifest,
             serde_json::json!({"max_queued_bytes_per_shard": 1u64 << 30}),
         )
@@ -139,10 +158,10 @@ async fn fifty_shards_of_1kb_backlog_stay_under_100_mb() {
             b.took
         );
     }
-    let m = fill_and_sample("memory", &s, &manifest, serde_json::json!({})).await;
+    let m = fill_and_sample("memory", &s, shards_n, &manifest, serde_json::json!({})).await;
     let max_read = *m.read.values().max().unwrap_or(&0);
     eprintln!(
-        "MEMORY: one worker, {SHARDS} shards x {per_shard} records of 1 KB, default config: peak VmRSS {:.1} MB \
+        "MEMORY: one worker, {shards_n} shards x {per_shard} records of 1 KB, default config: peak VmRSS {:.1} MB \
          ({:.1} MB with the queues full), {} records read in all, at most {max_read} in a shard, after {:?}",
         mb(m.peak_kb),
         mb(m.full_kb),

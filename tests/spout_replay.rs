@@ -61,11 +61,29 @@ async fn failed_tuples_are_replayed_and_poison_records_dead_lettered() {
     let log = std::fs::read_to_string(dir.join("w.log")).unwrap();
     assert!(log.contains("dead-letter"), "dead-lettering is logged");
     let mut w2 = cluster.start_with("w2", 1, &["--dead-letters", &dead_arg]);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // "Delivered nothing" means something only once w2 holds both shards and has polled them:
+    // wait for its acquisitions (its read log and ZooKeeper), then 2 s of polls (100 ms apart).
+    let zk = support::zk_client().await;
+    let shards = kinesis::list_shards(&s.client, &s.label(), &s.name).await.unwrap();
+    let w2_log = dir.join("w2.reads.jsonl");
+    let start = std::time::Instant::now();
+    loop {
+        let acquired = support::workers::read_log_entries(std::slice::from_ref(&w2_log));
+        let owners = support::workers::owners(&zk, &cluster).await;
+        let live = support::workers::live_tasks(&zk, &cluster).await;
+        if shards.iter().all(|d| {
+            acquired.iter().any(|e| e.event == "acquire" && e.shard == d.shard_id)
+                && owners.get(&d.shard_id).is_some_and(|t| live.contains(t))
+        }) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "w2 never took both shards\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let again = support::workers::read_deliveries(std::slice::from_ref(&dir.join("w2.deliveries.jsonl")));
     assert!(again.is_empty(), "restart re-delivered {} records", again.len());
     assert_eq!(w2.stop(Duration::from_secs(30)), Some(0));
-    let zk = support::zk_client().await;
     support::zk_delete_tree(&zk, &cluster.zk_root).await;
     s.delete().await;
 }

@@ -1,6 +1,6 @@
 //! Resharding under load: 2 workers x 2 spout tasks read a 4-shard stream while a producer writes
-//! per-key sequence-numbered records for 100 keys and the stream is split twice, merged, scaled up
-//! and scaled down. Every record is delivered, none lost, per key the first deliveries are in
+//! per-key sequence-numbered records for 100 keys (200 a second) and the stream is split twice,
+//! merged, scaled up and scaled down, each while the producer writes and the workers deliver. Every record is delivered, none lost, per key the first deliveries are in
 //! producer order, no child shard is read before its parents finished, never two readers at once,
 //! and afterwards the shard list in ZooKeeper equals ListShards.
 
@@ -10,14 +10,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use squall::coord::ShardList;
-use squall::kinesis::{self, PutOptions};
+use squall::kinesis;
 use support::TestStream;
+use support::reliability::spawn_producer;
 use support::workers::{Cluster, read_log_entries, read_log_violations, scratch};
-
-async fn put(s: &TestStream, count: u64) -> squall::kinesis::payload::Manifest {
-    let opts = PutOptions { count, keys: 100, ..PutOptions::default() };
-    kinesis::put_records(&s.client, &s.label(), &s.name, &opts).await.expect("put").manifest
-}
 
 fn open_shards(shards: &[squall::kinesis::ShardDescription]) -> Vec<&squall::kinesis::ShardDescription> {
     let mut v: Vec<_> = shards.iter().filter(|s| !s.closed).collect();
@@ -34,21 +30,33 @@ async fn resharding_under_load_loses_nothing_and_keeps_order() {
     let mut w2 = cluster.start("w2", 2);
     let label = s.label();
 
-    let mut manifests = vec![put(&s, 400).await];
+    // A producer at 200 records a second for 12 s; each reshard below happens while it writes and
+    // while the workers read (asserted: more records delivered since the one before).
+    let producer = spawn_producer(&s.client, &label, &s.name, 2400, 100, 200.0);
+    let mut delivered = cluster.wait_more_delivered(0).await;
+    let mut reshards = Vec::new();
     kinesis::split_shard(&s.client, &label, &s.name, "shardId-000000000000").await.unwrap();
-    manifests.push(put(&s, 400).await);
+    reshards.push(("split shardId-000000000000".to_string(), delivered));
+    delivered = cluster.wait_more_delivered(delivered).await;
     kinesis::split_shard(&s.client, &label, &s.name, "shardId-000000000002").await.unwrap();
-    manifests.push(put(&s, 400).await);
+    reshards.push(("split shardId-000000000002".to_string(), delivered));
+    delivered = cluster.wait_more_delivered(delivered).await;
     // Merge two adjacent open shards.
     let shards = kinesis::list_shards(&s.client, &label, &s.name).await.unwrap();
     let open = open_shards(&shards);
     let (a, b) = (open[open.len() - 2].shard_id.clone(), open[open.len() - 1].shard_id.clone());
     kinesis::merge_shards(&s.client, &label, &s.name, &a, &b).await.unwrap();
-    manifests.push(put(&s, 400).await);
+    reshards.push((format!("merge {a} + {b}"), delivered));
+    delivered = cluster.wait_more_delivered(delivered).await;
     kinesis::scale_stream(&s.client, &label, &s.name, 8).await.unwrap();
-    manifests.push(put(&s, 400).await);
+    reshards.push(("scale to 8".to_string(), delivered));
+    delivered = cluster.wait_more_delivered(delivered).await;
     kinesis::scale_stream(&s.client, &label, &s.name, 4).await.unwrap();
-    manifests.push(put(&s, 400).await);
+    reshards.push(("scale to 4".to_string(), delivered));
+    let producing = !producer.is_finished();
+    eprintln!("reshards (delivered before each): {reshards:?}; producer still writing at the last: {producing}");
+    assert!(producing, "the producer had finished before the last reshard: the reshards were not under load");
+    let manifests = vec![producer.await.unwrap()];
 
     let report = cluster.wait_delivered(&manifests, Duration::from_secs(90)).await;
     assert_eq!(report.lost, 0, "lost records: {report:?}\n{}", cluster.logs());

@@ -19,11 +19,17 @@
 //! - [`Net::isolate`] / [`Net::rejoin`]: the host's bridge port taken down / up (cut from everyone).
 //! - latency and loss: a userspace proxy inside the host's namespace (`netproxy.js fault`).
 //!
-//! Needs root and iproute2 (`localstack/up` installs it); without them [`Net::new`] panics with a
-//! message saying so, it never skips. Everything is cleaned up when the `Net` is dropped (also when
-//! the test fails): every process in its namespaces is killed and the namespaces are deleted, which
-//! deletes the veth links and the bridge. Namespaces left by a test process that died without
-//! cleaning up (SIGKILL) are swept by the next `Net::new`: their names carry the dead pid.
+//! Needs no root: the namespaces live inside a user namespace of the test's own (`unshare --user
+//! --map-root-user --net --mount`, the "keeper" process), in which the test's uid is root. The
+//! names (`ip netns add`) are bind mounts on a tmpfs of the keeper's mount namespace, so nothing
+//! appears in the machine's `/run/netns`; every `ip` command and every process of a host is run
+//! through `nsenter` into the keeper's namespaces. Needs iproute2 and util-linux (`localstack/up`
+//! installs them) and user namespaces enabled for ordinary users; without them [`Net::new`] panics
+//! with a message saying so, it never skips. Everything is cleaned up when the `Net` is dropped
+//! (also when the test fails): every process in its namespaces is killed, then the keeper, and the
+//! namespaces, veth links and bridge go with their last process. A test process killed without
+//! cleaning up (SIGKILL) closes the keeper's stdin, which ends it; what it started in the hosts is
+//! in the test's process group (`scripts/test-lanes` kills and names it).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -58,6 +64,7 @@ pub struct Net {
     hosts: BTreeMap<String, Host>,
     children: Mutex<Vec<Child>>,
     relays: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    keeper: Keeper,
 }
 
 fn run(cmd: &mut Command) -> Result<String, String> {
@@ -69,56 +76,92 @@ fn run(cmd: &mut Command) -> Result<String, String> {
     }
 }
 
-fn ip(args: &[&str]) -> Result<String, String> {
-    run(Command::new("ip").args(args))
-}
-
-/// Panics with a clear message unless this process is root and `ip` (iproute2) is installed.
+/// Panics with a clear message unless `ip` (iproute2), `unshare` and `nsenter` (util-linux) are
+/// installed.
 pub fn require_netns() {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let uid = status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|l| l.split_whitespace().next());
-    assert_eq!(
-        uid,
-        Some("0"),
-        "the network-namespace tests need root (they create network namespaces, veth links and a bridge); \
-         run them as root (`make chaos`, `make test`)"
-    );
-    assert!(
-        Command::new("ip").arg("-V").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success()),
-        "`ip` (iproute2) not found: run localstack/up (make up), which installs it"
-    );
-}
-
-/// Deletes namespaces of test processes that are gone (`sq{pid}n...` whose pid does not exist).
-fn sweep_stale() {
-    let Ok(list) = ip(&["netns", "list"]) else { return };
-    for line in list.lines() {
-        let Some(name) = line.split_whitespace().next() else { continue };
-        let Some(rest) = name.strip_prefix("sq") else { continue };
-        let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
-        if digits.is_empty() || !rest[digits.len()..].starts_with('n') {
-            continue;
-        }
-        if !Path::new(&format!("/proc/{digits}")).exists() {
-            eprintln!("netns: removing {name}, left by test process {digits} which is gone");
-            delete_ns(name);
-        }
+    for (tool, package) in [("ip", "iproute2"), ("unshare", "util-linux"), ("nsenter", "util-linux")] {
+        assert!(
+            Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success()),
+            "`{tool}` ({package}) not found: run localstack/up (make up), which installs it"
+        );
     }
 }
 
-/// Kills every process in namespace `ns`, then deletes it.
-fn delete_ns(ns: &str) {
-    for _ in 0..3 {
-        let pids = ip(&["netns", "pids", ns]).unwrap_or_default();
-        if pids.trim().is_empty() {
-            break;
+/// The user, network and mount namespaces the test network lives in (see the module docs).
+struct Keeper {
+    child: Child,
+}
+
+impl Keeper {
+    fn start() -> Keeper {
+        // /run/netns on a tmpfs of this mount namespace: `ip netns add` needs a folder it may write,
+        // and the machine's own /run/netns (root's) stays untouched.
+        let script = "set -e; if [ -d /run/netns ]; then mount -t tmpfs squall-netns /run/netns; \
+                      else mount -t tmpfs squall-run /run; mkdir /run/netns; fi; echo ready; exec cat >/dev/null";
+        let mut child = Command::new("unshare")
+            .args(["--user", "--map-root-user", "--net", "--mount", "--propagation", "private", "sh", "-c", script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting `unshare` (util-linux) for the test network: {e}"));
+        let mut line = String::new();
+        let mut out = std::io::BufReader::new(child.stdout.take().expect("keeper stdout"));
+        let _ = std::io::BufRead::read_line(&mut out, &mut line);
+        if line.trim() != "ready" {
+            let _ = child.kill();
+            let out = child.wait_with_output().ok();
+            let err = out.map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default();
+            panic!(
+                "cannot create a user namespace for the test network (`unshare --user --map-root-user --net \
+                 --mount`): {}. User namespaces must be enabled for this user (sysctl user.max_user_namespaces > 0, \
+                 and kernel.unprivileged_userns_clone=1 where that setting exists; in a container, a seccomp \
+                 profile that allows unshare)",
+                err.trim()
+            );
         }
-        for pid in pids.split_whitespace() {
-            let _ = Command::new("kill").args(["-KILL", pid]).stderr(Stdio::null()).status();
-        }
-        std::thread::sleep(Duration::from_millis(100));
+        Keeper { child }
     }
-    let _ = ip(&["netns", "del", ns]);
+
+    /// `nsenter` into the keeper's namespaces, running `program` as root of its user namespace:
+    /// this process's uid is mapped to root there, so it keeps its credentials
+    /// (`--preserve-credentials`: `unshare --map-root-user` denies setgroups in the namespace).
+    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("nsenter");
+        c.args(["-t", &self.child.id().to_string(), "--user", "--mount", "--net", "--preserve-credentials", "--"])
+            .arg(program);
+        c
+    }
+
+    fn ip(&self, args: &[&str]) -> Result<String, String> {
+        run(self.command("ip").args(args))
+    }
+
+    /// Kills every process in namespace `ns`, then deletes it.
+    fn delete_ns(&self, ns: &str) {
+        for _ in 0..3 {
+            let pids = self.ip(&["netns", "pids", ns]).unwrap_or_default();
+            if pids.trim().is_empty() {
+                break;
+            }
+            for pid in pids.split_whitespace() {
+                let _ = Command::new("kill").args(["-KILL", pid]).stderr(Stdio::null()).status();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.ip(&["netns", "del", ns]);
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Net {
@@ -126,7 +169,7 @@ impl Net {
     /// `k`). Files (logs, sockets) go to `dir`.
     pub fn new(dir: &Path, hosts: &[&str]) -> Net {
         require_netns();
-        sweep_stale();
+        let keeper = Keeper::start();
         let n = NETS.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let prefix = format!("sq{pid}n{n}");
@@ -140,7 +183,9 @@ impl Net {
             hosts: BTreeMap::new(),
             children: Mutex::new(Vec::new()),
             relays: Mutex::new(Vec::new()),
+            keeper,
         };
+        let ip = |args: &[&str]| net.keeper.ip(args);
         std::fs::create_dir_all(dir).unwrap();
         let fail = |e: String| -> ! {
             panic!("cannot build the test network (network namespaces, veth, bridge) here: {e}");
@@ -182,16 +227,22 @@ impl Net {
         self.host(h).ip.clone()
     }
 
-    /// `ip netns exec NS program`: a command run in host `h`'s namespace.
+    /// `ip netns exec NS program` (in the keeper's namespaces): a command run in host `h`'s
+    /// namespace, as root of the test's user namespace. `nsenter` and `ip netns exec` both exec, so
+    /// the child's pid is the program's own.
     pub fn command(&self, h: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut c = Command::new("ip");
+        let mut c = self.keeper.command("ip");
         c.args(["netns", "exec", &self.host(h).ns]).arg(program);
         c
     }
 
+    /// `ip ARGS` in the keeper's namespaces.
+    fn ipcmd(&self, args: &[&str]) -> Result<String, String> {
+        self.keeper.ip(args)
+    }
+
     /// The same program, arguments, environment and working directory as `cmd`, run in host
-    /// `h`'s namespace, output appended to `log`. `ip netns exec` execs the program, so the
-    /// child's pid is the program's own.
+    /// `h`'s namespace, output appended to `log`.
     pub fn wrap(&self, h: &str, cmd: &Command, log: &Path) -> Command {
         let mut c = self.command(h, cmd.get_program());
         c.args(cmd.get_args());
@@ -307,8 +358,20 @@ impl Net {
     pub fn cut(&self, a: &str, b: &str) {
         let (ha, hb) = (self.host(a), self.host(b));
         for (from, to) in [(ha, hb), (hb, ha)] {
-            ip(&["-n", &from.ns, "neigh", "replace", &to.ip, "lladdr", NOWHERE_MAC, "nud", "permanent", "dev", "eth0"])
-                .unwrap_or_else(|e| panic!("cutting {a} from {b}: {e}"));
+            self.ipcmd(&[
+                "-n",
+                &from.ns,
+                "neigh",
+                "replace",
+                &to.ip,
+                "lladdr",
+                NOWHERE_MAC,
+                "nud",
+                "permanent",
+                "dev",
+                "eth0",
+            ])
+            .unwrap_or_else(|e| panic!("cutting {a} from {b}: {e}"));
         }
     }
 
@@ -316,17 +379,17 @@ impl Net {
     pub fn heal(&self, a: &str, b: &str) {
         let (ha, hb) = (self.host(a), self.host(b));
         for (from, to) in [(ha, hb), (hb, ha)] {
-            let _ = ip(&["-n", &from.ns, "neigh", "del", &to.ip, "dev", "eth0"]);
+            let _ = self.ipcmd(&["-n", &from.ns, "neigh", "del", &to.ip, "dev", "eth0"]);
         }
     }
 
     /// Takes host `h`'s bridge port down: cut from every other host.
     pub fn isolate(&self, h: &str) {
-        ip(&["-n", &self.bridge_ns, "link", "set", &self.host(h).port, "down"]).unwrap();
+        self.ipcmd(&["-n", &self.bridge_ns, "link", "set", &self.host(h).port, "down"]).unwrap();
     }
 
     pub fn rejoin(&self, h: &str) {
-        ip(&["-n", &self.bridge_ns, "link", "set", &self.host(h).port, "up"]).unwrap();
+        self.ipcmd(&["-n", &self.bridge_ns, "link", "set", &self.host(h).port, "up"]).unwrap();
     }
 }
 
@@ -340,17 +403,18 @@ impl Drop for Net {
             let _ = c.wait();
         }
         for h in self.hosts.values() {
-            delete_ns(&h.ns);
+            self.keeper.delete_ns(&h.ns);
         }
-        delete_ns(&self.bridge_ns);
-        let left: Vec<String> = ip(&["netns", "list"])
+        self.keeper.delete_ns(&self.bridge_ns);
+        let left: Vec<String> = self
+            .ipcmd(&["netns", "list"])
             .unwrap_or_default()
             .lines()
             .filter(|l| l.starts_with(&self.prefix))
             .map(String::from)
             .collect();
         if !left.is_empty() {
-            eprintln!("netns: could not delete {left:?}");
+            eprintln!("netns: could not delete {left:?} (they go with the keeper)");
         }
     }
 }

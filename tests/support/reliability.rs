@@ -337,6 +337,8 @@ pub async fn wait_reowned(
     since_ms: i64,
     limit: Duration,
 ) -> (Duration, Duration) {
+    // An empty list would be "re-owned" at once, in 0 ms: a failover that measured nothing.
+    assert!(!shards.is_empty(), "wait_reowned: the victims {victims:?} held no shard, so no failover can be measured");
     let start = std::time::Instant::now();
     loop {
         let live = super::workers::live_tasks(zk, cluster).await;

@@ -11,18 +11,35 @@ use squall::audit::{AuditReport, Delivery};
 use squall::kinesis::payload::Manifest;
 use squall::spout::ReadLogEntry;
 
-/// The audit example binary, built by `cargo test` next to the test binaries.
+/// The audit example binary (`target/<profile>/examples/audit`).
 pub fn audit_bin() -> PathBuf {
-    let bin = super::profile_dir().join("examples").join("audit");
-    assert!(bin.exists(), "{} missing: run `cargo build --examples` (cargo test builds it)", bin.display());
+    example_bin("audit")
+}
+
+/// An example binary the tests run as workers. `cargo test --test NAME` builds the squall binary
+/// but not the examples, so one may be missing or older than the sources: both fail here, saying
+/// what to run, rather than testing yesterday's code.
+pub fn example_bin(name: &str) -> PathBuf {
+    let bin = super::profile_dir().join("examples").join(name);
+    let fix = "run `make it NAME=<test>` (or `cargo build --examples` before `cargo test --test <test>`)";
+    let built = std::fs::metadata(&bin)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| panic!("{} missing: {fix}", bin.display()));
+    if let Some((newest, path)) = newest_source(&bin) {
+        assert!(built >= newest, "{} is older than {} (edited after the build): {fix}", bin.display(), path.display());
+    }
     bin
 }
 
-/// Another example binary, built next to the audit one.
-pub fn example_bin(name: &str) -> PathBuf {
-    let bin = audit_bin().with_file_name(name);
-    assert!(bin.exists(), "{} missing: run `cargo build --examples` (cargo test builds it)", bin.display());
-    bin
+/// The newest of the source files `bin` was built from, as cargo's dep-info file beside it
+/// (`bin.d`: `bin: file file ...`, spaces in names escaped) lists them.
+fn newest_source(bin: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
+    let info = std::fs::read_to_string(bin.with_extension("d")).ok()?;
+    let deps = info.lines().next()?.split_once(": ")?.1.replace("\\ ", "\u{0}");
+    deps.split_whitespace()
+        .map(|f| PathBuf::from(f.replace('\u{0}', " ")))
+        .filter_map(|f| Some((std::fs::metadata(&f).and_then(|m| m.modified()).ok()?, f)))
+        .max()
 }
 
 /// A scratch directory for one test's files.
@@ -151,6 +168,20 @@ impl Cluster {
     /// Every read log of this test's directory.
     pub fn read_logs(&self) -> Vec<PathBuf> {
         files_ending(&self.dir, ".reads.jsonl")
+    }
+
+    /// Waits until more than `before` records were delivered (the workers are reading: a fault
+    /// made now overlaps their work); returns how many. Fails after 30 s without one.
+    pub async fn wait_more_delivered(&self, before: usize) -> usize {
+        let start = Instant::now();
+        loop {
+            let n = read_deliveries(&self.delivery_files()).len();
+            if n > before {
+                return n;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "no delivery for 30 s (still {n})\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Audits the deliveries so far against the manifests.
