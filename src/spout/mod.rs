@@ -771,6 +771,13 @@ impl Spout for KinesisSpout {
         {
             out.watermark(wm);
         }
+        // Nothing is handed on while the worker's session cannot be trusted (see
+        // `Liveness`): a reader whose batch came back as the process was paused may have queued
+        // it after its own check; those records stay queued until the session is confirmed, and
+        // go with everything else if it was lost.
+        if !self.trusted() {
+            return Ok(());
+        }
         while let Some(id) = self.dead_letters.pop_front() {
             let rec = {
                 let t = lock(&self.tracker);
