@@ -11,6 +11,8 @@ export SQUALL_ZK ?= 127.0.0.1:$(SQUALL_ZK_PORT)
 # DynamoDB (keyed state): dynalite on its own port; with SQUALL_USE_DOCKER=1 LocalStack's Kinesis edge port.
 export SQUALL_STATE_ENDPOINT ?= $(if $(filter 1,$(SQUALL_USE_DOCKER)),$(SQUALL_KINESIS_ENDPOINT),http://127.0.0.1:$(SQUALL_DYNAMODB_PORT))
 CARGO ?= cargo
+# Where `make test` runs clippy (beside the build, so in a folder of its own).
+LINT_TARGET_DIR ?= $(if $(CARGO_TARGET_DIR),$(CARGO_TARGET_DIR),target)/lint
 
 .PHONY: all up down lint check build test it chaos soak breaks demo bench clean
 
@@ -41,11 +43,16 @@ check: lint
 # failovers and producers, and their waits overlap. A binary that hangs (SQUALL_TEST_TIMEOUT), or
 # leaves a process or a Kinesis stream behind, fails by name. Every binary runs even when one fails. Benchmarks are compiled by clippy --all-targets but run
 # only by `make bench`.
+#
+# clippy runs alongside the build, in a target folder of its own (cargo locks a target folder for
+# one command at a time): a check of the squall crate leaves one core idle, the build fills it.
 test:
 	./localstack/up
 	@status=0; \
-	  $(MAKE) --no-print-directory lint && \
-	  $(CARGO) build --workspace --bins --examples && \
+	  $(CARGO) fmt --all --check && \
+	  { CARGO_TARGET_DIR="$(LINT_TARGET_DIR)" $(CARGO) clippy --workspace --all-targets -- -D warnings & lint=$$!; \
+	    $(CARGO) build --workspace --bins --examples; built=$$?; \
+	    wait $$lint && test $$built -eq 0; } && \
 	  ./scripts/test-lanes -- --workspace --lib --tests && \
 	  $(CARGO) test --workspace --doc || status=$$?; \
 	  ./localstack/down; \
@@ -60,7 +67,7 @@ it:
 	$(CARGO) build --bins --examples
 	$(CARGO) test --test $(NAME) -- $(ARGS)
 
-# The network fault suite (tests/netfaults.rs, needs root): workers, a 3-node ZooKeeper ensemble
+# The network fault suite (tests/netfaults.rs, no root: it runs in a user namespace): workers, a 3-node ZooKeeper ensemble
 # and kinesis-local each in its own network namespace; partitions, a leader cut from its followers,
 # latency and loss, a flapping link, Kinesis unreachable. `make test` runs its short partition test
 # only; this runs all of them, one at a time (~6 min), then down (also when a test fails).

@@ -133,7 +133,14 @@ async fn deactivate_activate_rebalance_status_rewind_kill() {
     ok(&cluster, &["activate", &cluster.topology]);
     let start = Instant::now();
     while count(&second.run) < 2 * second.total {
-        assert!(start.elapsed() < Duration::from_secs(60), "the rewind did not replay\n{}", cluster.logs());
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the rewind did not replay: {} of {} records after the timestamp delivered again in 60 s; status: {}\n{}",
+            count(&second.run) - second_before,
+            second.total,
+            status(&cluster),
+            cluster.logs()
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;

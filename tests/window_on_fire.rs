@@ -168,14 +168,16 @@ async fn run(what: &str, puts: Puts, idle_ms: u64) {
             let m = running.metrics();
             let st = windows.stats();
             panic!(
-                "{what}: deadlock: 30 s after the last put, {} of {records} records counted in fired windows, spout {:?}; window stats: \
-                 inputs {} fired {} held {} late {}",
+                "{what}: deadlock: 30 s after the last put, {} of {records} records counted in fired windows (per window \
+                 start: {:?}), spout {:?}; window stats: inputs {} fired {} held {} late {}; spout shards: {:?}",
                 counted(&seen.lock().unwrap()),
+                seen.lock().unwrap().fired,
                 m.component("kinesis"),
                 st.inputs(),
                 st.fired(),
                 st.held(),
                 st.late(),
+                registry.tasks().iter().map(|t| t.shards()).collect::<Vec<_>>(),
             );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
