@@ -118,7 +118,7 @@ impl RunningTopology {
         &self.name
     }
 
-    async fn command(&self, cmd: SpoutCommand) -> Result<(), TopologyError> {
+    async fn command(&self, cmd: fn() -> SpoutCommand) -> Result<(), TopologyError> {
         if let Some(e) = self.shared.first_error() {
             return Err(e);
         }
@@ -127,20 +127,36 @@ impl RunningTopology {
         }
         for tx in &self.spout_ctrl {
             // a spout task that already finished (drained) ignores commands
-            let _ = tx.send(cmd).await;
+            let _ = tx.send(cmd()).await;
         }
         Ok(())
     }
 
+    /// Returns once every spout task has applied the commands sent before and published its
+    /// counters after them (a task that finished counts as done).
+    async fn barrier(&self) {
+        let mut answers = Vec::with_capacity(self.spout_ctrl.len());
+        for tx in &self.spout_ctrl {
+            let (done, answer) = tokio::sync::oneshot::channel();
+            if tx.send(SpoutCommand::Barrier(done)).await.is_ok() {
+                answers.push(answer);
+            }
+        }
+        for answer in answers {
+            // an error: the task stopped (and dropped the command)
+            let _ = answer.await;
+        }
+    }
+
     /// Activates the spouts: `next_tuple` is called again.
     pub async fn activate(&self) -> Result<(), TopologyError> {
-        self.command(SpoutCommand::Activate).await
+        self.command(|| SpoutCommand::Activate).await
     }
 
     /// Deactivates the spouts: `next_tuple` is no longer called; acks, fails and timeouts still
     /// reach them.
     pub async fn deactivate(&self) -> Result<(), TopologyError> {
-        self.command(SpoutCommand::Deactivate).await
+        self.command(|| SpoutCommand::Deactivate).await
     }
 
     /// Drains the topology: spouts run their `drain` hook and stop producing, a +infinity
@@ -148,7 +164,7 @@ impl RunningTopology {
     /// all its inputs drained; spouts finish when their pending trees complete or time out.
     /// Await [`RunningTopology::wait`] for the end.
     pub async fn drain(&self) -> Result<(), TopologyError> {
-        self.command(SpoutCommand::Drain).await
+        self.command(|| SpoutCommand::Drain).await
     }
 
     /// A snapshot of every component's counters.
@@ -185,8 +201,13 @@ impl RunningTopology {
     /// Storm's kill: deactivates the spouts, waits up to `wait` for pending tuples to complete,
     /// then cancels every task and joins them. Reports the first task failure, if any.
     pub async fn kill(self, wait: Duration) -> Result<(), TopologyError> {
-        let _ = self.command(SpoutCommand::Deactivate).await;
+        let _ = self.command(|| SpoutCommand::Deactivate).await;
         let deadline = tokio::time::Instant::now() + wait;
+        // The published pending counts lag a spout in the middle of a burst (it publishes after
+        // it): read them only once every spout has taken the deactivation. Else the tasks were
+        // cancelled with acks of completed tuples on their way to the spout, which then never
+        // saw them (a Kinesis spout checkpointed short of records its sink had written).
+        let _ = tokio::time::timeout_at(deadline, self.barrier()).await;
         while self.pending() > 0 && !self.is_finished() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

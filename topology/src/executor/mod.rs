@@ -108,11 +108,14 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Commands to a spout task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum SpoutCommand {
     Activate,
     Deactivate,
     Drain,
+    /// Answered once every command sent before it is applied, with the task's counters published
+    /// after them (its pending count then includes every tuple it emitted before).
+    Barrier(tokio::sync::oneshot::Sender<()>),
 }
 
 pub(crate) struct SpoutWiring {

@@ -352,6 +352,12 @@ impl<S: Spout> SpoutTask<S> {
                 self.isolate("deactivate", r);
             }
             SpoutCommand::Drain => self.start_drain(true).await?,
+            SpoutCommand::Barrier(done) => {
+                // the burst that was under way is over (commands are taken between bursts):
+                // what it emitted is in the pending count published now
+                self.publish();
+                let _ = done.send(());
+            }
             _ => {}
         }
         Ok(())
