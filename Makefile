@@ -35,7 +35,8 @@ check: lint
 	$(CARGO) test -p squall --lib
 	$(CARGO) test -p squall-topology --lib --tests
 
-# up + fmt + clippy + every test of the workspace + down (down runs even when a step fails).
+# up + fmt + clippy + every test of the workspace + down (down runs even when a step fails); the
+# last line names the step that failed (CI shows the tail of the output).
 # Test binaries run through scripts/test-lanes: two at a time on one set of services on 2 cores, two
 # lanes (each with its own services) of two on 4+: most integration tests wait on sessions,
 # failovers and producers, and their waits overlap. A binary that hangs (SQUALL_TEST_TIMEOUT), or
@@ -46,12 +47,16 @@ check: lint
 # cores (4 min 42 s for both against 3 min 42 s one after the other).
 test:
 	./localstack/up
-	@status=0; \
+	@status=0; step=lint; \
 	  $(MAKE) --no-print-directory lint && \
-	  $(CARGO) build --workspace --bins --examples --lib --tests && \
-	  ./scripts/test-lanes -- --workspace --lib --tests && \
-	  $(CARGO) test --workspace --doc || status=$$?; \
+	  step=build && $(CARGO) build --workspace --bins --examples --lib --tests && \
+	  step=tests && rm -f target/test-lanes-verdict && ./scripts/test-lanes -- --workspace --lib --tests && \
+	  step=doctests && $(CARGO) test --workspace --doc || status=$$?; \
 	  ./localstack/down; \
+	  if [ $$status -ne 0 ]; then \
+	    if [ $$step = tests ] && [ -f target/test-lanes-verdict ]; then cat target/test-lanes-verdict >&2; fi; \
+	    echo "make test: FAILED at step '$$step' (exit $$status); the lines above 'localstack/down' say why" >&2; \
+	  else echo "make test: green (lint, build, tests, doctests)" >&2; fi; \
 	  exit $$status
 
 # One integration test binary with what it spawns built first (`cargo test --test NAME` builds

@@ -8,7 +8,9 @@
 //! Measured and reported (not asserted against a time): how long each stop took, how long until
 //! the shards were spread over 4 live tasks again, and the end-to-end lag (delivery time minus the
 //! record's Kinesis arrival time) before the deploy, during it and after the last replacement,
-//! with the time the lag took to come back to its level from before the deploy.
+//! with the time the lag took to come back to its level from before the deploy. Asserted beyond
+//! the audit: every shard is read again after the deploy (the p99 lag of the last 4 s of load is
+//! below 4 s, where a shard left unread would show its records' whole wait).
 
 use squall_test_support as support;
 
@@ -27,6 +29,10 @@ const SHARDS: usize = 12;
 const WORKERS: usize = 4;
 /// Records per second of the steady producer.
 const RATE: f64 = 150.0;
+/// The p99 lag of the last 4 s of load must stay below this: a shard left unread after the deploy
+/// shows its records' whole wait (seconds); a read shard's lag is its call spacing (~200 ms,
+/// ~1 s on a machine loaded by another test binary).
+const TAIL_LAG_BOUND_MS: i64 = 4_000;
 
 /// Puts at `RATE` in one-second runs until `stop`; returns every run's manifest.
 fn steady_producer(s: &TestStream, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Vec<Manifest>> {
@@ -201,10 +207,20 @@ async fn rolling_deploy_under_load_loses_nothing_and_delivers_no_duplicate() {
     assert_eq!(report.duplicates, 0, "duplicates delivered in the rolling deploy: {report:?}\n{}", cluster.logs());
     assert_eq!(report.order_violations, 0, "per-key order broken: {report:?}");
     assert!(level.0 > 0 && during.0 > 0, "load before and during the deploy: {level:?} {during:?}");
+    // Not asserted: how soon the lag is back at its level (a timing figure, reported above; on a
+    // machine shared with another test binary its p99 can stay above 1.5x a quiet level for
+    // seconds). Asserted: after the deploy every shard is read by a live owner again. A shard
+    // left unread since the last replacement holds its records until someone takes it, past the
+    // end of the load; the lag of the records put in the last 4 s of load would then be seconds
+    // (the test's load stops 12 s after the last replacement).
+    let tail = lag_between(&ds, deploy_to + 8_000, deploy_to + 12_000);
+    eprintln!("lag ms of the last 4 s of load (records, p50, p99, max): {tail:?}");
     assert!(
-        back_after_ms.is_some(),
-        "lag never came back to its pre-deploy level (p99 {} ms) within 10 s of the last replacement\n{}",
-        level.2,
+        tail.0 > 0 && tail.2 < TAIL_LAG_BOUND_MS,
+        "the lag of the records put in the last 4 s of load (p99 {} ms of {} records) is not below {TAIL_LAG_BOUND_MS} \
+         ms: a shard was not read again after the deploy\n{}",
+        tail.2,
+        tail.0,
         cluster.logs()
     );
 

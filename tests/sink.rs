@@ -329,3 +329,70 @@ async fn a_missing_stream_fails_the_inputs_and_says_to_create_it() {
     let lines = text.lines().filter(|l| l.contains(&name)).count();
     assert!(lines < n as usize, "{lines} log lines for {n} inputs");
 }
+
+/// A put gate that is open when the sink prepares and when its first call starts, and closed when
+/// that call is about to be sent, as for a writer frozen in between past its ZooKeeper session;
+/// from its fourth answer on it is open again under a new epoch.
+#[derive(Debug, Default)]
+struct FreezeBetweenStartAndSend {
+    asks: AtomicU64,
+}
+
+impl squall::sink::PutGate for FreezeBetweenStartAndSend {
+    fn epoch(&self) -> Option<u64> {
+        match self.asks.fetch_add(1, Ordering::Relaxed) {
+            0 | 1 => Some(1),
+            2 => None,
+            _ => Some(2),
+        }
+    }
+}
+
+/// The gate is asked again in the SDK's `read_before_transmit` hook: a call that started under an
+/// open gate and finds it closed when its request is about to go out sends nothing (the stream
+/// holds the record once, put by the replay under the new epoch, not twice), is counted, and its
+/// input fails once the gate answers with a new epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_gate_closed_before_transmission_sends_nothing() {
+    let s = TestStream::create("sink-gate", 1).await;
+    let tally = Arc::new(Tally::default());
+    let gate = Arc::new(FreezeBetweenStartAndSend::default());
+    let t = tally.clone();
+    let mut b = TopologyBuilder::new("sink-gate-test");
+    b.set_spout("numbers", 1, move |_| Numbers {
+        n: 1,
+        keys: 1,
+        pad: 0,
+        next: 0,
+        replay: true,
+        again: VecDeque::new(),
+        tally: t.clone(),
+    })
+    .fields(&["key", "payload"]);
+    let (cfg, g) = (sink_cfg(&s.name, s.endpoint.clone()), gate.clone());
+    b.set_bolt("sink", 1, move |_| {
+        KinesisSink::new(cfg.clone(), FieldsEncoder::new(&["key"]).data_field("payload")).with_put_gate(g.clone())
+    })
+    .fields_grouping("numbers", &["key"]);
+    let config = TopologyConfig { message_timeout_ms: 120_000, ..TopologyConfig::default() };
+    let running = run_local(b.build().unwrap(), config).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while tally.acked.load(Ordering::Relaxed) < 1 {
+        assert!(Instant::now() < deadline, "not acked in 60 s: {:?}", running.metrics());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    running.drain().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(60), running.wait()).await.expect("drained in time").unwrap();
+    let m = running.metrics();
+    let refused = counter(&m, metric::REFUSED_AT_TRANSMIT);
+    let failed = tally.failed.load(Ordering::Relaxed);
+    let read: usize = read_all(&s).await.iter().map(Vec::len).sum();
+    eprintln!(
+        "gate asked {} times; refused at transmission {refused}; inputs failed {failed}; records in the stream {read}",
+        gate.asks.load(Ordering::Relaxed)
+    );
+    assert_eq!(refused, 1, "the first call was refused at transmission");
+    assert_eq!(failed, 1, "its input failed when the epoch changed, and was replayed");
+    assert_eq!(read, 1, "the refused call sent nothing: the stream holds the replay's record only");
+    s.delete().await;
+}

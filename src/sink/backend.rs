@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
@@ -23,9 +24,15 @@ pub(crate) struct EntryError {
 /// written; or the error of the whole call.
 pub(crate) type PutOutcome = Result<Vec<Option<EntryError>>, KinesisError>;
 
+/// Asked once more just before each attempt of a PutRecords call is transmitted (the sink's
+/// [`super::PutGate`] is asked when the call starts; a process frozen in between, SIGSTOP or a long
+/// pause, would otherwise send its request when it resumes, whatever the gate says by then).
+/// False: the attempt is not sent and the call fails (the sink, whose check it is, knows why).
+pub(crate) type TransmitCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
 pub(crate) trait Backend: Send + Sync + 'static {
-    /// One PutRecords call.
-    fn put_records(&self, records: Vec<SinkRecord>) -> BoxFuture<PutOutcome>;
+    /// One PutRecords call; `check`, when given, is asked before each attempt is transmitted.
+    fn put_records(&self, records: Vec<SinkRecord>, check: Option<TransmitCheck>) -> BoxFuture<PutOutcome>;
     /// The stream's open shards.
     fn open_shards(&self) -> BoxFuture<Result<Vec<OpenShard>, KinesisError>>;
 }
@@ -38,8 +45,33 @@ pub(crate) struct SdkBackend {
     pub endpoint: String,
 }
 
+/// The SDK interceptor asking a [`TransmitCheck`] in `read_before_transmit`, the last hook before
+/// the request goes to the HTTP client (each retry attempt passes it again).
+struct TransmitGate(TransmitCheck);
+
+impl std::fmt::Debug for TransmitGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TransmitGate")
+    }
+}
+
+impl aws_sdk_kinesis::config::Intercept for TransmitGate {
+    fn name(&self) -> &'static str {
+        "squall-transmit-gate"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _context: &aws_sdk_kinesis::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &aws_sdk_kinesis::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_kinesis::config::ConfigBag,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        if (self.0)() { Ok(()) } else { Err("the writer's put gate closed before transmission".into()) }
+    }
+}
+
 impl Backend for SdkBackend {
-    fn put_records(&self, records: Vec<SinkRecord>) -> BoxFuture<PutOutcome> {
+    fn put_records(&self, records: Vec<SinkRecord>, check: Option<TransmitCheck>) -> BoxFuture<PutOutcome> {
         let (client, stream, endpoint) = (self.client.clone(), self.stream.clone(), self.endpoint.clone());
         Box::pin(async move {
             let entries = records
@@ -54,13 +86,12 @@ impl Backend for SdkBackend {
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let n = entries.len();
-            let out = client
-                .put_records()
-                .stream_name(&stream)
-                .set_records(Some(entries))
-                .send()
-                .await
-                .map_err(|e| KinesisError::from_sdk("PutRecords", &stream, &endpoint, e))?;
+            let request = client.put_records().stream_name(&stream).set_records(Some(entries));
+            let out = match check {
+                Some(check) => request.customize().interceptor(TransmitGate(check)).send().await,
+                None => request.send().await,
+            }
+            .map_err(|e| KinesisError::from_sdk("PutRecords", &stream, &endpoint, e))?;
             let mut results: Vec<Option<EntryError>> = out
                 .records()
                 .iter()

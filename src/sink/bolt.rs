@@ -2,6 +2,7 @@
 //! inputs held until their record is put; back-off on throttling; bounded bytes.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
@@ -9,7 +10,7 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::backend::{Backend, PutOutcome, SdkBackend};
+use super::backend::{Backend, PutOutcome, SdkBackend, TransmitCheck};
 use super::config::KinesisSinkConfig;
 use super::encoder::{OpenShard, SinkEncoder, SinkRecord};
 use super::queue::{Entry, Queue};
@@ -58,6 +59,10 @@ pub mod metric {
     pub const PENDING_BYTES: &str = "sink.pending_bytes";
     /// Histogram: records per PutRecords call.
     pub const BATCH_RECORDS: &str = "sink.batch_records";
+    /// PutRecords attempts not sent because the [`super::PutGate`], asked again just before
+    /// transmission, had closed since the call started (their records are held, then failed
+    /// or put as the gate says next).
+    pub const REFUSED_AT_TRANSMIT: &str = "sink.refused_at_transmit";
 }
 
 /// Where the sink's Kinesis calls go.
@@ -82,6 +87,7 @@ struct Metrics {
     backpressure: Counter,
     pending_bytes: Histogram,
     batch_records: Histogram,
+    refused_at_transmit: Counter,
 }
 
 impl Metrics {
@@ -97,6 +103,7 @@ impl Metrics {
             backpressure: ctx.counter(metric::BACKPRESSURE_WAITS),
             pending_bytes: ctx.histogram(metric::PENDING_BYTES),
             batch_records: ctx.histogram(metric::BATCH_RECORDS),
+            refused_at_transmit: ctx.counter(metric::REFUSED_AT_TRANSMIT),
         }
     }
 }
@@ -116,6 +123,8 @@ struct InFlight {
     entries: Vec<Entry<Held>>,
     rx: oneshot::Receiver<PutOutcome>,
     started: Instant,
+    /// Set when the gate, asked again before an attempt was transmitted, refused it.
+    refused: Arc<AtomicBool>,
 }
 
 /// Capped exponential back-off with jitter (backon), shared by every failure of the sink:
@@ -454,7 +463,23 @@ impl<E: SinkEncoder> KinesisSink<E> {
             return;
         }
         let records: Vec<SinkRecord> = batch.iter().map(|e| e.record.clone()).collect();
-        let call = run.backend.put_records(records);
+        // the gate is asked again just before each attempt is sent: a call started before a
+        // freeze (SIGSTOP, a long pause) must not go out after it under a session since lost
+        let refused = Arc::new(AtomicBool::new(false));
+        let check: Option<TransmitCheck> = match (&self.gate, self.gate_epoch) {
+            (Some(gate), Some(epoch)) => {
+                let (gate, refused) = (gate.clone(), refused.clone());
+                Some(Arc::new(move || {
+                    let open = gate.epoch() == Some(epoch);
+                    if !open {
+                        refused.store(true, Ordering::Relaxed);
+                    }
+                    open
+                }))
+            }
+            _ => None,
+        };
+        let call = run.backend.put_records(records, check);
         let (tx, rx) = oneshot::channel();
         let cancel = run.cancel.clone();
         // owned by the topology's tracker; ends with the call or at cancellation
@@ -467,7 +492,7 @@ impl<E: SinkEncoder> KinesisSink<E> {
         }));
         run.m.put_calls.incr();
         run.m.batch_records.record(batch.len() as u64);
-        self.in_flight = Some(InFlight { entries: batch, rx, started: Instant::now() });
+        self.in_flight = Some(InFlight { entries: batch, rx, started: Instant::now(), refused });
     }
 
     /// Takes in the call in flight if it finished (or, with `block`, waits for it). False when
@@ -489,8 +514,21 @@ impl<E: SinkEncoder> KinesisSink<E> {
                 Err(oneshot::error::TryRecvError::Closed) => None,
             }
         };
-        let Some(InFlight { entries, .. }) = self.in_flight.take() else { return true };
+        let Some(InFlight { entries, refused, .. }) = self.in_flight.take() else { return true };
         match outcome {
+            Some(Err(e)) if refused.load(Ordering::Relaxed) => {
+                // not sent (by the refused attempt; an earlier attempt of the call may have
+                // been): held again, and the gate decides at the next call, which fails them
+                // when the epoch changed
+                if let Some(run) = &self.run {
+                    run.m.refused_at_transmit.incr();
+                }
+                tracing::warn!(stream = %self.cfg.stream, records = entries.len(),
+                    "Kinesis sink: a PutRecords call was not sent: the writer's gate closed between its start and its \
+                     transmission (sink.refused_at_transmit); its records are held for the gate's next answer: {e}");
+                self.queue.requeue(entries);
+                self.backoff.hold(Instant::now() + GATE_PAUSE);
+            }
             Some(outcome) => self.settle(entries, outcome, out),
             // the call's task was cancelled: stopping; the dropped handles fail their inputs
             None => {
@@ -797,6 +835,8 @@ mod tests {
         delay: Duration,
         /// What `open_shards` answers.
         shards: Vec<OpenShard>,
+        /// Calls the transmit check refused.
+        refused: Mutex<usize>,
     }
 
     impl Fake {
@@ -807,6 +847,7 @@ mod tests {
                 script: Mutex::new(script),
                 delay,
                 shards: Vec::new(),
+                refused: Mutex::default(),
             })
         }
         fn ok() -> Script {
@@ -820,11 +861,21 @@ mod tests {
     struct Shared(Arc<Fake>);
 
     impl Backend for Shared {
-        fn put_records(&self, records: Vec<SinkRecord>) -> BoxFuture<PutOutcome> {
+        fn put_records(&self, records: Vec<SinkRecord>, check: Option<TransmitCheck>) -> BoxFuture<PutOutcome> {
             let fake = self.0.clone();
             Box::pin(async move {
                 if !fake.delay.is_zero() {
                     tokio::time::sleep(fake.delay).await;
+                }
+                // transmission: after the delay (what the SDK does between a call's start and
+                // its request going out), as the SDK's read_before_transmit hook does
+                if check.is_some_and(|c| !c()) {
+                    *fake.refused.lock().unwrap() += 1;
+                    return Err(KinesisError::Unreachable {
+                        endpoint: "fake".into(),
+                        op: "PutRecords",
+                        message: "refused by the transmit check".into(),
+                    });
                 }
                 let n = {
                     let mut c = fake.calls.lock().unwrap();
@@ -942,6 +993,36 @@ mod tests {
         h.advance(Duration::from_millis(200)).await.unwrap();
         assert_eq!(fake.keys(), ["1", "4"], "epoch 2's records go");
         assert_eq!(h.acked().len(), 2);
+    }
+
+    /// A call started while the gate was open, whose transmission comes after the gate closed
+    /// (the process was frozen in between: SIGSTOP past its ZooKeeper session): nothing is sent,
+    /// the records are held, and fail once the gate answers with a new epoch.
+    #[tokio::test]
+    async fn a_call_started_before_the_gate_closed_is_not_transmitted_after() {
+        let fake = Fake::new(Duration::from_millis(100), Fake::ok());
+        let gate = Arc::new(TestGate(Mutex::new(Some(1))));
+        let sink = KinesisSink::with_backend(
+            cfg(|c| c.linger_ms = 10),
+            Arc::new(Shared(fake.clone())),
+            FieldsEncoder::new(&["k"]).data_field("v"),
+        )
+        .with_put_gate(gate.clone());
+        let mut h = BoltHarness::new(sink).input("spout", "default", &["k", "v"]).prepare().await.unwrap();
+        h.execute(vals("a", "1")).await.unwrap();
+        // the call starts after the 10 ms linger, under epoch 1, and is transmitted 100 ms later
+        h.advance(Duration::from_millis(50)).await.unwrap();
+        // the gate closes while the call is on its way to transmission
+        *gate.0.lock().unwrap() = None;
+        h.advance(Duration::from_millis(300)).await.unwrap();
+        assert_eq!(*fake.refused.lock().unwrap(), 1, "the call started, and was refused at transmission");
+        assert!(fake.keys().is_empty(), "nothing sent after the gate closed");
+        assert!(h.failed().is_empty() && h.acked().is_empty(), "held for the gate's next answer");
+        *gate.0.lock().unwrap() = Some(2);
+        h.advance(Duration::from_millis(300)).await.unwrap();
+        assert!(fake.keys().is_empty(), "never put under the new epoch either");
+        assert_eq!(h.failed().len(), 1, "its input failed (the next owner reads it again)");
+        assert!(fake.calls.lock().unwrap().is_empty(), "no call transmitted");
     }
 
     #[tokio::test]
@@ -1078,6 +1159,7 @@ mod tests {
             script: Mutex::new(script),
             delay: Duration::from_millis(1),
             shards,
+            refused: Mutex::default(),
         });
         let c = cfg(|c| {
             c.max_batch_records = 6;
