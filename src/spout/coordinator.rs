@@ -372,8 +372,10 @@ impl Coordinator {
             }
             _ => BTreeSet::new(),
         };
-        if view.assignment.is_some() || !active {
-            lock(&self.tracker).set_assigned(mine.len());
+        match assigned_share(view.assignment.as_deref(), &s.task, s.registered, active) {
+            Some(Some(n)) => lock(&self.tracker).set_assigned(n),
+            Some(None) => lock(&self.tracker).set_assignment_unknown(),
+            None => {}
         }
         let handoff = KinesisSpoutConfig::ms(self.cfg.handoff_timeout_ms);
         let to_release: Vec<Arc<str>> = s
@@ -888,6 +890,61 @@ async fn guard_fetch(
 pub(crate) fn lease_token(path: &str) -> u64 {
     let digits = path.rsplit('-').next().unwrap_or("");
     digits.parse().unwrap_or(0)
+}
+
+/// What the assignment says of a task's share, for its watermark ([`Tracker::set_assigned`]):
+/// `Some(Some(n))` its shard count; `Some(None)` unknown; `None` nothing read yet (leave it).
+///
+/// A deactivated task holds nothing (0), and so does every task under an assignment with an
+/// error (every task stops reading). A task the assignment does not list, or not registered under
+/// its current session, is unknown, not 0: after a session expiry the assignment read under the
+/// new session is the one the leader wrote without this task, and 0 would let its watermark jump
+/// to `now - idle` and fire what its windows hold of shards read under the lost session: a
+/// zombie handing windows on after it resumed (`stage_watermark_drain`, zombie writer). A task
+/// becomes known once the leader listed it.
+pub(crate) fn assigned_share(
+    assignment: Option<&crate::coord::Assignment>,
+    task: &str,
+    registered: bool,
+    active: bool,
+) -> Option<Option<usize>> {
+    if !active {
+        return Some(Some(0));
+    }
+    let a = assignment?;
+    if a.error.is_some() {
+        return Some(Some(0));
+    }
+    if !registered {
+        return Some(None);
+    }
+    Some(a.tasks.get(task).map(Vec::len))
+}
+
+#[cfg(test)]
+mod assigned_share_tests {
+    use super::assigned_share;
+    use crate::coord::Assignment;
+
+    #[test]
+    fn a_task_the_assignment_does_not_list_has_an_unknown_share_not_zero() {
+        let a = Assignment {
+            tasks: [("task-1".to_string(), vec!["s0".to_string()]), ("task-2".to_string(), vec![])].into(),
+            ..Assignment::default()
+        };
+        assert_eq!(assigned_share(Some(&a), "task-1", true, true), Some(Some(1)));
+        assert_eq!(assigned_share(Some(&a), "task-2", true, true), Some(Some(0)), "listed with no shard: 0");
+        assert_eq!(
+            assigned_share(Some(&a), "task-3", true, true),
+            Some(None),
+            "registered after the assignment was written (a new session's task): unknown"
+        );
+        assert_eq!(assigned_share(Some(&a), "task-1", false, true), Some(None), "not registered: unknown");
+        assert_eq!(assigned_share(Some(&a), "task-3", false, false), Some(Some(0)), "deactivated: holds nothing");
+        assert_eq!(assigned_share(None, "task-1", true, true), None, "no assignment read: unchanged");
+        let refused = Assignment { error: Some("re-created".into()), ..a };
+        assert_eq!(assigned_share(Some(&refused), "task-3", true, true), Some(Some(0)), "refused: every task stops");
+    }
 }
 
 #[cfg(test)]

@@ -390,6 +390,13 @@ impl Tracker {
         self.assigned = Some(n);
     }
 
+    /// Forgets the assignment's share of this task: its watermark is unknown (`None`) until the
+    /// next [`Tracker::set_assigned`]. For a task the current assignment does not list (not
+    /// registered under its session yet, or registered after the assignment was written).
+    pub fn set_assignment_unknown(&mut self) {
+        self.assigned = None;
+    }
+
     /// The task's low watermark, given `now_ms`: the minimum over its owned shards; a task the
     /// assignment gives no shard reports `now_ms - idle` (it holds nothing back); `None` while
     /// unknown: before the first assignment, while an assigned shard is not taken yet (its
