@@ -965,9 +965,9 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_put_gate_holds_the_calls_and_an_epoch_change_fails_what_was_buffered_under_the_old_one() {
-        let fake = Fake::new(Duration::ZERO, Fake::ok());
+    /// A sink (10 ms linger) on a fake whose calls take `delay`, behind a test gate open at epoch 1.
+    async fn gated(delay: Duration) -> (Arc<Fake>, Arc<TestGate>, BoltHarness<KinesisSink<FieldsEncoder>>) {
+        let fake = Fake::new(delay, Fake::ok());
         let gate = Arc::new(TestGate(Mutex::new(Some(1))));
         let sink = KinesisSink::with_backend(
             cfg(|c| c.linger_ms = 10),
@@ -975,7 +975,13 @@ mod tests {
             FieldsEncoder::new(&["k"]).data_field("v"),
         )
         .with_put_gate(gate.clone());
-        let mut h = BoltHarness::new(sink).input("spout", "default", &["k", "v"]).prepare().await.unwrap();
+        let h = BoltHarness::new(sink).input("spout", "default", &["k", "v"]).prepare().await.unwrap();
+        (fake, gate, h)
+    }
+
+    #[tokio::test]
+    async fn a_put_gate_holds_the_calls_and_an_epoch_change_fails_what_was_buffered_under_the_old_one() {
+        let (fake, gate, mut h) = gated(Duration::ZERO).await;
         h.execute(vals("a", "1")).await.unwrap();
         h.advance(Duration::from_millis(200)).await.unwrap();
         assert_eq!((fake.keys(), h.acked().len()), (vec!["1".to_string()], 1), "put in epoch 1");
@@ -1000,15 +1006,7 @@ mod tests {
     /// the records are held, and fail once the gate answers with a new epoch.
     #[tokio::test]
     async fn a_call_started_before_the_gate_closed_is_not_transmitted_after() {
-        let fake = Fake::new(Duration::from_millis(100), Fake::ok());
-        let gate = Arc::new(TestGate(Mutex::new(Some(1))));
-        let sink = KinesisSink::with_backend(
-            cfg(|c| c.linger_ms = 10),
-            Arc::new(Shared(fake.clone())),
-            FieldsEncoder::new(&["k"]).data_field("v"),
-        )
-        .with_put_gate(gate.clone());
-        let mut h = BoltHarness::new(sink).input("spout", "default", &["k", "v"]).prepare().await.unwrap();
+        let (fake, gate, mut h) = gated(Duration::from_millis(100)).await;
         h.execute(vals("a", "1")).await.unwrap();
         // the call starts after the 10 ms linger, under epoch 1, and is transmitted 100 ms later
         h.advance(Duration::from_millis(50)).await.unwrap();
