@@ -37,8 +37,8 @@ check: lint
 
 # up + fmt + clippy + every test of the workspace + down (down runs even when a step fails); the
 # last line names the step that failed (CI shows the tail of the output).
-# Test binaries run through scripts/test-lanes: two at a time on one set of services on 2 cores, two
-# lanes (each with its own services) of two on 4+: most integration tests wait on sessions,
+# Test binaries run through scripts/test-lanes: two lanes, each with its own services, of one binary
+# at a time on 2 cores and of two on 4+: most integration tests wait on sessions,
 # failovers and producers, and their waits overlap. A binary that hangs (SQUALL_TEST_TIMEOUT), or
 # leaves a process or a Kinesis stream behind, fails by name. Every binary runs even when one fails. Benchmarks are compiled by clippy --all-targets but run
 # only by `make bench`.
