@@ -35,7 +35,7 @@ check: lint
 	$(CARGO) test -p squall --lib
 	$(CARGO) test -p squall-topology --lib --tests
 
-# up + fmt + clippy + every test of the workspace + down (down runs even when a step fails); the
+# up + fmt + build + every test of the workspace, doctests and clippy + down (down runs even when a step fails); the
 # last line names the step that failed (CI shows the tail of the output).
 # Test binaries run through scripts/test-lanes: two lanes, each with its own services, of one binary
 # at a time on 2 cores and of two on 4+: most integration tests wait on sessions,
@@ -43,23 +43,27 @@ check: lint
 # leaves a process or a Kinesis stream behind, fails by name. Every binary runs even when one fails. Benchmarks are compiled by clippy --all-targets but run
 # only by `make bench`.
 # The binaries, the examples the tests spawn and the test binaries are built by one cargo command
-# (its jobs overlap the tail of one set with the next); clippy beside the build was slower on 2
-# cores (4 min 42 s for both against 3 min 42 s one after the other).
+# (its jobs overlap the tail of one set with the next). The doctests and clippy run beside the
+# test lanes at idle CPU priority (test-lanes --beside): the lanes leave ~30 % of 2 cores idle
+# while tests wait, and the compiler takes only that. (Clippy beside the *build*, both at normal
+# priority, was slower: 4 min 42 s for both against 3 min 42 s one after the other.)
 # A fresh clone builds everything once: incremental compilation's bookkeeping is overhead there
 # (set CARGO_INCREMENTAL=1 to keep it for repeated runs; `make check` and `make it` keep it).
 test: export CARGO_INCREMENTAL ?= 0
 test:
 	./localstack/up
-	@status=0; step=lint; \
-	  $(MAKE) --no-print-directory lint && \
+	@status=0; step=fmt; \
+	  $(CARGO) fmt --all --check && \
 	  step=build && $(CARGO) build --workspace --bins --examples --lib --tests && \
-	  step=tests && rm -f target/test-lanes-verdict && ./scripts/test-lanes -- --workspace --lib --tests && \
-	  step=doctests && $(CARGO) test --workspace --doc || status=$$?; \
+	  step=tests && rm -f target/test-lanes-verdict && ./scripts/test-lanes \
+	    --beside "doctests=$(CARGO) test --workspace --doc" \
+	    --beside "clippy=$(CARGO) clippy --workspace --all-targets -- -D warnings" \
+	    -- --workspace --lib --tests || status=$$?; \
 	  ./localstack/down; \
 	  if [ $$status -ne 0 ]; then \
 	    if [ $$step = tests ] && [ -f target/test-lanes-verdict ]; then cat target/test-lanes-verdict >&2; fi; \
 	    echo "make test: FAILED at step '$$step' (exit $$status); the lines above 'localstack/down' say why" >&2; \
-	  else echo "make test: green (lint, build, tests, doctests)" >&2; fi; \
+	  else echo "make test: green (fmt, build, tests, doctests, clippy)" >&2; fi; \
 	  exit $$status
 
 # One integration test binary with what it spawns built first (`cargo test --test NAME` builds

@@ -698,6 +698,18 @@ async fn exactly_once_windows_unfired_at_a_drain_fire_once_in_the_next_deploymen
     let mut a = start("a");
     let mut b = start("b");
     let mut c = start("c");
+    // the three firers are registered before any record is put: while the firers change, two
+    // may briefly take the same partition and emit a firing twice (by design, WindowFirer's
+    // docs); this test asserts the drain's fire-once, so its firers do not change until c dies
+    let zk = support::zk_client().await;
+    let topo = format!("{}/topologies/{}", cluster.zk_root, cluster.topology);
+    let firers_dir = format!("{topo}/firers/{}", support::state::COMPONENT);
+    let guard = Instant::now();
+    while zk.list_children(&firers_dir).await.map_or(0, |f| f.len()) < 3 {
+        assert!(guard.elapsed() < Duration::from_secs(60), "3 window firers registered in 60 s\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    mark("3 window firers registered");
     let pa =
         tokio::spawn(kpl_producer(sa.client.clone(), sa.label(), sa.name.clone(), 60, 10, Duration::from_millis(150)));
     let pb = {
@@ -719,7 +731,6 @@ async fn exactly_once_windows_unfired_at_a_drain_fire_once_in_the_next_deploymen
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // what c holds: shards of the streams, and its share of the timer partitions
-    let zk = support::zk_client().await;
     let session = worker_session(&zk, &cluster, c.pid()).await;
     let mut c_shards: BTreeSet<String> = BTreeSet::new();
     for stream in [&sa.name, &sb.name] {
@@ -727,8 +738,6 @@ async fn exactly_once_windows_unfired_at_a_drain_fire_once_in_the_next_deploymen
             c_shards.insert(format!("{stream}/{shard}"));
         }
     }
-    let topo = format!("{}/topologies/{}", cluster.zk_root, cluster.topology);
-    let firers_dir = format!("{topo}/firers/{}", support::state::COMPONENT);
     let mut firers = zk.list_children(&firers_dir).await.unwrap();
     firers.sort();
     // the firer has a session of its own: one of those c's log says it connected
@@ -820,11 +829,30 @@ async fn exactly_once_windows_unfired_at_a_drain_fire_once_in_the_next_deploymen
         .filter(|(_, c)| c.len() > 1)
         .map(|(k, _)| (k, squall::state::timer_partition(&scope, k, 8)))
         .collect();
-    let not_c: Vec<_> = twice.iter().filter(|(_, p)| !c_partitions.contains(p)).collect();
+    // a firing whose tree failed or timed out (the firer logs each) is emitted again by design:
+    // at least once, deduplicated by fire_key; those are counted, not blamed on the drain
+    let prefix = format!("{scope}/");
+    let log_lines: Vec<String> = logs
+        .iter()
+        .flat_map(|l| std::fs::read_to_string(l).unwrap_or_default().lines().map(str::to_string).collect::<Vec<_>>())
+        .collect();
+    let failed_firings: BTreeSet<String> = log_lines
+        .iter()
+        .filter(|l| l.contains("a firing failed or timed out downstream"))
+        .filter_map(|l| support::state::log_field(l, "item").map(|i| i.strip_prefix(&prefix).unwrap_or(i).to_string()))
+        .collect();
+    let not_c: Vec<_> =
+        twice.iter().filter(|(k, p)| !c_partitions.contains(p) && !failed_firings.contains(k.as_str())).collect();
     assert!(
         not_c.is_empty(),
-        "windows put twice though no firer that had them in flight died (a firing acked before the drain fired \
-         again in the next deployment): {not_c:?}"
+        "{} windows put twice though no firer that had them in flight died and none of their firings failed (a \
+         firing acked before the drain fired again in the next deployment): {:?}; firings failed or timed out: {}; \
+         firer shares: {:?}\n{}",
+        not_c.len(),
+        not_c.iter().take(20).collect::<Vec<_>>(),
+        failed_firings.len(),
+        log_lines.iter().filter(|l| l.contains("window firer takes the timer partitions")).collect::<Vec<_>>(),
+        cluster.logs()
     );
     // the drained workers' checkpoints are exact: the next deployment skips as duplicates only
     // records of shards c held
@@ -839,10 +867,12 @@ async fn exactly_once_windows_unfired_at_a_drain_fire_once_in_the_next_deploymen
     let counted = support::state::counts(&support::state::items(&store, &cluster.topology).await);
     assert_eq!(counted, truth, "the table's window counts");
     mark(&format!(
-        "all {} windows fired with their exact counts ({left} in the next deployment); put twice {} (c's partitions); \
-         late 0; duplicates skipped in the next deployment {} (shards {:?})",
+        "all {} windows fired with their exact counts ({left} in the next deployment); put twice {} (c's partitions, \
+         or one of {} firings that failed or timed out); late 0; duplicates skipped in the next deployment {} (shards \
+         {:?})",
         truth.len(),
         twice.len(),
+        failed_firings.len(),
         dups.len(),
         dups.iter().collect::<BTreeSet<_>>()
     ));

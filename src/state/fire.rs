@@ -133,6 +133,8 @@ struct Metrics {
     stale: Counter,
     confirmed: Counter,
     replayed: Counter,
+    /// Firings whose tuple tree failed or timed out (emitted again by a later round).
+    failed: Counter,
     conflicts: Counter,
     errors: Counter,
 }
@@ -161,6 +163,8 @@ pub struct WindowFirer<F: OnFire> {
     in_flight: HashSet<Arc<str>>,
     /// Acked, the timer still to be taken out of the index (at the next poll).
     unconfirmed: Vec<Arc<str>>,
+    /// The share of the last poll (logged when it changes).
+    last_share: Option<(usize, usize)>,
     /// The watermark and share of the last complete query round, and whether a failure asks
     /// for another.
     last_round: Option<(i64, (usize, usize))>,
@@ -206,6 +210,7 @@ impl<F: OnFire> WindowFirer<F> {
             next_poll: Instant::now(),
             in_flight: HashSet::new(),
             unconfirmed: Vec::new(),
+            last_share: None,
             last_round: None,
             rescan: false,
             unreadable: HashSet::new(),
@@ -226,7 +231,16 @@ impl<F: OnFire> WindowFirer<F> {
         let firers = o.zk.firers(&self.cfg.component).await?;
         let me = self.node.as_deref().unwrap_or_default();
         match firers.iter().position(|f| f == me) {
-            Some(i) => Ok(Some((i, firers.len()))),
+            Some(i) => {
+                if self.last_share != Some((i, firers.len())) {
+                    // while the firers change, two may briefly take the same partition (module docs)
+                    tracing::info!(component = %self.cfg.component, node = %me, place = i, firers = firers.len(),
+                        in_flight = self.in_flight.len(),
+                        "window firer takes the timer partitions p with p mod {} = {i}", firers.len());
+                    self.last_share = Some((i, firers.len()));
+                }
+                Ok(Some((i, firers.len())))
+            }
             None => {
                 // the registration went with an expired session: register again next poll
                 tracing::warn!(component = %self.cfg.component, node = %me,
@@ -503,6 +517,7 @@ impl<F: OnFire> Spout for WindowFirer<F> {
             stale: ctx.counter("fire_stale_index"),
             confirmed: ctx.counter("fire_confirmed"),
             replayed: ctx.counter("fire_replayed"),
+            failed: ctx.counter("fire_failed"),
             conflicts: ctx.counter("fire_conflicts"),
             errors: ctx.counter("fire_errors"),
         };
@@ -533,6 +548,12 @@ impl<F: OnFire> Spout for WindowFirer<F> {
         // the timer stays in the index: the next round emits the frozen state again
         self.in_flight.remove(&pk);
         self.rescan = true;
+        if let Some(o) = &self.open {
+            o.m.failed.incr();
+        }
+        tracing::info!(component = %self.cfg.component, item = %pk,
+            "a firing failed or timed out downstream; its timer stays in the index and the next round emits it again \
+             (same frozen state, same fire_key: a consumer that counts each firing once deduplicates by it)");
     }
 
     async fn close(&mut self) {

@@ -99,7 +99,10 @@ async fn every_tuple_acked_once_without_faults() {
     let t = faulty_topology(2000, log.clone(), Arc::new(|_, _| Fault::None), seen.clone());
     let running = run_local(t, cfg()).unwrap();
     assert!(wait_until(SECS, || log.lock().unwrap().acked.len() == 2000).await);
-    let m = running.metrics();
+    let m = metrics_when(&running, SECS, |m| {
+        m.component("spout").unwrap().acked == 2000 && m.component("second").unwrap().executed == 2000
+    })
+    .await;
     assert_eq!(m.component("spout").unwrap().acked, 2000);
     assert_eq!(m.component("spout").unwrap().failed, 0);
     assert_eq!(m.component("second").unwrap().executed, 2000);
@@ -123,7 +126,10 @@ async fn errors_and_panics_fail_the_tuple_and_the_task_survives() {
     });
     let running = run_local(faulty_topology(300, log.clone(), plan, seen.clone()), cfg()).unwrap();
     assert!(wait_until(SECS, || log.lock().unwrap().acked.len() == 300).await);
-    let m = running.metrics();
+    let m = metrics_when(&running, SECS, |m| {
+        m.component("spout").unwrap().failed == 200 && m.component("first").unwrap().errors == 200
+    })
+    .await;
     assert_eq!(m.component("spout").unwrap().failed, 200);
     assert_eq!(m.component("first").unwrap().failed, 200);
     assert_eq!(m.component("first").unwrap().errors, 200);
@@ -146,7 +152,7 @@ async fn message_timeout_fails_and_replays() {
     let start = tokio::time::Instant::now();
     assert!(wait_until(Duration::from_secs(60), || log.lock().unwrap().acked.len() == 50).await);
     assert!(start.elapsed() >= Duration::from_secs(2), "replays only after the 2 s timeout");
-    let m = running.metrics();
+    let m = metrics_when(&running, SECS, |m| m.component("spout").unwrap().failed == 25).await;
     assert_eq!(m.component("spout").unwrap().timed_out, 25);
     assert_eq!(m.component("spout").unwrap().failed, 25);
     running.cancel().await.unwrap();

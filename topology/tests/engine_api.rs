@@ -157,7 +157,8 @@ async fn a_dropped_handle_fails_its_input_at_once() {
     let start = tokio::time::Instant::now();
     assert!(wait_until(SECS, || log.lock().unwrap().acked.len() == 20).await);
     assert!(start.elapsed() < Duration::from_secs(1), "replayed after {:?}", start.elapsed());
-    let m = running.metrics().component("spout").cloned().unwrap();
+    let m = metrics_when(&running, SECS, |m| m.component("spout").unwrap().failed == 20).await;
+    let m = m.component("spout").cloned().unwrap();
     assert_eq!((m.failed, m.timed_out), (20, 0), "each id failed once by the dropped handle, none timed out");
     running.cancel().await.unwrap();
     assert!(log.lock().unwrap().violations.is_empty());
@@ -475,7 +476,12 @@ async fn execute_batch_acks_and_fails_per_input() {
         assert!(log.violations.is_empty());
     }
     assert_eq!(out.load(Ordering::Relaxed), 200);
-    let m = running.metrics().component("batch").cloned().unwrap();
+    let m = metrics_when(&running, SECS, |m| {
+        let c = m.component("batch").unwrap();
+        (c.executed, c.acked, c.failed) == (201, 200, 1)
+    })
+    .await;
+    let m = m.component("batch").cloned().unwrap();
     assert_eq!((m.executed, m.acked, m.failed, m.errors), (201, 200, 1, 1));
     assert!(batches.load(Ordering::Relaxed) < 201, "inputs arrive in batches");
     running.cancel().await.unwrap();

@@ -110,3 +110,23 @@ pub async fn wait_until(limit: std::time::Duration, mut cond: impl FnMut() -> bo
     }
     true
 }
+
+/// The topology's counters once `settled` holds of them, or the last snapshot read when `limit`
+/// passes first (the caller's assertions then show what they were). Counters are published by
+/// each task after it acted (a spout's after its `ack` hooks ran, a bolt's after its acks went
+/// out): a test that saw the effect of an ack waits for the count of it, as any reader of
+/// metrics does, rather than read a snapshot taken between the two.
+pub async fn metrics_when(
+    running: &RunningTopology,
+    limit: std::time::Duration,
+    mut settled: impl FnMut(&TopologyMetrics) -> bool,
+) -> TopologyMetrics {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let m = running.metrics();
+        if settled(&m) || tokio::time::Instant::now() >= deadline {
+            return m;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
