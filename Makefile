@@ -40,7 +40,7 @@ check: lint
 # Test binaries run through scripts/test-lanes: two lanes, each with its own services, of one binary
 # at a time on 2 cores and of two on 4+: most integration tests wait on sessions,
 # failovers and producers, and their waits overlap. A binary that hangs (SQUALL_TEST_TIMEOUT), or
-# leaves a process or a Kinesis stream behind, fails by name. Every binary runs even when one fails. Benchmarks are compiled by clippy --all-targets but run
+# leaves a process, a Kinesis stream or a file in its TMPDIR behind, fails by name. Every binary runs even when one fails. Benchmarks are compiled by clippy --all-targets but run
 # only by `make bench`.
 # The binaries, the examples the tests spawn and the test binaries are built by one cargo command
 # (its jobs overlap the tail of one set with the next). The doctests and clippy run beside the

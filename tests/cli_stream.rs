@@ -22,7 +22,8 @@ fn run(cmd: &mut Command) -> (i32, String, String) {
 #[test]
 fn create_put_describe_split_merge_scale_delete() {
     let name = support::unique_name("cli");
-    let manifest = std::env::temp_dir().join(format!("{name}.json"));
+    let dir = support::workers::scratch("cli");
+    let manifest = dir.join("manifest.json");
     let (rc, out, err) = run(squall().args(["stream", "create", &name, "--shards", "2"]));
     assert_eq!(rc, 0, "{out}{err}");
     let (rc, out, err) = run(squall()
@@ -58,7 +59,6 @@ fn create_put_describe_split_merge_scale_delete() {
     assert!(out.contains("4 open"), "{out}");
     let (rc, _, err) = run(squall().args(["stream", "delete", &name]));
     assert_eq!(rc, 0, "{err}");
-    let _ = std::fs::remove_file(manifest);
 }
 
 #[test]
@@ -93,7 +93,7 @@ fn localstack_up_refuses_a_taken_port_and_names_it() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let state = std::env::temp_dir().join(support::unique_name("squall-state"));
+    let state = support::workers::scratch("squall-state");
     let up = concat!(env!("CARGO_MANIFEST_DIR"), "/localstack/up");
     let out = Command::new(up)
         .env("SQUALL_STATE_DIR", &state)
@@ -106,7 +106,6 @@ fn localstack_up_refuses_a_taken_port_and_names_it() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains(&format!("port {port}")) && err.contains("SQUALL_ZK_PORT"), "{err}");
     drop(taken);
-    let _ = std::fs::remove_dir_all(state);
 }
 
 #[test]
@@ -137,8 +136,7 @@ fn every_service_listener_is_on_loopback_only() {
 
 #[test]
 fn audit_exits_non_zero_on_loss_and_zero_otherwise() {
-    let dir = std::env::temp_dir().join(support::unique_name("audit-cli"));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::workers::scratch("audit-cli");
     let manifest = dir.join("m.json");
     std::fs::write(&manifest, r#"{"run":"r1","stream":"s","counts":{"k":2},"total":2}"#).unwrap();
     let line = |seq: u64, t: i64| {
@@ -165,5 +163,4 @@ fn audit_exits_non_zero_on_loss_and_zero_otherwise() {
         run(squall().arg("audit").arg("--manifest").arg(dir.join("nope.json")).arg("--deliveries").arg(&full));
     assert_ne!(rc, 0);
     assert!(err.contains("nope.json"), "{err}");
-    let _ = std::fs::remove_dir_all(dir);
 }

@@ -23,7 +23,7 @@ use squall::kinesis::payload::{AuditPayload, Manifest};
 use squall::kinesis::{self, PutOptions};
 use support::TestStream;
 use support::kpl::{UserPut, counts_of, deaggregated, put_one_with, range, reference_aggregate};
-use support::ops::{assert_watermarks_monotonic, json_lines, squall_run};
+use support::ops::{RoundTrips, assert_watermarks_monotonic, json_lines, squall_run};
 use support::state::{count_in, start_counts};
 use support::workers::{Cluster, example_bin, read_deliveries, read_log_entries, scratch};
 
@@ -61,45 +61,15 @@ async fn an_idle_shard_does_not_hold_windows_back_longer_than_the_idle_timeout()
         &["--window-ms", "1000", "--out", out.to_str().unwrap(), "--watermarks", wms.to_str().unwrap()],
     );
     // GetRecords round trips on the service while the worker reads, from LATEST on every shard.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let (client, name, stop) = (s.client.clone(), s.name.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut its = Vec::new();
-            for shard in kinesis::list_shards(&client, "idle", &name).await.unwrap() {
-                let it = client
-                    .get_shard_iterator()
-                    .stream_name(&name)
-                    .shard_id(&shard.shard_id)
-                    .shard_iterator_type(aws_sdk_kinesis::types::ShardIteratorType::Latest)
-                    .send()
-                    .await
-                    .unwrap();
-                its.push(it.shard_iterator.unwrap());
-            }
-            let mut rtts = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                for it in &mut its {
-                    let t0 = Instant::now();
-                    let r = client.get_records().shard_iterator(it.as_str()).send().await.unwrap();
-                    rtts.push(t0.elapsed().as_millis() as i64);
-                    *it = r.next_shard_iterator.unwrap();
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            rtts
-        })
-    };
+    let rtts = RoundTrips::start(&s.client, &[&s.name], None, Duration::from_millis(250));
     tokio::time::sleep(Duration::from_millis(500)).await;
     // One partition key: every record goes to one shard; the other shard stays idle.
     let opts = PutOptions { count: 400, keys: 1, rate: Some(60.0), ..PutOptions::default() };
     kinesis::put_records(&s.client, &s.label(), &s.name, &opts).await.unwrap();
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut rtts = sampler.await.unwrap();
-    rtts.sort_unstable();
-    assert!(rtts.len() >= 20, "GetRecords round trips sampled during the run: {}", rtts.len());
-    let rtt_max = *rtts.last().unwrap();
+    let rtts = rtts.stop().await;
+    assert!(rtts.count(false) >= 20, "GetRecords round trips sampled during the run: {}", rtts.count(false));
+    let (rtt_max, rtt_median) = rtts.max_and_median(false);
     let fired: Vec<_> = json_lines(&out).into_iter().filter(|l| l.get("late").is_none()).collect();
     assert!(fired.len() >= 4, "windows fired while a shard was idle: {fired:?}\n{}", cluster.logs());
     let limit = idle_ms + idle_poll_ms + interval_ms + rtt_max + HOPS_MS;
@@ -112,8 +82,8 @@ async fn an_idle_shard_does_not_hold_windows_back_longer_than_the_idle_timeout()
         delays.len(),
         delays.iter().min().unwrap(),
         delays.iter().max().unwrap(),
-        rtts.len(),
-        rtts[rtts.len() / 2],
+        rtts.count(false),
+        rtt_median,
     );
     for (f, delay) in fired.iter().zip(&delays) {
         assert!(*delay >= 0, "a window fired before its end: {f}");

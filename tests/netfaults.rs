@@ -55,6 +55,8 @@ struct Rig {
     watcher: Option<CheckpointWatcher>,
     impair: Option<Impair>,
     proxy_stats: Vec<std::path::PathBuf>,
+    /// Last, so it is removed after everything that writes into it is stopped.
+    _dir: support::workers::Scratch,
 }
 
 impl Rig {
@@ -78,7 +80,7 @@ impl Rig {
             .await
             .expect("observer connects to the ensemble through the relays");
         let watcher = Some(CheckpointWatcher::start(&zk.observer_connect, &cluster.stream_path(), None));
-        Rig { name, t0, net, zk, s, cluster, obs, watcher, impair, proxy_stats: Vec::new() }
+        Rig { name, t0, net, zk, s, cluster, obs, watcher, impair, proxy_stats: Vec::new(), _dir: dir }
     }
 
     fn mark(&self, what: &str) {

@@ -14,13 +14,13 @@ use support::TestStream;
 use support::ops::{list_shards, put_to_shard, wait_for};
 use support::reliability::{Proc, spawn_worker};
 use support::tcpproxy::TcpProxy;
-use support::workers::{Cluster, live_tasks, scratch};
+use support::workers::{Cluster, Scratch, live_tasks, scratch};
 
 const GUARD: Duration = Duration::from_secs(90);
 
 /// A 1-shard stream, a cluster with a 2 s session, one worker reaching ZooKeeper through `proxy`,
 /// settled (registered and delivering).
-async fn setup(name: &str, proxy: &TcpProxy, give_up_ms: u64) -> (TestStream, Cluster, Proc, Vec<String>) {
+async fn setup(name: &str, proxy: &TcpProxy, give_up_ms: u64) -> (Scratch, TestStream, Cluster, Proc, Vec<String>) {
     let s = TestStream::create(name, 1).await;
     let dir = scratch(name);
     let mut cluster = Cluster::new(&s.name, &dir);
@@ -37,14 +37,14 @@ async fn setup(name: &str, proxy: &TcpProxy, give_up_ms: u64) -> (TestStream, Cl
         (t.len() == 1).then_some(t)
     })
     .await;
-    (s, cluster, w, tasks)
+    (dir, s, cluster, w, tasks)
 }
 
 /// Cut for good: the session expires, no new one can be built, the worker exits non-zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_that_gives_up_on_zookeeper_exits_non_zero() {
     let proxy = TcpProxy::start(&support::zk_connect()).await;
-    let (s, cluster, mut w, tasks) = setup("exit-giveup", &proxy, 3000).await;
+    let (_dir, s, cluster, mut w, tasks) = setup("exit-giveup", &proxy, 3000).await;
     let zk = support::zk_client().await;
 
     proxy.cut();
@@ -76,7 +76,7 @@ async fn worker_that_gives_up_on_zookeeper_exits_non_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_whose_zookeeper_comes_back_within_the_give_up_time_recovers() {
     let proxy = TcpProxy::start(&support::zk_connect()).await;
-    let (s, cluster, mut w, tasks) = setup("exit-recover", &proxy, 60_000).await;
+    let (_dir, s, cluster, mut w, tasks) = setup("exit-recover", &proxy, 60_000).await;
     let zk = support::zk_client().await;
     let hash = list_shards(&s.client, &s.name).await[0].starting_hash_key.clone();
     let mut manifests = Vec::new();

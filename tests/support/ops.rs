@@ -200,3 +200,121 @@ pub async fn adjacent_open(s: &super::TestStream) -> Option<(String, String)> {
         (end + 1 == start).then(|| (w[0].shard_id.clone(), w[1].shard_id.clone()))
     })
 }
+
+/// Round trips of the Kinesis engine, sampled while a test's workers use it: the service's own
+/// latency, which a test bounding a product latency adds to the product's terms (the engine in
+/// the suite answers one request at a time and slows down under the other tests' load).
+pub struct RoundTrips {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<RoundTrip>>,
+}
+
+/// One sampled call: what it was, when it started (ms since the epoch) and how long it took.
+#[derive(Clone, Copy, Debug)]
+pub struct RoundTrip {
+    pub put: bool,
+    pub at_ms: i64,
+    pub ms: i64,
+}
+
+impl RoundTrips {
+    /// Every `every`, one GetRecords on each open shard of each of `read` (iterators from LATEST,
+    /// so nothing is consumed that the workers read) and, with `probe` (a stream of the test's
+    /// own, nobody reads it), one PutRecords of one small record. A stream of `read` that does
+    /// not exist yet is looked up again at the next round.
+    pub fn start(client: &aws_sdk_kinesis::Client, read: &[&str], probe: Option<&str>, every: Duration) -> Self {
+        use aws_sdk_kinesis::types::ShardIteratorType;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (client, stop2) = (client.clone(), stop.clone());
+        let read: Vec<String> = read.iter().map(|s| s.to_string()).collect();
+        let probe = probe.map(str::to_string);
+        let task = tokio::spawn(async move {
+            let mut its: BTreeMap<(String, String), String> = BTreeMap::new();
+            let mut out = Vec::new();
+            while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                for stream in &read {
+                    let Ok(shards) = squall::kinesis::list_shards(&client, "round trips", stream).await else {
+                        continue;
+                    };
+                    for sh in shards.iter().filter(|s| !s.closed) {
+                        let key = (stream.clone(), sh.shard_id.clone());
+                        if its.contains_key(&key) {
+                            continue;
+                        }
+                        if let Ok(r) = client
+                            .get_shard_iterator()
+                            .stream_name(stream)
+                            .shard_id(&sh.shard_id)
+                            .shard_iterator_type(ShardIteratorType::Latest)
+                            .send()
+                            .await
+                            && let Some(it) = r.shard_iterator
+                        {
+                            its.insert(key, it);
+                        }
+                    }
+                }
+                let keys: Vec<_> = its.keys().cloned().collect();
+                for key in keys {
+                    let (at_ms, t0) = (squall::coord::now_ms(), Instant::now());
+                    let r = client.get_records().shard_iterator(its[&key].as_str()).send().await;
+                    out.push(RoundTrip { put: false, at_ms, ms: t0.elapsed().as_millis() as i64 });
+                    match r.ok().and_then(|r| r.next_shard_iterator) {
+                        Some(next) => {
+                            its.insert(key, next);
+                        }
+                        None => {
+                            its.remove(&key);
+                        }
+                    }
+                }
+                if let Some(p) = &probe {
+                    let (at_ms, t0) = (squall::coord::now_ms(), Instant::now());
+                    let entry =
+                        PutRecordsRequestEntry::builder().partition_key("probe").data(Blob::new(b"p".to_vec())).build();
+                    if client.put_records().stream_name(p).records(entry.expect("a probe record")).send().await.is_ok()
+                    {
+                        out.push(RoundTrip { put: true, at_ms, ms: t0.elapsed().as_millis() as i64 });
+                    }
+                }
+                tokio::time::sleep(every).await;
+            }
+            out
+        });
+        RoundTrips { stop, task }
+    }
+
+    /// Stops sampling; the samples.
+    pub async fn stop(self) -> RoundTripSamples {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        RoundTripSamples(self.task.await.expect("the round-trip sampler"))
+    }
+}
+
+/// The samples of [`RoundTrips`].
+pub struct RoundTripSamples(pub Vec<RoundTrip>);
+
+impl RoundTripSamples {
+    /// How many GetRecords (`put` false) or PutRecords calls were sampled.
+    pub fn count(&self, put: bool) -> usize {
+        self.0.iter().filter(|s| s.put == put).count()
+    }
+
+    /// The longest call of the kind that was in flight at some time in `from_ms..=to_ms`
+    /// (0 when none was).
+    pub fn max_during(&self, put: bool, from_ms: i64, to_ms: i64) -> i64 {
+        self.0
+            .iter()
+            .filter(|s| s.put == put && s.at_ms <= to_ms && s.at_ms + s.ms >= from_ms)
+            .map(|s| s.ms)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Longest and median call of the kind over the whole run.
+    pub fn max_and_median(&self, put: bool) -> (i64, i64) {
+        let mut v: Vec<i64> = self.0.iter().filter(|s| s.put == put).map(|s| s.ms).collect();
+        v.sort_unstable();
+        (v.last().copied().unwrap_or(0), v.get(v.len() / 2).copied().unwrap_or(0))
+    }
+}

@@ -42,11 +42,48 @@ fn newest_source(bin: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
         .max()
 }
 
-/// A scratch directory for one test's files.
-pub fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(super::unique_name(name));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A scratch directory for one test's files (workers' logs, deliveries, manifests), removed when
+/// the test passes. A failing test keeps it, saying where, so its logs can be read.
+pub fn scratch(name: &str) -> Scratch {
+    let path = std::env::temp_dir().join(super::unique_name(name));
+    std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("scratch directory {}: {e}", path.display()));
+    Scratch { path }
+}
+
+/// See [`scratch`]; derefs to its path. Declare it before the workers that write into it, so it
+/// is dropped (removed) after they are killed.
+#[derive(Debug)]
+pub struct Scratch {
+    path: PathBuf,
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.path.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test scratch directory kept for a look: {}", self.path.display());
+        } else if let Err(e) = std::fs::remove_dir_all(&self.path) {
+            eprintln!("test scratch directory {} not removed: {e}", self.path.display());
+        }
+    }
 }
 
 /// Settings shared by the workers of one test.
