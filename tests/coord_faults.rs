@@ -200,3 +200,75 @@ async fn release_delete_fails_before_it_is_sent() {
 async fn release_delete_answer_is_lost() {
     case(ZkOp::Delete, true, 1).await;
 }
+
+/// A task registration whose answer is lost (the server created `tasks/task-N`, the client saw
+/// ConnectionLoss) leaves no second, ghost registration of the session: the task finds and adopts
+/// its node. Worker 1 registers first, so its lost registration would be the lowest task: no
+/// worker would lead (no shard listed, nothing assigned, nothing read). Asserted first: the fault
+/// was injected exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_whose_answer_is_lost_leaves_no_ghost_task() {
+    squall::logging::init();
+    let s = TestStream::create("faults-reg", 2).await;
+    let root = support::unique_zk_root("faults-reg");
+    let topology = support::unique_name("topo");
+    let mut cfg = support::spout_config(&topology, &s.name, &root);
+    cfg.checkpoint_interval_ms = 200;
+    cfg.shard_discovery_interval_ms = 1000;
+    let topo_path = format!("{root}/topologies/{topology}");
+    let injected = Arc::new(AtomicU64::new(0));
+    let injected2 = injected.clone();
+    let hook: FaultHook = Arc::new(move |o: ZkOp, path: &str| {
+        let first = o == ZkOp::Create
+            && path.contains("/tasks/")
+            && injected2.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst).is_ok();
+        first.then_some(InjectedFault::After(zk::Error::ConnectionLoss))
+    });
+    let w1 = start_worker(&cfg, Some(hook)).await;
+    let zk = support::zk_client().await;
+    // worker 1 registered (its first create's answer was lost) before worker 2 starts
+    let guard = Instant::now();
+    while zk.list_children(&format!("{topo_path}/tasks")).await.unwrap_or_default().is_empty()
+        || w1.registry.tasks()[0].task_name().is_empty()
+    {
+        assert!(guard.elapsed() < Duration::from_secs(30), "worker 1 registered in 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let w2 = start_worker(&cfg, None).await;
+    assert_eq!(injected.load(Ordering::SeqCst), 1, "the fault was injected once (a task create's answer lost)");
+    let want = put(&s, 200).await;
+    let guard = Instant::now();
+    loop {
+        let seen: BTreeSet<_> = w1.seen.lock().unwrap().union(&w2.seen.lock().unwrap()).cloned().collect();
+        let missing = want.difference(&seen).count();
+        if missing == 0 {
+            break;
+        }
+        if guard.elapsed() > Duration::from_secs(30) {
+            let tasks = zk.list_children(&format!("{topo_path}/tasks")).await.unwrap_or_default();
+            let stream_path = format!("{topo_path}/streams/{}", s.name);
+            panic!(
+                "{missing} of {} records never delivered; tasks {tasks:?} (worker 1 is {}, worker 2 is {}); leases {:?}",
+                want.len(),
+                w1.registry.tasks()[0].task_name(),
+                w2.registry.tasks()[0].task_name(),
+                leases(&zk, &stream_path).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut tasks = zk.list_children(&format!("{topo_path}/tasks")).await.unwrap();
+    tasks.sort();
+    let mut live = vec![w1.registry.tasks()[0].task_name(), w2.registry.tasks()[0].task_name()];
+    live.sort();
+    assert_eq!(tasks, live, "tasks/ lists the live tasks only (no ghost registration of worker 1's session)");
+    let stream_path = format!("{topo_path}/streams/{}", s.name);
+    assert_eq!(leases(&zk, &stream_path).await.len(), 2, "every shard leased");
+    eprintln!("REGISTRATION: answer lost once; tasks {tasks:?}; 200 of 200 delivered");
+    w2.running.kill(Duration::from_secs(5)).await.unwrap();
+    w1.running.kill(Duration::from_secs(5)).await.unwrap();
+    w1.session.close().await;
+    w2.session.close().await;
+    support::zk_delete_tree(&zk, &root).await;
+    s.delete().await;
+}

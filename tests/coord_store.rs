@@ -101,6 +101,7 @@ fn task_info(i: u32) -> TaskInfo {
         task_index: i,
         since_ms: 1,
         session: String::new(),
+        registration: String::new(),
     }
 }
 
@@ -209,15 +210,16 @@ async fn layout_is_idempotent_and_tasks_are_ephemeral_and_sorted() {
     assert_eq!(a.paths().topology(), format!("{}/topologies/{TOPOLOGY}", root.root));
 
     let b = root.store().await;
-    let t1 = a.register_task(&task_info(1)).await.unwrap();
-    let t2 = b.register_task(&task_info(2)).await.unwrap();
-    let t3 = a2.register_task(&task_info(3)).await.unwrap();
+    let t1 = a.register_task(&task_info(1), &format!("t{}", 1)).await.unwrap();
+    let t2 = b.register_task(&task_info(2), &format!("t{}", 2)).await.unwrap();
+    let t3 = a2.register_task(&task_info(3), &format!("t{}", 3)).await.unwrap();
     assert!(t1.starts_with("task-") && t1.len() == "task-".len() + 10, "{t1}");
     let live = a.live_tasks().await.unwrap();
     let names: Vec<&str> = live.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, vec![t1.as_str(), t2.as_str(), t3.as_str()], "sorted by sequence");
     assert!(!live[1].1.session.is_empty(), "register_task records the session");
-    assert_eq!(TaskInfo { session: String::new(), ..live[1].1.clone() }, task_info(2));
+    assert_eq!(live[1].1.registration, "t2", "register_task records the registration id");
+    assert_eq!(TaskInfo { session: String::new(), registration: String::new(), ..live[1].1.clone() }, task_info(2));
     let owned: Vec<String> = names.iter().map(|s| s.to_string()).collect();
     assert_eq!(leader(&owned), Some(t1.as_str()));
 
@@ -471,7 +473,7 @@ async fn watch_reports_cold_changes_and_never_hot_checkpoint_writes() {
     let mut rx = a.watch(&all).await.unwrap();
     let second = Duration::from_secs(1);
 
-    let task = b.register_task(&task_info(1)).await.unwrap();
+    let task = b.register_task(&task_info(1), &format!("t{}", 1)).await.unwrap();
     assert_eq!(next_event(&mut rx, second).await, ChangeEvent::Tasks);
 
     // Hot traffic: a shard's start, its lease, many checkpoint writes, the release. None of it
@@ -530,7 +532,7 @@ async fn digest_auth_locks_out_other_clients() {
     let a = root.store().await;
     let shard_id = "shardId-000000000000";
     a.init_checkpoint(shard_id, &Checkpoint::at(CheckpointPosition::TrimHorizon, 1)).await.unwrap();
-    a.register_task(&task_info(1)).await.unwrap();
+    a.register_task(&task_info(1), &format!("t{}", 1)).await.unwrap();
     let lease = acquired(&a, shard_id).await;
     assert_eq!(a.read_checkpoint(shard_id).await.unwrap().unwrap().version, 0);
 
@@ -637,7 +639,7 @@ async fn state_and_assignment_round_trip() {
     // Assignment from live tasks, as the runtime computes it.
     let mut names = Vec::new();
     for i in 0..3 {
-        names.push(a.register_task(&task_info(i)).await.unwrap());
+        names.push(a.register_task(&task_info(i), &format!("t{}", i)).await.unwrap());
     }
     let live: Vec<String> = a.live_tasks().await.unwrap().into_iter().map(|(n, _)| n).collect();
     let shards: Vec<String> = (0..7).map(|i| format!("shardId-{i:012}")).collect();
@@ -739,4 +741,34 @@ async fn a_checkpoint_write_whose_answer_was_lost_is_not_a_conflict() {
     let (data, _) = raw.get_data(&path).await.unwrap();
     let last: Checkpoint = serde_json::from_slice(&data).unwrap();
     assert_eq!(last.position, mine("500").position, "a write without the lease was accepted");
+}
+
+/// A window firer's registration whose answer is lost (created on the server, ConnectionLoss
+/// to the client) is found by its registration id and can be adopted or removed: the store side
+/// of "no ghost registration" (`coord_faults::a_registration_whose_answer_is_lost_leaves_no_ghost_task`
+/// covers tasks end to end). Another session's node with the same id is not taken for ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_firer_registration_whose_answer_is_lost_is_found_by_its_id() {
+    use std::sync::atomic::Ordering;
+    let root = TestRoot::new();
+    let a = root.store().await;
+    let b = root.store().await;
+    let lost = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let once = lost.clone();
+    a.session().inject_faults(Some(Arc::new(move |op, path: &str| {
+        (op == squall::coord::ZkOp::Create && path.contains("/firers/") && once.swap(false, Ordering::SeqCst))
+            .then_some(squall::coord::InjectedFault::After(zk::Error::ConnectionLoss))
+    })));
+    let err = a.register_firer("counts", "r1").await.unwrap_err();
+    assert!(!lost.load(Ordering::SeqCst), "the fault was injected");
+    assert!(err.to_string().contains("create"), "{err}");
+    let other = b.register_firer("counts", "r1").await.unwrap();
+    let firers = a.firers("counts").await.unwrap();
+    assert_eq!(firers.len(), 2, "the lost create was applied: {firers:?}");
+    let found = a.find_firer("counts", "r1").await.unwrap().expect("the applied registration is found");
+    assert_ne!(found, other, "b's node with the same id is not a's");
+    assert_eq!(a.find_firer("counts", "r2").await.unwrap(), None);
+    a.unregister_firer("counts", &found).await.unwrap();
+    assert_eq!(a.firers("counts").await.unwrap(), vec![other.clone()]);
+    assert_eq!(b.find_firer("counts", "r1").await.unwrap(), Some(other));
 }

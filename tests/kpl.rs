@@ -30,7 +30,7 @@ use support::kpl::{
     Kpl, KplPut, hex, manifest, put_kpl_like, put_lambda_style, put_one, put_one_seq, put_reference, range,
     reference_aggregate, wait_counters,
 };
-use support::workers::{Cluster, Worker, read_deliveries, scratch};
+use support::workers::{Cluster, Scratch, Worker, read_deliveries, scratch};
 
 async fn cleanup(cluster: &Cluster, s: TestStream) {
     let zk = support::zk_client().await;
@@ -74,7 +74,7 @@ async fn reference_aggregates_through_a_split_and_a_merge_lose_nothing_and_keep_
 }
 
 /// A spout configuration with `kpl_out_of_range` set (`None`: the default).
-fn cluster_with(s: &TestStream, dir: &std::path::Path, mode: Option<&str>) -> Cluster {
+fn cluster_with(s: &TestStream, dir: &Scratch, mode: Option<&str>) -> Cluster {
     match mode {
         Some(m) => Cluster::with_spout_config(&s.name, dir, serde_json::json!({ "kpl_out_of_range": m })),
         None => Cluster::new(&s.name, dir),

@@ -52,7 +52,7 @@ pub use logic::{
     task_cmp,
 };
 pub use model::{
-    Assignment, Checkpoint, CheckpointPosition, DrainRequest, EfoRuntime, KplRuntime, LeaseInfo, Lifecycle,
+    Assignment, Checkpoint, CheckpointPosition, DrainRequest, EfoRuntime, FirerInfo, KplRuntime, LeaseInfo, Lifecycle,
     RebalanceRequest, ShardList, ShardRecord, ShardRuntime, StageRuntime, TaskInfo, TopologyState, Versioned,
     WatermarkReport, WorkerStatus, now_ms,
 };

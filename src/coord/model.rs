@@ -162,6 +162,20 @@ pub struct TaskInfo {
     /// The task's ZooKeeper session (hex), set by `register_task`; matches its leases' `writer`.
     #[serde(default)]
     pub session: String,
+    /// The id of the registration attempt that created the node, set by `register_task`: after
+    /// a create whose answer was lost, its task finds the node by it (`ZkStore::find_task`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub registration: String,
+}
+
+/// The data of a `firers/{component}/task-N` znode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirerInfo {
+    /// The firer's ZooKeeper session (hex).
+    pub session: String,
+    /// The id of the registration attempt that created the node (see [`TaskInfo::registration`]).
+    #[serde(default)]
+    pub registration: String,
 }
 
 /// Reading status of one shard, as its owning task last saw it.

@@ -20,8 +20,8 @@ use super::config::ZkConfig;
 use super::error::{CoordError, is_transient};
 use super::logic::{committed_watermark, task_cmp};
 use super::model::{
-    Assignment, Checkpoint, CheckpointPosition, DrainRequest, LeaseInfo, RebalanceRequest, ShardList, TaskInfo,
-    TopologyState, Versioned, WatermarkReport, WorkerStatus, decode, encode, now_ms,
+    Assignment, Checkpoint, CheckpointPosition, DrainRequest, FirerInfo, LeaseInfo, RebalanceRequest, ShardList,
+    TaskInfo, TopologyState, Versioned, WatermarkReport, WorkerStatus, decode, encode, now_ms,
 };
 use super::paths::{LEASE_PREFIX, TASK_PREFIX, TopologyPaths, lease_holder, sequence_of, validate_name};
 use super::session::{InjectedFault, ZkOp, ZkSession, short_backoff};
@@ -226,17 +226,69 @@ impl ZkStore {
 
     // ----- tasks -----
 
-    /// Registers a live task: an EPHEMERAL_SEQUENTIAL `tasks/task-N` znode. Returns its node name.
-    pub async fn register_task(&self, info: &TaskInfo) -> Result<String, CoordError> {
+    /// Registers a live task: an EPHEMERAL_SEQUENTIAL `tasks/task-N` znode whose data names this
+    /// session and `token`, a fresh id of this registration attempt. Returns its node name.
+    ///
+    /// When this fails with an error whose outcome is unknown (the connection was lost after the
+    /// request went out: the server may have created the node), keep `token` and call
+    /// [`ZkStore::find_task`] before registering again: a create the server applied and whose
+    /// answer was lost is then adopted (or removed), never left as a second, ghost registration
+    /// of the session, which the leader would give shards nobody reads (and which, lowest in
+    /// sequence, would leave the stream without a leader). Curator's "protected" create.
+    pub async fn register_task(&self, info: &TaskInfo, token: &str) -> Result<String, CoordError> {
         let prefix = self.paths.task_prefix();
-        let info = TaskInfo { session: self.session.name().to_string(), ..info.clone() };
+        let info =
+            TaskInfo { session: self.session.name().to_string(), registration: token.to_string(), ..info.clone() };
         let data = encode(&prefix, &info)?;
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.session.acls);
-        let (_, seq) =
-            self.client().create(&prefix, &data, &options).await.map_err(|e| CoordError::zk(&prefix, "create", e))?;
+        let (_, seq) = self
+            .guarded(ZkOp::Create, &prefix, || self.client().create(&prefix, &data, &options))
+            .await
+            .map_err(|e| CoordError::zk(&prefix, "create", e))?;
         let name = format!("{TASK_PREFIX}{seq}");
         debug!(task = %name, "registered task");
         Ok(name)
+    }
+
+    /// The task node this session created with registration `token`, if there is one (see
+    /// [`ZkStore::register_task`]). Syncs first, so a create the server applied is seen even
+    /// through a server that lagged behind; then one listing and one read per task node.
+    pub async fn find_task(&self, token: &str) -> Result<Option<String>, CoordError> {
+        let dir = self.paths.tasks().to_string();
+        let session = self.session.name().to_string();
+        self.find_registration(&dir, |data| {
+            serde_json::from_slice::<TaskInfo>(data).is_ok_and(|i| i.registration == token && i.session == session)
+        })
+        .await
+    }
+
+    /// The first node under `dir` (by sequence) whose data `mine` recognises, after a sync.
+    async fn find_registration(&self, dir: &str, mine: impl Fn(&[u8]) -> bool) -> Result<Option<String>, CoordError> {
+        self.client().sync(dir).await.map_err(|e| CoordError::zk(dir, "sync", e))?;
+        let mut names = match self.client().list_children(dir).await {
+            Ok(n) => n,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(CoordError::zk(dir, "list", e)),
+        };
+        names.retain(|n| n.starts_with(TASK_PREFIX));
+        names.sort_by(|a, b| task_cmp(a, b));
+        let reads: Vec<_> = names
+            .iter()
+            .map(|n| {
+                let path = format!("{dir}/{n}");
+                let fut = self.client().get_data(&path);
+                (n, path, fut)
+            })
+            .collect();
+        let mut found = None;
+        for (name, path, fut) in reads {
+            match fut.await {
+                Ok((data, _)) if found.is_none() && mine(&data) => found = Some(name.clone()),
+                Ok(_) | Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(CoordError::zk(&path, "get", e)),
+            }
+        }
+        Ok(found)
     }
 
     /// Removes a task registration (a task of a shared session stops while the session goes on).
@@ -257,9 +309,12 @@ impl ZkStore {
     }
 
     /// Registers a window firer of `component` ([`crate::state::WindowFirer`]): an
-    /// EPHEMERAL_SEQUENTIAL `firers/{component}/task-N` znode (its parent created when missing).
+    /// EPHEMERAL_SEQUENTIAL `firers/{component}/task-N` znode (its parent created when missing)
+    /// whose data names this session and `token`, a fresh id of this registration attempt.
     /// Returns its node name. The live firers share the timer partitions in sequence order.
-    pub async fn register_firer(&self, component: &str) -> Result<String, CoordError> {
+    /// After an error whose outcome is unknown, call [`ZkStore::find_firer`] with the same token
+    /// before registering again (as for [`ZkStore::register_task`]).
+    pub async fn register_firer(&self, component: &str, token: &str) -> Result<String, CoordError> {
         validate_name("component name", component)?;
         let dir = self.paths.firers(component);
         if !matches!(self.client().check_stat(&dir).await, Ok(Some(_))) {
@@ -268,13 +323,33 @@ impl ZkStore {
             op.retry(short_backoff()).when(is_transient).await.map_err(|e| CoordError::zk(&dir, "mkdir", e))?;
         }
         let prefix = format!("{dir}/{TASK_PREFIX}");
+        let data =
+            encode(&prefix, &FirerInfo { session: self.session.name().to_string(), registration: token.into() })?;
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.session.acls);
         let (_, seq) = self
-            .client()
-            .create(&prefix, self.session.name().as_bytes(), &options)
+            .guarded(ZkOp::Create, &prefix, || self.client().create(&prefix, &data, &options))
             .await
             .map_err(|e| CoordError::zk(&prefix, "create", e))?;
         Ok(format!("{TASK_PREFIX}{seq}"))
+    }
+
+    /// The firer node of `component` this session created with registration `token`, if there
+    /// is one (see [`ZkStore::register_firer`]).
+    pub async fn find_firer(&self, component: &str, token: &str) -> Result<Option<String>, CoordError> {
+        validate_name("component name", component)?;
+        let dir = self.paths.firers(component);
+        let session = self.session.name().to_string();
+        self.find_registration(&dir, |data| {
+            serde_json::from_slice::<FirerInfo>(data).is_ok_and(|i| i.registration == token && i.session == session)
+        })
+        .await
+    }
+
+    /// Removes a window firer registration of `component` (gone already is fine).
+    pub async fn unregister_firer(&self, component: &str, name: &str) -> Result<(), CoordError> {
+        validate_name("component name", component)?;
+        validate_name("firer name", name)?;
+        self.delete_quietly(&format!("{}/{name}", self.paths.firers(component))).await
     }
 
     /// The live window firers of `component`, sorted by sequence (the order their timer

@@ -107,6 +107,9 @@ struct Session {
     /// Leases whose delete failed (or whose create's outcome is unknown): removed at the next
     /// ticks until ZooKeeper confirms, so no lease ever outlives its use.
     cleanup: BTreeSet<Arc<str>>,
+    /// The id of a registration whose create failed with an unknown outcome: the server may have
+    /// created its node. Looked up (adopted or removed) before this task registers again.
+    unconfirmed_registration: Option<String>,
     pending_release: Vec<Lease>,
     /// The generation of the assignment last reconciled with.
     assignment_generation: Option<u64>,
@@ -151,6 +154,7 @@ impl Coordinator {
                         owned: HashMap::new(),
                         blocked: HashMap::new(),
                         cleanup: BTreeSet::new(),
+                        unconfirmed_registration: None,
                         pending_release: Vec::new(),
                         assignment_generation: None,
                         report: None,
@@ -193,11 +197,33 @@ impl Coordinator {
     }
 
     /// Registers (active, holding nothing) or unregisters (deactivated) as needed.
+    ///
+    /// A registration whose create failed may still have been applied by the server (its answer
+    /// lost with the connection): its id is kept and the node looked up first, then adopted (or
+    /// removed, when the task is deactivated meanwhile), so a session never holds a second, ghost
+    /// registration of one task.
     async fn registration(&self, s: &mut Session) -> Result<(), CoordError> {
         let active = *self.active.borrow();
         if active && !s.registered && s.owned.is_empty() && s.pending_release.is_empty() && s.cleanup.is_empty() {
-            let info = TaskInfo { since_ms: now_ms(), ..self.info.clone() };
-            let task = s.store.register_task(&info).await?;
+            let adopted = match s.unconfirmed_registration.clone() {
+                Some(token) => s.store.find_task(&token).await?,
+                None => None,
+            };
+            let task = match adopted {
+                Some(task) => {
+                    tracing::info!(task = %task, "a registration whose answer was lost was applied: adopting its node");
+                    s.unconfirmed_registration = None;
+                    task
+                }
+                None => {
+                    let token = registration_token();
+                    s.unconfirmed_registration = Some(token.clone());
+                    let info = TaskInfo { since_ms: now_ms(), ..self.info.clone() };
+                    let task = s.store.register_task(&info, &token).await?;
+                    s.unconfirmed_registration = None;
+                    task
+                }
+            };
             *lock(&self.task_name) = task.clone();
             let _ =
                 self.stream.commands.send(StreamCommand::Registered { generation: s.generation, task: task.clone() });
@@ -213,6 +239,12 @@ impl Coordinator {
             self.remove_report(s).await;
             let _ = self.stream.commands.send(StreamCommand::Unregistered { task: s.task.clone() });
             tracing::info!(task = %s.task, "spout task deactivated: unregistered, handing its shards back");
+        } else if !active && let Some(token) = s.unconfirmed_registration.clone() {
+            if let Some(stray) = s.store.find_task(&token).await? {
+                s.store.unregister_task(&stray).await?;
+                tracing::info!(task = %stray, "removed a registration whose answer was lost (the task is deactivated)");
+            }
+            s.unconfirmed_registration = None;
         }
         Ok(())
     }
@@ -882,6 +914,11 @@ async fn guard_fetch(
             r = view.changed() => if r.is_err() { return },
         }
     }
+}
+
+/// A fresh id for one registration attempt (`TaskInfo::registration`).
+pub(crate) fn registration_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
 }
 
 /// The sequencer token of a lease: the sequential number ZooKeeper appended to its znode name

@@ -36,6 +36,7 @@
 
 pub mod config;
 mod coordinator;
+pub(crate) use coordinator::registration_token;
 mod deagg;
 mod efo;
 mod reader;
@@ -735,6 +736,7 @@ impl Spout for KinesisSpout {
                 task_index: ctx.task_index() as u32,
                 since_ms: now_ms(),
                 session: String::new(),
+                registration: String::new(),
             },
             tracker: self.tracker.clone(),
             reader,

@@ -163,6 +163,9 @@ pub struct WindowFirer<F: OnFire> {
     in_flight: HashSet<Arc<str>>,
     /// Acked, the timer still to be taken out of the index (at the next poll).
     unconfirmed: Vec<Arc<str>>,
+    /// The id of a registration whose create failed with an unknown outcome (see
+    /// `ZkStore::register_firer`): looked up before registering again.
+    unconfirmed_registration: Option<String>,
     /// The share of the last poll (logged when it changes).
     last_share: Option<(usize, usize)>,
     /// The watermark and share of the last complete query round, and whether a failure asks
@@ -210,6 +213,7 @@ impl<F: OnFire> WindowFirer<F> {
             next_poll: Instant::now(),
             in_flight: HashSet::new(),
             unconfirmed: Vec::new(),
+            unconfirmed_registration: None,
             last_share: None,
             last_round: None,
             rescan: false,
@@ -226,7 +230,22 @@ impl<F: OnFire> WindowFirer<F> {
     /// session was lost). `None` while it is not registered.
     async fn share(&mut self, o: &Open) -> Result<Option<(usize, usize)>, crate::coord::CoordError> {
         if self.node.is_none() {
-            self.node = Some(o.zk.register_firer(&self.cfg.component).await?);
+            // a registration whose answer was lost may have been applied: adopt its node, never
+            // leave it as a second (ghost) firer that takes a share of the partitions nobody fires
+            if let Some(token) = self.unconfirmed_registration.clone() {
+                if let Some(node) = o.zk.find_firer(&self.cfg.component, &token).await? {
+                    tracing::info!(component = %self.cfg.component, node = %node,
+                        "a window firer registration whose answer was lost was applied: adopting its node");
+                    self.node = Some(node);
+                }
+                self.unconfirmed_registration = None;
+            }
+        }
+        if self.node.is_none() {
+            let token = crate::spout::registration_token();
+            self.unconfirmed_registration = Some(token.clone());
+            self.node = Some(o.zk.register_firer(&self.cfg.component, &token).await?);
+            self.unconfirmed_registration = None;
         }
         let firers = o.zk.firers(&self.cfg.component).await?;
         let me = self.node.as_deref().unwrap_or_default();

@@ -43,45 +43,47 @@ fn newest_source(bin: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
 }
 
 /// A scratch directory for one test's files (workers' logs, deliveries, manifests), removed when
-/// the test passes. A failing test keeps it, saying where, so its logs can be read.
+/// the last handle to it goes (a [`Cluster`] built on it holds one) and the test did not fail. A
+/// failing test keeps it, saying where, so its logs can be read.
 pub fn scratch(name: &str) -> Scratch {
     let path = std::env::temp_dir().join(super::unique_name(name));
     std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("scratch directory {}: {e}", path.display()));
-    Scratch { path }
+    Scratch(std::sync::Arc::new(ScratchDir(path)))
 }
 
-/// See [`scratch`]; derefs to its path. Declare it before the workers that write into it, so it
-/// is dropped (removed) after they are killed.
+/// See [`scratch`]; derefs to its path. Clones share the directory: it is removed when the last
+/// one is dropped, so a helper that returns a [`Cluster`] keeps its files for the caller.
+#[derive(Clone, Debug)]
+pub struct Scratch(std::sync::Arc<ScratchDir>);
+
 #[derive(Debug)]
-pub struct Scratch {
-    path: PathBuf,
-}
+struct ScratchDir(PathBuf);
 
 impl std::ops::Deref for Scratch {
     type Target = Path;
     fn deref(&self) -> &Path {
-        &self.path
+        &self.0.0
     }
 }
 
 impl AsRef<Path> for Scratch {
     fn as_ref(&self) -> &Path {
-        &self.path
+        &self.0.0
     }
 }
 
 impl AsRef<std::ffi::OsStr> for Scratch {
     fn as_ref(&self) -> &std::ffi::OsStr {
-        self.path.as_os_str()
+        self.0.0.as_os_str()
     }
 }
 
-impl Drop for Scratch {
+impl Drop for ScratchDir {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("test scratch directory kept for a look: {}", self.path.display());
-        } else if let Err(e) = std::fs::remove_dir_all(&self.path) {
-            eprintln!("test scratch directory {} not removed: {e}", self.path.display());
+            eprintln!("test scratch directory kept for a look: {}", self.0.display());
+        } else if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            eprintln!("test scratch directory {} not removed: {e}", self.0.display());
         }
     }
 }
@@ -97,16 +99,18 @@ pub struct Cluster {
     pub initial_position: String,
     pub spout_config: PathBuf,
     pub message_timeout_ms: u64,
+    /// Keeps `dir` while the cluster (or a clone) lives.
+    _dir: Scratch,
 }
 
 impl Cluster {
-    pub fn new(stream: &str, dir: &Path) -> Cluster {
+    pub fn new(stream: &str, dir: &Scratch) -> Cluster {
         Self::with_spout_config(stream, dir, serde_json::json!({}))
     }
 
     /// Like [`Cluster::new`], with extra spout configuration keys (e.g. `retry`); a key set to
     /// null is removed, so the spout's default applies.
-    pub fn with_spout_config(stream: &str, dir: &Path, extra: serde_json::Value) -> Cluster {
+    pub fn with_spout_config(stream: &str, dir: &Scratch, extra: serde_json::Value) -> Cluster {
         let spout_config = dir.join("spout.json");
         let mut cfg = serde_json::json!({
             "topology": "x", "stream": "x",
@@ -131,6 +135,7 @@ impl Cluster {
             initial_position: "trim-horizon".into(),
             spout_config,
             message_timeout_ms: 10_000,
+            _dir: dir.clone(),
         }
     }
 
