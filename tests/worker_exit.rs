@@ -119,3 +119,63 @@ async fn worker_whose_zookeeper_comes_back_within_the_give_up_time_recovers() {
     support::zk_delete_tree(&zk, &cluster.zk_root).await;
     s.delete().await;
 }
+
+/// A session rebuilt while the worker runs more spout tasks than runtime threads: every task
+/// re-registers under the new session soon after ZooKeeper is back, each saying once that its
+/// session was lost. (A view published healthy before it held the new session's store made every
+/// task fail on the dead store and start over without yielding; with tasks >= threads the
+/// rebuild that would replace the store never ran: millions of "session lost" lines, no recovery.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_rebuilt_under_more_tasks_than_threads_re_registers_every_task() {
+    const TASKS: usize = 4;
+    let proxy = TcpProxy::start(&support::zk_connect()).await;
+    let s = TestStream::create("exit-rebuild", TASKS as i32).await;
+    let dir = scratch("exit-rebuild");
+    let mut cluster = Cluster::new(&s.name, &dir);
+    cluster.session_timeout_ms = 2000;
+    let mut w = spawn_worker(
+        &cluster,
+        "w1",
+        TASKS,
+        &["--zk", proxy.addr.as_str(), "--zk-give-up-after-ms", "60000"],
+        &[("TOKIO_WORKER_THREADS", "2")],
+    );
+    let zk = support::zk_client().await;
+    let tasks = wait_for(&cluster, "the worker's tasks registering", GUARD, || async {
+        let t = live_tasks(&zk, &cluster).await;
+        (t.len() == TASKS).then_some(t)
+    })
+    .await;
+    proxy.cut();
+    let cut = Instant::now();
+    // past 1.4 x the session timeout: the server expired the session and the client did too
+    wait_for(&cluster, "the worker's session expiring on the server", GUARD, || async {
+        live_tasks(&zk, &cluster).await.is_empty().then_some(())
+    })
+    .await;
+    wait_for(&cluster, "the worker noticing its session expired", GUARD, || async {
+        w.log_text().contains("ZooKeeper session ended").then_some(())
+    })
+    .await;
+    let down_for = cut.elapsed();
+    proxy.restore();
+    let restored = Instant::now();
+    let new_tasks = wait_for(&cluster, "every task re-registering", GUARD, || async {
+        let t = live_tasks(&zk, &cluster).await;
+        (t.len() == TASKS && t.iter().all(|n| !tasks.contains(n))).then_some(t)
+    })
+    .await;
+    let took = restored.elapsed();
+    let log = w.log_text();
+    let lost_lines = log.lines().filter(|l| l.contains("ZooKeeper session lost: stopped reading every shard")).count();
+    eprintln!(
+        "REBUILD: {TASKS} tasks, 2 threads; ZooKeeper cut for {down_for:?}; every task re-registered {took:?} after it \
+         came back ({new_tasks:?}); 'session lost' lines {lost_lines}"
+    );
+    assert!(took < Duration::from_secs(5), "re-registered {took:?} after ZooKeeper came back (bound 5 s)\n{log}");
+    assert_eq!(lost_lines, TASKS, "one 'session lost' line per task\n{}", log.lines().take(200).collect::<Vec<_>>().join("\n"));
+    assert!(w.is_running(), "the worker exited\n{log}");
+    assert_eq!(w.stop(Duration::from_secs(30)), Some(0), "{}", w.log_text());
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    s.delete().await;
+}
