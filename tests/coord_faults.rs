@@ -272,3 +272,74 @@ async fn a_registration_whose_answer_is_lost_leaves_no_ghost_task() {
     support::zk_delete_tree(&zk, &root).await;
     s.delete().await;
 }
+
+/// The topology's first start on a stream cut short between its creates (the leader's second
+/// starting position never sent: ConnectionLoss) is resumed with the same decision: under LATEST
+/// every shard starts at the first start's time, none at TRIM_HORIZON. Records put before the
+/// start are never delivered; records put after are. Asserted first: the fault was injected once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_cut_short_is_resumed_with_its_starting_position() {
+    squall::logging::init();
+    const SHARDS: usize = 4;
+    let s = TestStream::create("faults-first", SHARDS as i32).await;
+    let root = support::unique_zk_root("faults-first");
+    let topology = support::unique_name("topo");
+    let mut cfg = support::spout_config(&topology, &s.name, &root);
+    cfg.initial_position = squall::spout::InitialPosition::Latest;
+    cfg.checkpoint_interval_ms = 200;
+    let shards = support::ops::list_shards(&s.client, &s.name).await;
+    let mut before = Vec::new();
+    for sh in &shards {
+        before.push(support::ops::put_to_shard(&s.client, &s.name, &sh.starting_hash_key, "old-", 10, 2).await);
+    }
+    let creates = Arc::new(AtomicU64::new(0));
+    let injected = Arc::new(AtomicU64::new(0));
+    let (creates2, injected2) = (creates.clone(), injected.clone());
+    let hook: FaultHook = Arc::new(move |o: ZkOp, path: &str| {
+        if o != ZkOp::Create || !path.contains("/checkpoints/") || creates2.fetch_add(1, Ordering::SeqCst) != 1 {
+            return None;
+        }
+        injected2.fetch_add(1, Ordering::SeqCst);
+        Some(InjectedFault::Before(zk::Error::ConnectionLoss))
+    });
+    let w = start_worker(&cfg, Some(hook)).await;
+    let zk = support::zk_client().await;
+    let stream_path = format!("{root}/topologies/{topology}/streams/{}", s.name);
+    let guard = Instant::now();
+    while leases(&zk, &stream_path).await.len() < SHARDS {
+        assert!(guard.elapsed() < Duration::from_secs(30), "every shard leased: {:?}", leases(&zk, &stream_path).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(injected.load(Ordering::SeqCst), 1, "the fault was injected once (the first start's second create)");
+    let mut positions = BTreeSet::new();
+    for sh in &shards {
+        let (data, _) = zk.get_data(&format!("{stream_path}/checkpoints/{}", sh.shard_id)).await.unwrap();
+        let cp: squall::coord::Checkpoint = serde_json::from_slice(&data).unwrap();
+        positions.insert(cp.position.to_string());
+    }
+    let mut after = BTreeSet::new();
+    for sh in &shards {
+        let m = support::ops::put_to_shard(&s.client, &s.name, &sh.starting_hash_key, "new-", 10, 2).await;
+        after.extend(m.counts.iter().flat_map(|(k, n)| (0..*n).map(|i| (m.run.clone(), k.clone(), i))));
+    }
+    wait_seen(&w, &after, "records put after the first start").await;
+    let old_runs: BTreeSet<&str> = before.iter().map(|m| m.run.as_str()).collect();
+    let old: Vec<_> =
+        w.seen.lock().unwrap().iter().filter(|(run, _, _)| old_runs.contains(run.as_str())).cloned().collect();
+    assert!(
+        old.is_empty(),
+        "{} records put before a LATEST first start were delivered (shards started at TRIM_HORIZON); starting \
+         positions {positions:?}",
+        old.len()
+    );
+    assert_eq!(positions.len(), 1, "one starting position for every shard of the first start: {positions:?}");
+    assert!(
+        !zk.check_stat(&format!("{stream_path}/first_start")).await.unwrap().is_some(),
+        "the first start's record removed"
+    );
+    eprintln!("FIRST START: cut short once, resumed; every shard at {positions:?}; 0 of 40 old records delivered");
+    w.running.kill(Duration::from_secs(5)).await.unwrap();
+    w.session.close().await;
+    support::zk_delete_tree(&zk, &root).await;
+    s.delete().await;
+}

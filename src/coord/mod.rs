@@ -52,9 +52,9 @@ pub use logic::{
     task_cmp,
 };
 pub use model::{
-    Assignment, Checkpoint, CheckpointPosition, DrainRequest, EfoRuntime, FirerInfo, KplRuntime, LeaseInfo, Lifecycle,
-    RebalanceRequest, ShardList, ShardRecord, ShardRuntime, StageRuntime, TaskInfo, TopologyState, Versioned,
-    WatermarkReport, WorkerStatus, now_ms,
+    Assignment, Checkpoint, CheckpointPosition, DrainRequest, EfoRuntime, FirerInfo, FirstStart, KplRuntime, LeaseInfo,
+    Lifecycle, RebalanceRequest, ShardList, ShardRecord, ShardRuntime, StageRuntime, TaskInfo, TopologyState,
+    Versioned, WatermarkReport, WorkerStatus, now_ms,
 };
 #[doc(hidden)]
 pub use model::{CLOCK_OFFSET_ENV, clock_offset_ms};

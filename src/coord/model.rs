@@ -168,6 +168,20 @@ pub struct TaskInfo {
     pub registration: String,
 }
 
+/// The data of `streams/{stream}/first_start`: the topology's first start on the stream, in
+/// progress. Written before the first starting position is persisted and removed once the shard
+/// list is written, so a first start cut short (a crash, a lost connection between the ~2N
+/// creates) is resumed by the next leader with the same decision: every shard of that start gets
+/// the configured initial position, LATEST the same time, not TRIM_HORIZON.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirstStart {
+    /// LATEST of this first start as a time (ms since the epoch, the service's clock); 0 when
+    /// the initial position is not LATEST.
+    pub latest_ms: i64,
+    /// When it began (ms since the epoch).
+    pub started_at_ms: i64,
+}
+
 /// The data of a `firers/{component}/task-N` znode.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FirerInfo {

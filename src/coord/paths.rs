@@ -9,6 +9,9 @@
 //!   firers/{component}/task-NNNNNNNNNN EPHEMERAL_SEQUENTIAL, one per window firer; they share the timer partitions by sequence
 //!   streams/{stream}/
 //!     shards                           the shard list JSON (leader only; versioned writes; < 900 KB)
+//!     first_start                      while the topology's first start on the stream persists its
+//!                                      starting positions: FirstStart JSON {latest_ms}; removed once
+//!                                      the shard list is written (a leader that finds it resumes it)
 //!     assignment                       which task reads which shard (leader only, fenced); watched
 //!     finished/{shardId}               created with a shard's finished checkpoint; the leader watches
 //!     checkpoints/{shardId}            checkpoint JSON, one per shard; hot, watched by nobody
@@ -188,6 +191,11 @@ impl TopologyPaths {
     /// The persistent directories [`super::ZkStore::connect`] creates.
     pub fn persistent_dirs(&self) -> [&str; 5] {
         [&self.tasks, &self.workers, &self.checkpoints, &self.owners, &self.finished]
+    }
+
+    /// `streams/{stream}/first_start`: the first start in progress ([`super::FirstStart`]).
+    pub fn first_start(&self) -> String {
+        format!("{}/first_start", self.stream)
     }
 
     /// `{topology}/drain`: the drain notification.

@@ -20,8 +20,8 @@ use super::config::ZkConfig;
 use super::error::{CoordError, is_transient};
 use super::logic::{committed_watermark, task_cmp};
 use super::model::{
-    Assignment, Checkpoint, CheckpointPosition, DrainRequest, FirerInfo, LeaseInfo, RebalanceRequest, ShardList,
-    TaskInfo, TopologyState, Versioned, WatermarkReport, WorkerStatus, decode, encode, now_ms,
+    Assignment, Checkpoint, CheckpointPosition, DrainRequest, FirerInfo, FirstStart, LeaseInfo, RebalanceRequest,
+    ShardList, TaskInfo, TopologyState, Versioned, WatermarkReport, WorkerStatus, decode, encode, now_ms,
 };
 use super::paths::{LEASE_PREFIX, TASK_PREFIX, TopologyPaths, lease_holder, sequence_of, validate_name};
 use super::session::{InjectedFault, ZkOp, ZkSession, short_backoff};
@@ -967,7 +967,7 @@ impl ZkStore {
             Ok(_) | Err(zk::Error::NodeExists) => {}
             Err(e) => return Err(CoordError::zk(&dir, "create", e)),
         }
-        match self.client().create(&path, &data, &options).await {
+        match self.guarded(ZkOp::Create, &path, || self.client().create(&path, &data, &options)).await {
             Ok((stat, _)) => Ok(Versioned { value: cp.clone(), version: stat.version }),
             Err(zk::Error::NodeExists) => match self.read_json(&path, "checkpoint").await? {
                 Some(existing) => Ok(existing),
@@ -976,6 +976,30 @@ impl ZkStore {
             },
             Err(e) => Err(CoordError::zk(&path, "create", e)),
         }
+    }
+
+    /// The first start in progress on the stream, if one is ([`FirstStart`]). One request.
+    pub async fn first_start(&self) -> Result<Option<FirstStart>, CoordError> {
+        Ok(self.read_json::<FirstStart>(&self.paths.first_start(), "first start").await?.map(|v| v.value))
+    }
+
+    /// Records that the topology's first start on the stream begins, with `start`, unless one is
+    /// recorded already (a leader that began it and lost its session or crashed): returns the one
+    /// in force.
+    pub async fn begin_first_start(&self, start: &FirstStart) -> Result<FirstStart, CoordError> {
+        let path = self.paths.first_start();
+        let data = encode(&path, start)?;
+        let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        match self.client().create(&path, &data, &options).await {
+            Ok(_) => Ok(start.clone()),
+            Err(zk::Error::NodeExists) => Ok(self.first_start().await?.unwrap_or_else(|| start.clone())),
+            Err(e) => Err(CoordError::zk(&path, "create", e)),
+        }
+    }
+
+    /// The first start is complete (the shard list is written): removes its record.
+    pub async fn end_first_start(&self) -> Result<(), CoordError> {
+        self.delete_quietly(&self.paths.first_start()).await
     }
 
     /// Fenced checkpoint write: ONE transaction of `check_version(lease.path, 0)` and

@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 use super::config::{InitialPosition, KinesisSpoutConfig};
 use super::source::ShardSource;
 use crate::coord::{
-    Assignment, ChangeEvent, Checkpoint, CheckpointPosition, CoordError, Health, SessionView, ShardList, ShardRecord,
-    SharedSession, Versioned, WatchOn, ZkStore, lineage_gaps, now_ms, readable, sticky_assign,
+    Assignment, ChangeEvent, Checkpoint, CheckpointPosition, CoordError, FirstStart, Health, SessionView, ShardList,
+    ShardRecord, SharedSession, Versioned, WatchOn, ZkStore, lineage_gaps, now_ms, readable, sticky_assign,
 };
 
 /// A leader that holds the assignment back this long (the listings keep missing a finished
@@ -598,36 +598,24 @@ impl StreamCoordinator {
             tracing::info!(stream = %self.cfg.stream, "the stream's checkpoints were reset: reading again");
             l.recompute = true;
         }
-        // The topology's first start on the stream: no list and no checkpoint yet. (A list deleted
-        // by an operator is not a first start: later shards still start at TRIM_HORIZON.)
-        let first_start = l.list.is_none() && l.checkpointed.is_empty();
-        // LATEST is the first start's time as the Kinesis service's clock has it (from the Date
-        // header of its answers, ListShards' just now) when this worker's clock is clearly off:
-        // a clock ahead would skip what is written until the service's clock catches up.
-        let latest_ms = if first_start && self.cfg.initial_position == InitialPosition::Latest {
-            let mut now = now_ms();
-            let (mut at, mut skew) = crate::kinesis::clock::latest_start_ms(now, self.source.service_now_lower());
-            if skew.is_some() {
-                // Off by more than a Date header tells: sharpen the bound to about 50 ms first,
-                // so LATEST reads no more than that from before the first start.
-                self.source.sharpen_service_clock().await;
-                now = now_ms();
-                let lower = self.source.service_now_lower();
-                (at, skew) = match lower {
-                    Some(s) => (s, Some(now - s)),
-                    None => (now, None),
-                };
+        // The topology's first start on the stream: no list and no checkpoint yet, or one begun
+        // and cut short (a crash, a lost connection between its creates: its record is still
+        // there), which this leader resumes with the same decision. (A list deleted by an
+        // operator is not a first start: later shards still start at TRIM_HORIZON.)
+        let resumed = if l.list.is_none() { store.first_start().await? } else { None };
+        let first_start = l.list.is_none() && (l.checkpointed.is_empty() || resumed.is_some());
+        let latest_ms = match (&resumed, first_start) {
+            (Some(r), _) => {
+                tracing::info!(stream = %self.cfg.stream, latest_ms = r.latest_ms, started_at_ms = r.started_at_ms,
+                    "resuming the topology's first start on the stream (it was cut short): the remaining shards get \
+                     the same starting position");
+                r.latest_ms
             }
-            if let Some(skew) = skew {
-                let (dir, by) = if skew > 0 { ("ahead of", skew) } else { ("behind", -skew) };
-                tracing::warn!(stream = %self.cfg.stream, worker_clock_ms = now, service_clock_ms = at, skew_ms = skew,
-                    "this worker's clock is about {by} ms {dir} the Kinesis service's clock (from the Date header of \
-                     its answers): LATEST persisted as the service's time of the first start, AT_TIMESTAMP {at}, not \
-                     this worker's {now}. Check the workers' clocks (NTP, chrony)");
+            (None, true) => {
+                let latest_ms = self.first_start_latest_ms().await;
+                store.begin_first_start(&FirstStart { latest_ms, started_at_ms: now_ms() }).await?.latest_ms
             }
-            at
-        } else {
-            0
+            (None, false) => 0,
         };
         let ids: BTreeSet<&str> = listed.iter().map(|s| s.shard_id.as_str()).collect();
         // Persist every starting position before the list names the shard.
@@ -687,6 +675,9 @@ impl StreamCoordinator {
                     tracing::info!(stream = %self.cfg.stream, shards = list.shards.len(), "shard list updated in ZooKeeper");
                     l.list = Some(Versioned { value: list, version });
                     l.recompute = true;
+                    if first_start {
+                        store.end_first_start().await?;
+                    }
                 }
                 Err(CoordError::VersionConflict { .. }) => {
                     // Someone else wrote it (a reset, an old leader): read it and list again.
@@ -697,6 +688,37 @@ impl StreamCoordinator {
             }
         }
         Ok(())
+    }
+
+    /// LATEST of a first start as a time: the first start's time as the Kinesis service's clock
+    /// has it (from the Date header of its answers, ListShards' just now) when this worker's
+    /// clock is clearly off: a clock ahead would skip what is written until the service's clock
+    /// catches up. 0 when the initial position is not LATEST.
+    async fn first_start_latest_ms(&mut self) -> i64 {
+        if self.cfg.initial_position != InitialPosition::Latest {
+            return 0;
+        }
+        let mut now = now_ms();
+        let (mut at, mut skew) = crate::kinesis::clock::latest_start_ms(now, self.source.service_now_lower());
+        if skew.is_some() {
+            // Off by more than a Date header tells: sharpen the bound to about 50 ms first,
+            // so LATEST reads no more than that from before the first start.
+            self.source.sharpen_service_clock().await;
+            now = now_ms();
+            let lower = self.source.service_now_lower();
+            (at, skew) = match lower {
+                Some(s) => (s, Some(now - s)),
+                None => (now, None),
+            };
+        }
+        if let Some(skew) = skew {
+            let (dir, by) = if skew > 0 { ("ahead of", skew) } else { ("behind", -skew) };
+            tracing::warn!(stream = %self.cfg.stream, worker_clock_ms = now, service_clock_ms = at, skew_ms = skew,
+                "this worker's clock is about {by} ms {dir} the Kinesis service's clock (from the Date header of \
+                 its answers): LATEST persisted as the service's time of the first start, AT_TIMESTAMP {at}, not \
+                 this worker's {now}. Check the workers' clocks (NTP, chrony)");
+        }
+        at
     }
 
     /// Computes the sticky assignment and writes it when it differs from the current one.
