@@ -3,9 +3,11 @@
 //! ListShards answers. Two workers read a 2-shard stream; a shard is split, its parent is read to
 //! its end and finished (finished marker, read-log `finish`) and its children are read; then the
 //! proxy hides the parent. The test shows that the hiding reached the leader (the proxy rewrote
-//! ListShards answers) and then that the leader removed `checkpoints/{parent}`,
-//! `owners/{parent}` and `finished/{parent}` and dropped the parent from the `shards` znode, while
-//! the children keep flowing and nothing is lost. Second, an open, unfinished shard hidden for
+//! ListShards answers) and then that the leader removed `checkpoints/{parent}` and
+//! `finished/{parent}` and dropped the parent from the `shards` znode, while the children keep
+//! flowing and nothing is lost; `owners/{parent}` stays, empty and never re-created (its
+//! sequence is the shard's lease token, which must never restart). Before that, a parent hidden
+//! from one listing only is not collected (one listing is not proof that a shard left). Second, an open, unfinished shard hidden for
 //! several discoveries keeps its checkpoint (it is not collected) and is read again, losing
 //! nothing, once ListShards returns it.
 
@@ -74,17 +76,48 @@ async fn finished_shards_that_leave_the_stream_are_collected_and_open_ones_are_n
     assert!(znode_exists(&zk, &format!("{stream_path}/owners/{p}")).await, "owners/{p} never existed");
     assert!(listed_shards(&zk, &cluster).await.contains(&p));
 
-    // 3. The parent leaves the stream (as after the retention period): it is collected.
+    // 3a. One listing that omits the finished parent is not proof that it left: it stays.
+    let owners_before = zk.check_stat(&format!("{stream_path}/owners/{p}")).await.unwrap().expect("owners/{p}");
+    proxy.hide_shards(&[p.as_str()]);
+    wait_for(&cluster, "the leader listing the shards without the parent", GUARD, || async {
+        let noticed = !log_lines(&cluster, &["finished shard missing from ListShards", &p]).is_empty()
+            || !znode_exists(&zk, &format!("{stream_path}/checkpoints/{p}")).await;
+        noticed.then_some(())
+    })
+    .await;
+    proxy.hide_shards(&[]);
+    let blip = proxy.hidden_listings_of(&p);
+    let seen_again = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let collected_once = log_lines(&cluster, &["shard finished and left the stream", &p]);
+    assert!(
+        collected_once.is_empty(),
+        "the parent was collected after {blip} listing(s) omitted it (then re-read from TRIM_HORIZON): {collected_once:?}"
+    );
+    assert!(
+        znode_exists(&zk, &format!("{stream_path}/checkpoints/{p}")).await
+            && znode_exists(&zk, &format!("{stream_path}/finished/{p}")).await
+            && listed_shards(&zk, &cluster).await.contains(&p),
+        "the parent was collected after {blip} listing(s) omitted it\n{}",
+        cluster.logs()
+    );
+    eprintln!("parent {p} hidden from {blip} listing(s), then listed again: kept ({:?} later)", seen_again.elapsed());
+
+    // 3. The parent leaves the stream (as after the retention period): it is collected, all but
+    // its `owners/` directory, whose sequence is the shard's lease token (never re-created).
     let hidden_at = Instant::now();
     proxy.hide_shards(&[p.as_str()]);
     let collected = wait_for(&cluster, "the leader collecting the hidden finished parent", GUARD, || async {
         let gone = !znode_exists(&zk, &format!("{stream_path}/checkpoints/{p}")).await
-            && !znode_exists(&zk, &format!("{stream_path}/owners/{p}")).await
             && !znode_exists(&zk, &format!("{stream_path}/finished/{p}")).await
             && !listed_shards(&zk, &cluster).await.contains(&p);
         gone.then(|| hidden_at.elapsed())
     })
     .await;
+    let owners_after = zk.check_stat(&format!("{stream_path}/owners/{p}")).await.unwrap().expect("owners/{p} kept");
+    assert_eq!(owners_after.czxid, owners_before.czxid, "owners/{p} was re-created: its lease tokens restarted");
+    assert!(owners_after.cversion >= owners_before.cversion, "{owners_before:?} -> {owners_after:?}");
+    assert!(zk.list_children(&format!("{stream_path}/owners/{p}")).await.unwrap().is_empty(), "no lease left on {p}");
     let listings = proxy.hidden_listings_of(&p);
     eprintln!("parent {p} collected {collected:?} after it left ListShards ({listings} listings hid it)");
     assert!(listings > 0, "the proxy never hid {p} from a ListShards answer");

@@ -15,7 +15,9 @@
 //!     assignment                       which task reads which shard (leader only, fenced); watched
 //!     finished/{shardId}               created with a shard's finished checkpoint; the leader watches
 //!     checkpoints/{shardId}            checkpoint JSON, one per shard; hot, watched by nobody
-//!     owners/{shardId}/lease-{task}-NNNNNNNNNN  EPHEMERAL_SEQUENTIAL; the lowest sequence owns the shard
+//!     owners/{shardId}/lease-{task}-NNNNNNNNNN  EPHEMERAL_SEQUENTIAL; the lowest sequence owns the shard;
+//!                                      the sequence is the lease token; `owners/{shardId}` is never
+//!                                      deleted (not even when the shard is collected), so it never restarts
 //!     watermarks/{task}                EPHEMERAL, one per spout task publishing its committed
 //!                                      watermark (`task-NNNNNNNNNN`, its task node name):
 //!                                      WatermarkReport JSON {generation, watermark_ms, updated_at_ms};

@@ -864,21 +864,25 @@ impl ZkStore {
         }
     }
 
-    /// Garbage collection of a shard that finished and left the stream: deletes its checkpoint,
-    /// its `owners/{shard}` directory and its finished marker, in that order, so that a partial
-    /// run leaves a state the next run completes. A lease still under `owners/{shard}` (it should
-    /// not be there) stops the collection of that shard.
+    /// Garbage collection of a shard that finished and left the stream: deletes its checkpoint
+    /// and its finished marker, in that order, so that a partial run leaves a state the next run
+    /// completes. Its `owners/{shard}` directory is kept, empty, so that its lease tokens never
+    /// restart. A lease still under `owners/{shard}` (it should not be there) stops the
+    /// collection of that shard.
     pub async fn forget_shard(&self, shard_id: &str) -> Result<(), CoordError> {
         validate_name("shard id", shard_id)?;
-        self.delete_quietly(&self.paths.checkpoint(shard_id)).await?;
+        // `owners/{shard}` stays (empty): its sequential counter is the shard's lease token, which
+        // exactly-once fencing relies on never going back; a shard that came back would start
+        // again at 0 under a re-created directory. Only no lease may be held.
         let dir = self.paths.owner_dir(shard_id);
-        match self.client().delete(&dir, None).await {
-            Ok(()) | Err(zk::Error::NoNode) => {}
-            Err(zk::Error::NotEmpty) => {
+        match self.client().list_children(&dir).await {
+            Ok(leases) if leases.iter().any(|l| l.starts_with(LEASE_PREFIX)) => {
                 return Err(CoordError::LeasesHeld { shards: vec![shard_id.to_string()] });
             }
-            Err(e) => return Err(CoordError::zk(&dir, "delete", e)),
+            Ok(_) | Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(CoordError::zk(&dir, "list", e)),
         }
+        self.delete_quietly(&self.paths.checkpoint(shard_id)).await?;
         self.delete_quietly(&self.paths.finished(shard_id)).await
     }
 

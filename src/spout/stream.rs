@@ -129,6 +129,16 @@ struct Leader {
     /// Why the assignment is held back (`lineage_gaps`), since when, and whether that was
     /// warned about (after [`HELD_WARN_AFTER`]).
     held_for: Option<(String, Instant, bool)>,
+    /// Finished shards missing from ListShards: since when, and in how many listings. One
+    /// listing that omits a shard is not proof that it left the stream; see [`gc_confirmed`].
+    absent: BTreeMap<String, (Instant, u32)>,
+}
+
+/// How long a finished shard must be missing from ListShards, in at least two listings, before
+/// the leader collects it: never on one listing, and at least a discovery interval (5 s at
+/// least) between the first listing without it and the collection.
+fn gc_confirmed(first_absent: Instant, listings: u32, discovery_every: Duration) -> bool {
+    listings >= 2 && first_absent.elapsed() >= discovery_every.max(Duration::from_secs(5))
 }
 
 struct StreamCoordinator {
@@ -497,6 +507,7 @@ impl StreamCoordinator {
             recompute: true,
             gathering: None,
             held_for: None,
+            absent: BTreeMap::new(),
         })
     }
 
@@ -637,14 +648,26 @@ impl StreamCoordinator {
             l.checkpointed.insert(sh.shard_id.clone());
             l.recompute = true;
         }
-        // Garbage: finished shards the stream no longer returns (trimmed past retention).
-        let gone: Vec<String> = l.finished.iter().filter(|s| !ids.contains(s.as_str())).cloned().collect();
-        for shard in gone {
+        // Garbage: finished shards the stream no longer returns (trimmed past retention), once
+        // two listings some time apart agree (`gc_confirmed`).
+        let discovery_every = KinesisSpoutConfig::ms(self.cfg.shard_discovery_interval_ms);
+        l.absent.retain(|shard, _| !ids.contains(shard.as_str()) && l.finished.contains(shard));
+        let missing: Vec<String> = l.finished.iter().filter(|s| !ids.contains(s.as_str())).cloned().collect();
+        for shard in missing {
+            let (since, listings) = l.absent.entry(shard.clone()).or_insert((Instant::now(), 0));
+            *listings += 1;
+            if !gc_confirmed(*since, *listings, discovery_every) {
+                if *listings == 1 {
+                    tracing::info!(shard = %shard, "finished shard missing from ListShards: collected if it stays missing");
+                }
+                continue;
+            }
             match store.forget_shard(&shard).await {
                 Ok(()) => {
-                    tracing::info!(shard = %shard, "shard finished and left the stream: its checkpoint, owners and marker removed");
+                    tracing::info!(shard = %shard, "shard finished and left the stream: its checkpoint and marker removed");
                     l.finished.remove(&shard);
                     l.checkpointed.remove(&shard);
+                    l.absent.remove(&shard);
                 }
                 Err(e) => self.warn(&format!("removing finished shard {shard} failed; retrying later: {e}")),
             }
