@@ -343,3 +343,92 @@ async fn a_first_start_cut_short_is_resumed_with_its_starting_position() {
     support::zk_delete_tree(&zk, &root).await;
     s.delete().await;
 }
+
+/// Receive times of a bolt that takes `delay` per tuple.
+struct Slow(Arc<Mutex<Vec<Instant>>>, Duration);
+
+impl Bolt for Slow {
+    async fn execute(&mut self, _t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        self.0.lock().unwrap().push(Instant::now());
+        tokio::time::sleep(self.1).await;
+        Ok(())
+    }
+}
+
+/// A worker cut from ZooKeeper emits nothing once its session turns unsafe (a zombie must not
+/// hand on its queued records while another worker may already own its shards), and it turns
+/// unsafe well before the server can expire its session. One shard with a backlog, a bolt that
+/// takes 20 ms a tuple and max pending 5: once unsafe, at most the 5 tuples in flight arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_cut_from_zookeeper_emits_nothing_once_its_session_is_unsafe() {
+    squall::logging::init();
+    const MAX_PENDING: usize = 5;
+    let s = TestStream::create("faults-unsafe", 1).await;
+    put(&s, 600).await;
+    let proxy = support::tcpproxy::TcpProxy::start(&support::zk_connect()).await;
+    let root = support::unique_zk_root("faults-unsafe");
+    let topology = support::unique_name("topo");
+    let mut cfg = support::spout_config(&topology, &s.name, &root);
+    cfg.zookeeper.connect = proxy.addr.clone();
+    cfg.zookeeper.session_timeout_ms = 4000;
+    let timeout = Duration::from_millis(cfg.zookeeper.session_timeout_ms);
+    let session = SharedSession::connect(&cfg.zookeeper.to_zk_config(), Duration::from_secs(60)).await.unwrap();
+    let received: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let mut b = TopologyBuilder::new(cfg.topology.clone());
+    KinesisSpout::declare_shared(
+        &mut b,
+        "kinesis",
+        1,
+        cfg.clone(),
+        WorkerIdentity::current(),
+        SpoutRegistry::default(),
+        SpoutShared::with_session(session.clone()),
+    );
+    let r = received.clone();
+    b.set_bolt("slow", 1, move |_| Slow(r.clone(), Duration::from_millis(20))).shuffle_grouping("kinesis");
+    let config = TopologyConfig { max_spout_pending: MAX_PENDING, ..TopologyConfig::default() };
+    let running = squall::topology::run_local(b.build().unwrap(), config).unwrap();
+    let guard = Instant::now();
+    while received.lock().unwrap().len() < 20 {
+        assert!(guard.elapsed() < Duration::from_secs(30), "the worker delivered 20 records in 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut view = session.subscribe();
+    // a silent partition: no reset, the client notices only by its own timeouts
+    proxy.silence();
+    let cut = Instant::now();
+    let unsafe_at = loop {
+        if view.borrow_and_update().health != squall::coord::Health::Ok {
+            break Instant::now();
+        }
+        assert!(cut.elapsed() < timeout * 2, "the session never turned unsafe");
+        let _ = tokio::time::timeout(Duration::from_millis(50), view.changed()).await;
+    };
+    // the session expires (client side at ~1.4 x the timeout): the queue is dropped then
+    while view.borrow_and_update().health != squall::coord::Health::Lost && cut.elapsed() < timeout * 3 {
+        let _ = tokio::time::timeout(Duration::from_millis(50), view.changed()).await;
+    }
+    let (before, after) = {
+        let r = received.lock().unwrap();
+        (r.iter().filter(|t| **t <= unsafe_at).count(), r.iter().filter(|t| **t > unsafe_at).count())
+    };
+    eprintln!(
+        "UNSAFE: cut {:?} before the session turned unsafe (timeout {timeout:?}); tuples received before {before}, \
+         after {after} (max pending {MAX_PENDING})",
+        unsafe_at - cut
+    );
+    assert!(
+        unsafe_at - cut <= timeout * 6 / 10,
+        "unsafe {:?} after the last contact: too close to the server's expiry at {timeout:?}",
+        unsafe_at - cut
+    );
+    assert!(
+        after <= MAX_PENDING,
+        "{after} tuples reached the bolt after the session turned unsafe (at most the {MAX_PENDING} in flight may)"
+    );
+    running.kill(Duration::from_secs(5)).await.unwrap();
+    session.close().await;
+    let zk = support::zk_client().await;
+    support::zk_delete_tree(&zk, &root).await;
+    s.delete().await;
+}

@@ -161,11 +161,24 @@ pub(crate) fn short_backoff() -> ExponentialBuilder {
         .with_jitter()
 }
 
+/// The connection timeout given to the ZooKeeper client for a session timeout.
+pub(crate) fn connection_timeout(session_timeout: Duration) -> Duration {
+    session_timeout.min(Duration::from_secs(5))
+}
+
+/// How long after it last heard from the server the client reports Disconnected, with
+/// [`connection_timeout`]: zookeeper-client uses the configured connection timeout when it is at
+/// most 3/5 of the session timeout, else 2/5 of the session timeout.
+pub(crate) fn disconnect_detection(session_timeout: Duration) -> Duration {
+    let configured = connection_timeout(session_timeout);
+    if configured > session_timeout * 3 / 5 { session_timeout * 2 / 5 } else { configured }
+}
+
 pub(crate) async fn connect_client(cfg: &ZkConfig) -> Result<zk::Client, CoordError> {
     let attempt = || async {
         let mut connector = zk::Client::connector()
             .with_session_timeout(cfg.session_timeout)
-            .with_connection_timeout(cfg.session_timeout.min(Duration::from_secs(5)))
+            .with_connection_timeout(connection_timeout(cfg.session_timeout))
             .with_fail_eagerly();
         if let Some(auth) = &cfg.auth {
             connector = connector.with_auth("digest", &auth.digest_bytes());
@@ -222,11 +235,18 @@ pub struct SessionView {
 /// the process suspect *before* refreshing the heartbeat, and clears it only after a round trip to
 /// ZooKeeper confirmed the session. A reader that finds the heartbeat stale (the ticker has not run
 /// since the pause) or the process suspect drops the batch and fetches it again later.
+///
+/// Nor are leases trusted while the session is not healthy ([`Health::Ok`]): from the moment it
+/// turns unsafe (disconnected past its grace, half a session timeout before the server can expire
+/// it) nothing is handed on, so a worker cut from ZooKeeper does not emit its queued records while
+/// another may already own its shards.
 #[derive(Debug)]
 pub struct Liveness {
     last_tick_ms: AtomicU64,
     suspect: AtomicBool,
     stale_after_ms: u64,
+    /// The session's health is Ok (set with every published view).
+    healthy: AtomicBool,
 }
 
 fn mono_ms() -> u64 {
@@ -240,12 +260,15 @@ impl Liveness {
             last_tick_ms: AtomicU64::new(mono_ms()),
             suspect: AtomicBool::new(false),
             stale_after_ms: (session_timeout.as_millis() as u64 / 3).max(300),
+            healthy: AtomicBool::new(true),
         }
     }
 
-    /// True when leases can be trusted now (no pause noticed, heartbeat fresh).
+    /// True when leases can be trusted now (the session healthy, no pause noticed, heartbeat
+    /// fresh).
     pub fn trusted(&self) -> bool {
-        !self.suspect.load(Ordering::Acquire)
+        self.healthy.load(Ordering::Acquire)
+            && !self.suspect.load(Ordering::Acquire)
             && mono_ms().saturating_sub(self.last_tick_ms.load(Ordering::Acquire)) < self.stale_after_ms
     }
 }
@@ -330,7 +353,14 @@ impl SharedSession {
             admitted: watch::channel(1).0,
         });
         tokio::spawn(tick_liveness(shared.liveness.clone(), shared.view.clone(), shared.cancel.clone()));
-        tokio::spawn(monitor(shared.cfg.clone(), shared.view.clone(), first, give_up_after, shared.cancel.clone()));
+        tokio::spawn(monitor(
+            shared.cfg.clone(),
+            shared.view.clone(),
+            shared.liveness.clone(),
+            first,
+            give_up_after,
+            shared.cancel.clone(),
+        ));
         Ok(shared)
     }
 
@@ -407,13 +437,18 @@ impl Drop for SharedSession {
     }
 }
 
-fn publish(view: &watch::Sender<SessionView>, f: impl FnOnce(&mut SessionView)) {
-    view.send_modify(f);
+/// Publishes a change of the session view, and whether it is healthy to `live`.
+fn publish(view: &watch::Sender<SessionView>, live: &Liveness, f: impl FnOnce(&mut SessionView)) {
+    view.send_modify(|v| {
+        f(v);
+        live.healthy.store(v.health == Health::Ok, Ordering::Release);
+    });
 }
 
 async fn monitor(
     cfg: ZkConfig,
     view: watch::Sender<SessionView>,
+    live: Arc<Liveness>,
     first: Arc<ZkSession>,
     give_up_after: Duration,
     cancel: CancellationToken,
@@ -428,7 +463,7 @@ async fn monitor(
         match alarm {
             SessionAlarm::DisconnectedTooLong => {
                 warn!("ZooKeeper disconnected for more than half the session timeout: reads stop until it is back");
-                publish(&view, |v| v.health = Health::Unsafe);
+                publish(&view, &live, |v| v.health = Health::Unsafe);
                 let terminal = loop {
                     let st = tokio::select! {
                         _ = cancel.cancelled() => return,
@@ -439,19 +474,19 @@ async fn monitor(
                     }
                     if matches!(st, SessionStatus::Connected | SessionStatus::ConnectedReadOnly) {
                         info!("ZooKeeper connection back (same session)");
-                        publish(&view, |v| v.health = Health::Ok);
+                        publish(&view, &live, |v| v.health = Health::Ok);
                         break SessionStatus::Connected;
                     }
                 };
                 if !terminal.is_terminal() {
                     continue;
                 }
-                if !rebuild(&cfg, &view, terminal, give_up_after, &cancel, &mut state).await {
+                if !rebuild(&cfg, &view, &live, terminal, give_up_after, &cancel, &mut state).await {
                     return;
                 }
             }
             SessionAlarm::Terminal(st) => {
-                if !rebuild(&cfg, &view, st, give_up_after, &cancel, &mut state).await {
+                if !rebuild(&cfg, &view, &live, st, give_up_after, &cancel, &mut state).await {
                     return;
                 }
             }
@@ -464,6 +499,7 @@ async fn monitor(
 async fn rebuild(
     cfg: &ZkConfig,
     view: &watch::Sender<SessionView>,
+    live: &Liveness,
     ended: SessionStatus,
     give_up_after: Duration,
     cancel: &CancellationToken,
@@ -478,7 +514,7 @@ async fn rebuild(
             cfg.connect
         );
         tracing::error!("{msg}");
-        publish(view, |v| {
+        publish(view, live, |v| {
             v.session = None;
             v.health = Health::Failed(msg);
         });
@@ -486,7 +522,7 @@ async fn rebuild(
     }
     zk_counters().expirations.fetch_add(1, Ordering::Relaxed);
     warn!(state = ?ended, "ZooKeeper session ended: every lease and registration of this worker is gone; building a new session");
-    publish(view, |v| {
+    publish(view, live, |v| {
         v.session = None;
         v.health = Health::Lost;
     });
@@ -501,7 +537,7 @@ async fn rebuild(
             Ok(session) => {
                 *state = session.state();
                 info!(session = %session.name(), "new ZooKeeper session: re-registering and re-acquiring");
-                publish(view, |v| {
+                publish(view, live, |v| {
                     v.generation += 1;
                     v.session = Some(session);
                     v.health = Health::Ok;
@@ -511,7 +547,7 @@ async fn rebuild(
             Err(e) if started.elapsed() >= give_up_after || matches!(e, CoordError::NotAuthorized { .. }) => {
                 let msg = format!("gave up on ZooKeeper after {:?} without a session: {e}", started.elapsed());
                 tracing::error!("{msg}");
-                publish(view, |v| v.health = Health::Failed(msg));
+                publish(view, live, |v| v.health = Health::Failed(msg));
                 return false;
             }
             Err(e) => warn!(error = %e, retry_in = ?delay, "building a new ZooKeeper session failed; retrying"),

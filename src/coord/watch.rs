@@ -66,6 +66,33 @@ impl From<zk::SessionState> for SessionStatus {
     }
 }
 
+/// How long [`SessionWatch::wait_unsafe`] waits after Disconnected.
+pub(crate) fn unsafe_grace(session_timeout: Duration) -> Duration {
+    (session_timeout / 2)
+        .saturating_sub(super::session::disconnect_detection(session_timeout))
+        .max(session_timeout / 10)
+}
+
+#[cfg(test)]
+mod grace_tests {
+    use super::*;
+    use crate::coord::session::disconnect_detection;
+
+    #[test]
+    fn unsafe_comes_half_a_timeout_before_the_server_can_expire_the_session() {
+        for ms in [2_000u64, 4_000, 6_000, 10_000, 20_000, 30_000, 60_000] {
+            let t = Duration::from_millis(ms);
+            let at = disconnect_detection(t) + unsafe_grace(t);
+            assert!(at <= t * 6 / 10, "{t:?}: unsafe {at:?} after the last contact");
+            assert!(unsafe_grace(t) >= t / 10, "{t:?}: a disconnection shorter than a tenth of it is not unsafe");
+        }
+        assert_eq!(
+            disconnect_detection(Duration::from_secs(4)) + unsafe_grace(Duration::from_secs(4)),
+            Duration::from_secs(2)
+        );
+    }
+}
+
 /// What [`SessionWatch::wait_unsafe`] reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SessionAlarm {
@@ -102,10 +129,16 @@ impl SessionWatch {
         self.session_timeout
     }
 
-    /// Resolves when the runtime must stop fetching: disconnected for longer than
-    /// `session_timeout / 2`, or a terminal state. Use it in the runtime's `select!`.
+    /// Resolves when the runtime must stop fetching and emitting: half the session timeout after
+    /// the client last heard from the server, or a terminal state. Use it in the runtime's
+    /// `select!`.
+    ///
+    /// The client reports Disconnected only some time after it last heard from the server
+    /// ([`super::session::disconnect_detection`]: 1.6 s of a 4 s timeout); the grace counts from
+    /// there, so that unsafe comes half a session timeout before the server can expire the
+    /// session (at least a tenth of it after Disconnected), not a few hundred milliseconds.
     pub async fn wait_unsafe(&mut self) -> SessionAlarm {
-        let grace = self.session_timeout / 2;
+        let grace = unsafe_grace(self.session_timeout);
         let mut state = self.current();
         loop {
             if state.is_terminal() {

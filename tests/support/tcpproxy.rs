@@ -1,18 +1,22 @@
 //! A TCP proxy that can be cut and restored: put it between a worker and ZooKeeper (give the
 //! worker `--zk` = [`TcpProxy::addr`]) to partition the worker from ZooKeeper without touching the
 //! shared server. Cutting drops every open connection and closes each new one at once (the
-//! listening port stays, so [`TcpProxy::restore`] reconnects on the same address). Listens on
+//! listening port stays, so [`TcpProxy::restore`] reconnects on the same address). Silencing
+//! ([`TcpProxy::silence`]) is the other kind of partition: connections stay open and nothing
+//! crosses them, no reset or close, so the client notices only by its own timeouts. Listens on
 //! 127.0.0.1 only. (A copy of the `CuttableProxy` of `tests/coord_store.rs`, restorable.)
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 struct Shared {
     open: AtomicBool,
+    silent: AtomicBool,
     conns: Mutex<Vec<JoinHandle<()>>>,
     accepted: AtomicU64,
     refused: AtomicU64,
@@ -33,6 +37,7 @@ impl TcpProxy {
         let addr = listener.local_addr().expect("proxy address").to_string();
         let shared = Arc::new(Shared {
             open: AtomicBool::new(true),
+            silent: AtomicBool::new(false),
             conns: Mutex::new(Vec::new()),
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -47,9 +52,20 @@ impl TcpProxy {
                 }
                 sh.accepted.fetch_add(1, Ordering::Relaxed);
                 let up = upstream.clone();
+                let sh2 = sh.clone();
                 let handle = tokio::spawn(async move {
-                    if let Ok(mut upstream) = TcpStream::connect(&up).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut upstream).await;
+                    while sh2.silent.load(Ordering::SeqCst) {
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                    if let Ok(upstream) = TcpStream::connect(&up).await {
+                        let (ir, iw) = inbound.into_split();
+                        let (ur, uw) = upstream.into_split();
+                        tokio::select! {
+                            _ = pump(ir, uw, sh2.clone()) => {}
+                            _ = pump(ur, iw, sh2) => {}
+                        }
+                    } else {
+                        let _ = inbound.shutdown().await;
                     }
                 });
                 let mut conns = sh.conns.lock().unwrap();
@@ -68,8 +84,15 @@ impl TcpProxy {
         }
     }
 
-    /// Forwards new connections again.
+    /// Silences every connection, open and new: nothing is forwarded and nothing is closed, as
+    /// on a network that drops every packet. [`TcpProxy::restore`] lets the bytes through again.
+    pub fn silence(&self) {
+        self.shared.silent.store(true, Ordering::SeqCst);
+    }
+
+    /// Forwards new connections again (after a cut), and the held bytes (after a silence).
     pub fn restore(&self) {
+        self.shared.silent.store(false, Ordering::SeqCst);
         self.shared.open.store(true, Ordering::SeqCst);
     }
 
@@ -81,6 +104,23 @@ impl TcpProxy {
     /// Connections closed at once because the proxy was cut (reconnect attempts).
     pub fn refused(&self) -> u64 {
         self.shared.refused.load(Ordering::Relaxed)
+    }
+}
+
+/// Copies `r` to `w`, holding what it read while the proxy is silent.
+async fn pump(mut r: tokio::net::tcp::OwnedReadHalf, mut w: tokio::net::tcp::OwnedWriteHalf, sh: Arc<Shared>) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        while sh.silent.load(Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        if w.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }
 
