@@ -771,10 +771,22 @@ async fn obey_state(
 }
 
 /// Equal but for the time of the snapshot.
+/// Whether `b` says nothing new over `a`: the counters an idle worker moves (its polls of idle
+/// shards, the empty events of its subscriptions) do not count, or an idle worker would publish
+/// at every tick (2 s) instead of every 30 s.
 fn same_status(a: &WorkerStatus, b: &WorkerStatus) -> bool {
-    let mut b = b.clone();
-    b.updated_at_ms = a.updated_at_ms;
-    *a == b
+    let idle_counters = |s: &WorkerStatus| {
+        let mut s = s.clone();
+        s.updated_at_ms = 0;
+        for sh in s.shards.values_mut() {
+            sh.get_records_calls = 0;
+            if let Some(e) = sh.efo.as_mut() {
+                e.events = 0;
+            }
+        }
+        s
+    };
+    idle_counters(a) == idle_counters(b)
 }
 
 /// Obeys a drain notification of this deployment (once); ignores one of another deployment.
@@ -957,6 +969,37 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+
+    #[test]
+    fn an_idle_workers_polls_are_not_a_status_change() {
+        let mut a = crate::coord::WorkerStatus {
+            worker_id: "w".into(),
+            host: "h".into(),
+            pid: 1,
+            since_ms: 1,
+            updated_at_ms: 2,
+            tasks: vec!["task-0000000001".into()],
+            shards: Default::default(),
+            components: serde_json::json!({}),
+            stages: Vec::new(),
+            kpl: Default::default(),
+            stream: "s".into(),
+            metrics_addr: None,
+        };
+        a.shards.insert("shardId-000000000000".into(), crate::coord::ShardRuntime::default());
+        let mut idle = a.clone();
+        idle.updated_at_ms = 9;
+        let sh = idle.shards.get_mut("shardId-000000000000").unwrap();
+        sh.get_records_calls += 15;
+        sh.efo = None;
+        assert!(super::same_status(&a, &idle), "polls of an idle shard are not news");
+        let mut read = idle.clone();
+        read.shards.get_mut("shardId-000000000000").unwrap().records_read = 3;
+        assert!(!super::same_status(&a, &read), "records read are");
+        let mut moved = idle.clone();
+        moved.tasks.push("task-0000000002".into());
+        assert!(!super::same_status(&a, &moved), "a new task is");
+    }
 
     #[derive(Debug, Parser)]
     struct Cmd {

@@ -12,7 +12,7 @@
 
 use squall_test_support as support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -429,6 +429,69 @@ async fn a_worker_cut_from_zookeeper_emits_nothing_once_its_session_is_unsafe() 
     running.kill(Duration::from_secs(5)).await.unwrap();
     session.close().await;
     let zk = support::zk_client().await;
+    support::zk_delete_tree(&zk, &root).await;
+    s.delete().await;
+}
+
+/// One shard whose checkpoint writes keep failing (not fenced: the connection fails them) does
+/// not hold back the other shards' checkpoints: each shard of a task is maintained on its own.
+/// Asserted first: the faults were injected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_shards_failing_checkpoint_does_not_hold_back_the_others() {
+    squall::logging::init();
+    const SHARDS: usize = 4;
+    let s = TestStream::create("faults-maint", SHARDS as i32).await;
+    let root = support::unique_zk_root("faults-maint");
+    let topology = support::unique_name("topo");
+    let mut cfg = support::spout_config(&topology, &s.name, &root);
+    cfg.checkpoint_interval_ms = 200;
+    let shards = support::ops::list_shards(&s.client, &s.name).await;
+    let failing = shards[0].shard_id.clone();
+    let injected = Arc::new(AtomicU64::new(0));
+    let (injected2, failing2) = (injected.clone(), format!("/checkpoints/{failing}"));
+    let hook: FaultHook = Arc::new(move |o: ZkOp, path: &str| {
+        if o != ZkOp::Multi || !path.ends_with(&failing2) {
+            return None;
+        }
+        injected2.fetch_add(1, Ordering::SeqCst);
+        Some(InjectedFault::Before(zk::Error::ConnectionLoss))
+    });
+    let w = start_worker(&cfg, Some(hook)).await;
+    let mut want = BTreeSet::new();
+    for sh in &shards {
+        let m = support::ops::put_to_shard(&s.client, &s.name, &sh.starting_hash_key, "k-", 10, 2).await;
+        want.extend(m.counts.iter().flat_map(|(k, n)| (0..*n).map(|i| (m.run.clone(), k.clone(), i))));
+    }
+    wait_seen(&w, &want, "every record").await;
+    let zk = support::zk_client().await;
+    let stream_path = format!("{root}/topologies/{topology}/streams/{}", s.name);
+    let positions = || async {
+        let mut out = BTreeMap::new();
+        for sh in &shards {
+            let (data, _) = zk.get_data(&format!("{stream_path}/checkpoints/{}", sh.shard_id)).await.unwrap();
+            let cp: squall::coord::Checkpoint = serde_json::from_slice(&data).unwrap();
+            out.insert(sh.shard_id.clone(), cp.position.to_string());
+        }
+        out
+    };
+    let guard = Instant::now();
+    let moved = loop {
+        let p = positions().await;
+        if p.iter().filter(|(id, _)| **id != failing).all(|(_, pos)| pos.starts_with("AFTER")) {
+            break p;
+        }
+        assert!(
+            guard.elapsed() < Duration::from_secs(15),
+            "checkpoints of the healthy shards never moved while {failing}'s writes failed ({} faults): {p:?}",
+            injected.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(injected.load(Ordering::SeqCst) > 0, "the faults were injected");
+    assert!(!moved[&failing].starts_with("AFTER"), "{failing}'s writes all failed: {moved:?}");
+    eprintln!("MAINTAIN: {} failed writes of {failing}; checkpoints {moved:?}", injected.load(Ordering::SeqCst));
+    w.running.kill(Duration::from_secs(5)).await.unwrap();
+    w.session.close().await;
     support::zk_delete_tree(&zk, &root).await;
     s.delete().await;
 }

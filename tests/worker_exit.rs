@@ -173,9 +173,57 @@ async fn a_session_rebuilt_under_more_tasks_than_threads_re_registers_every_task
          came back ({new_tasks:?}); 'session lost' lines {lost_lines}"
     );
     assert!(took < Duration::from_secs(5), "re-registered {took:?} after ZooKeeper came back (bound 5 s)\n{log}");
-    assert_eq!(lost_lines, TASKS, "one 'session lost' line per task\n{}", log.lines().take(200).collect::<Vec<_>>().join("\n"));
+    assert_eq!(
+        lost_lines,
+        TASKS,
+        "one 'session lost' line per task\n{}",
+        log.lines().take(200).collect::<Vec<_>>().join("\n")
+    );
     assert!(w.is_running(), "the worker exited\n{log}");
     assert_eq!(w.stop(Duration::from_secs(30)), Some(0), "{}", w.log_text());
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    s.delete().await;
+}
+
+/// A silent partition (no reset: connection attempts hang) with a 3 s give-up time: the worker
+/// gives up and exits non-zero about 3 s after its session ended, not after its connection
+/// attempts ran out (each may wait a session timeout per try).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_silenced_from_zookeeper_gives_up_within_the_configured_time() {
+    const GIVE_UP_MS: u64 = 3000;
+    let proxy = TcpProxy::start(&support::zk_connect()).await;
+    let (_dir, s, cluster, mut w, _tasks) = setup("exit-silent", &proxy, GIVE_UP_MS).await;
+    let zk = support::zk_client().await;
+    proxy.silence();
+    let cut = Instant::now();
+    let mut ended_at = None;
+    let code = loop {
+        if ended_at.is_none() && w.log_text().contains("ZooKeeper session ended") {
+            ended_at = Some(Instant::now());
+        }
+        if let Some(code) = w.wait_exit(Duration::from_millis(50)) {
+            break Some(code);
+        }
+        if cut.elapsed() > Duration::from_secs(120) {
+            break None;
+        }
+    };
+    let exited = Instant::now();
+    let log = w.log_text();
+    assert!(code.is_some(), "the worker still runs {:?} after losing ZooKeeper for good\n{log}", cut.elapsed());
+    assert_ne!(code, Some(0), "the worker exited 0 after giving up on ZooKeeper\n{log}");
+    assert!(log.contains("gave up on ZooKeeper"), "no 'gave up on ZooKeeper' in the log\n{log}");
+    let ended_at = ended_at.expect("the worker logged that its session ended");
+    let after_end = exited - ended_at;
+    eprintln!(
+        "WORKER silent give-up: session ended {:?} after the cut; exited {after_end:?} after that (give-up {GIVE_UP_MS} ms)",
+        ended_at - cut
+    );
+    assert!(
+        after_end <= Duration::from_millis(GIVE_UP_MS + 1500),
+        "exited {after_end:?} after the session ended, give-up configured at {GIVE_UP_MS} ms\n{log}"
+    );
+    proxy.restore();
     support::zk_delete_tree(&zk, &cluster.zk_root).await;
     s.delete().await;
 }

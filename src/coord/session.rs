@@ -529,9 +529,15 @@ async fn rebuild(
     let started = Instant::now();
     let mut delay = Duration::from_millis(200);
     loop {
+        // Each attempt is bounded by the time left: one attempt retries and waits up to the
+        // session timeout per try, so an unbounded one would overshoot `give_up_after` by minutes
+        // on a silent network.
+        let left = give_up_after.saturating_sub(started.elapsed()).max(Duration::from_millis(100));
         let attempt = tokio::select! {
             _ = cancel.cancelled() => return false,
-            r = ZkSession::connect(cfg) => r,
+            r = tokio::time::timeout(left, ZkSession::connect(cfg)) => r.unwrap_or_else(|_| {
+                Err(CoordError::Connect { connect: cfg.connect.clone(), source: zk::Error::Timeout })
+            }),
         };
         match attempt {
             Ok(session) => {
@@ -552,9 +558,10 @@ async fn rebuild(
             }
             Err(e) => warn!(error = %e, retry_in = ?delay, "building a new ZooKeeper session failed; retrying"),
         }
+        let left = give_up_after.saturating_sub(started.elapsed());
         tokio::select! {
             _ = cancel.cancelled() => return false,
-            _ = tokio::time::sleep(delay) => {}
+            _ = tokio::time::sleep(delay.min(left)) => {}
         }
         delay = (delay * 2).min(Duration::from_secs(5));
     }

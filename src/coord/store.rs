@@ -1413,30 +1413,46 @@ impl ZkStore {
                     }
                     // Re-arm first, then report: whoever reads after the event also sees later
                     // changes, or gets another event.
-                    let Some(session) = weak.upgrade() else { return };
+                    // A transient error is retried at once; another (the node's ACL changed
+                    // under us, say) is said, and retried every 5 s: the watch never ends
+                    // silently while its session lives, and every retry reports the event (the
+                    // reader re-reads what the watch covers).
+                    let mut warned = false;
                     let rearmed = loop {
-                        match arm(&session.client, &path, children).await {
-                            Ok(w) => break Some(w),
-                            Err(e) if is_transient(&e) => {
+                        let Some(session) = weak.upgrade() else { return };
+                        let armed = arm(&session.client, &path, children).await;
+                        drop(session);
+                        match armed {
+                            Ok(w) => break w,
+                            Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => return,
+                            Err(e) => {
+                                let wait = if is_transient(&e) {
+                                    Duration::from_millis(200)
+                                } else {
+                                    if !warned {
+                                        tracing::warn!(path = %path, error = %e,
+                                            "watching a coordination znode failed; retrying every 5 s (check its ACL)");
+                                        warned = true;
+                                    }
+                                    if tx.send(event.clone()).await.is_err() {
+                                        return;
+                                    }
+                                    Duration::from_secs(5)
+                                };
                                 tokio::select! {
                                     _ = tx.closed() => return,
-                                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                                    _ = tokio::time::sleep(wait) => {}
                                 }
-                            }
-                            Err(e) => {
-                                debug!(path = %path, error = %e, "watch ended");
-                                break None;
                             }
                         }
                     };
-                    drop(session);
+                    if warned {
+                        tracing::info!(path = %path, "watching the coordination znode works again");
+                    }
                     if tx.send(event.clone()).await.is_err() {
                         return;
                     }
-                    match rearmed {
-                        Some(w) => watcher = w,
-                        None => return,
-                    }
+                    watcher = rearmed;
                 }
             });
         }

@@ -52,13 +52,25 @@ struct Owned {
 
 /// A shard assigned to this task that it cannot read now.
 struct Blocked {
-    /// Retry no earlier than this (a watch may wake it sooner).
+    /// Retry no earlier than this (a watch may wake it sooner), and no later, watch or not: a
+    /// watch event can be lost (a disconnection, a watch that ended), so a watched shard is
+    /// looked at again at `retry_at` too.
     retry_at: Instant,
     /// The cancel of its watch (lease holder or checkpoint), if any.
     watch: Option<CancellationToken>,
     /// Finished here: wait for the leader's next assignment (it drops the shard) instead of
     /// taking it again. The assignment generation it was blocked in.
     until_new_assignment: Option<u64>,
+}
+
+impl Blocked {
+    /// Whether the shard is still to be left alone at `now`, under assignment `generation`.
+    fn waiting(&self, now: Instant, generation: Option<u64>) -> bool {
+        match self.until_new_assignment {
+            Some(g) => Some(g) == generation && now < self.retry_at,
+            None => now < self.retry_at,
+        }
+    }
 }
 
 /// Why a blocked shard wakes up.
@@ -380,7 +392,7 @@ impl Coordinator {
                     if r.is_ok() { reconcile = true; }
                 }
                 _ = tick.tick() => {
-                    if s.blocked.values().any(|b| b.watch.is_none() && Instant::now() >= b.retry_at) {
+                    if s.blocked.values().any(|b| Instant::now() >= b.retry_at) {
                         reconcile = true;
                     }
                 }
@@ -438,13 +450,7 @@ impl Coordinator {
             if s.owned.contains_key(&shard) || s.cleanup.contains(&shard) {
                 continue;
             }
-            let waiting = s.blocked.get(&shard).is_some_and(|b| {
-                b.watch.is_some()
-                    || match b.until_new_assignment {
-                        Some(g) => Some(g) == generation && now < b.retry_at,
-                        None => now < b.retry_at,
-                    }
-            });
+            let waiting = s.blocked.get(&shard).is_some_and(|b| b.waiting(now, generation));
             if waiting {
                 continue;
             }
@@ -734,46 +740,59 @@ impl Coordinator {
     }
 
     /// Checkpoints, shard ends and releases. `force` writes every moved checkpoint now.
+    ///
+    /// Shards are taken in order, each on its own: one shard's error (other than a lost
+    /// session, which ends them all) does not keep the others from their checkpoints and
+    /// releases this tick; the first is returned once every shard had its turn.
     async fn maintain(&self, s: &mut Session, force: bool) -> Result<(), CoordError> {
-        let interval = KinesisSpoutConfig::ms(self.cfg.checkpoint_interval_ms);
-        let ids: Vec<Arc<str>> = s.owned.keys().cloned().collect();
+        let mut ids: Vec<Arc<str>> = s.owned.keys().cloned().collect();
+        ids.sort();
+        let mut first_err = None;
         for shard in ids {
-            let (safe, ended_done, unsettled, last_emitted) = {
-                let t = lock(&self.tracker);
-                match t.get(&shard) {
-                    Some(tr) => (
-                        t.peek_checkpoint(&shard),
-                        tr.ended && tr.queued.is_empty() && tr.inflight() == 0,
-                        tr.unsettled(),
-                        tr.last_emitted.clone(),
-                    ),
-                    None => (None, false, 0, None),
+            if let Err(e) = self.maintain_shard(s, &shard, force).await {
+                if e.is_session_lost() {
+                    return Err(e);
                 }
-            };
-            let Some(o) = s.owned.get(&shard) else { continue };
-            let releasing = o.releasing;
-            if ended_done && releasing.is_none() {
-                self.finish(s, &shard, last_emitted).await?;
-                continue;
+                first_err.get_or_insert(e);
             }
-            let written = match &o.cp.value.position {
-                CheckpointPosition::AfterSequence { sequence, sub_sequence } => {
-                    Some((sequence.as_str(), *sub_sequence))
-                }
-                _ => None,
-            };
-            let moved = safe.as_ref().is_some_and(|k| written != Some((&*k.0, k.1)));
-            let release_now = releasing.is_some_and(|d| unsettled == 0 || Instant::now() >= d);
-            if moved
-                && (force || release_now || o.last_write.elapsed() >= interval)
-                && let Some(seq) = &safe
-                && !self.write_checkpoint(s, &shard, seq).await?
-            {
-                continue; // fenced: the shard was dropped
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    async fn maintain_shard(&self, s: &mut Session, shard: &Arc<str>, force: bool) -> Result<(), CoordError> {
+        let interval = KinesisSpoutConfig::ms(self.cfg.checkpoint_interval_ms);
+        let (safe, ended_done, unsettled, last_emitted) = {
+            let t = lock(&self.tracker);
+            match t.get(shard) {
+                Some(tr) => (
+                    t.peek_checkpoint(shard),
+                    tr.ended && tr.queued.is_empty() && tr.inflight() == 0,
+                    tr.unsettled(),
+                    tr.last_emitted.clone(),
+                ),
+                None => (None, false, 0, None),
             }
-            if release_now {
-                self.release(s, &shard).await;
-            }
+        };
+        let Some(o) = s.owned.get(shard) else { return Ok(()) };
+        let releasing = o.releasing;
+        if ended_done && releasing.is_none() {
+            return self.finish(s, shard, last_emitted).await;
+        }
+        let written = match &o.cp.value.position {
+            CheckpointPosition::AfterSequence { sequence, sub_sequence } => Some((sequence.as_str(), *sub_sequence)),
+            _ => None,
+        };
+        let moved = safe.as_ref().is_some_and(|k| written != Some((&*k.0, k.1)));
+        let release_now = releasing.is_some_and(|d| unsettled == 0 || Instant::now() >= d);
+        if moved
+            && (force || release_now || o.last_write.elapsed() >= interval)
+            && let Some(seq) = &safe
+            && !self.write_checkpoint(s, shard, seq).await?
+        {
+            return Ok(()); // fenced: the shard was dropped
+        }
+        if release_now {
+            self.release(s, shard).await;
         }
         Ok(())
     }
@@ -981,6 +1000,30 @@ mod assigned_share_tests {
         assert_eq!(assigned_share(None, "task-1", true, true), None, "no assignment read: unchanged");
         let refused = Assignment { error: Some("re-created".into()), ..a };
         assert_eq!(assigned_share(Some(&refused), "task-3", true, true), Some(Some(0)), "refused: every task stops");
+    }
+}
+
+#[cfg(test)]
+mod blocked_tests {
+    use std::time::{Duration, Instant};
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::Blocked;
+
+    #[test]
+    fn a_watched_shard_is_looked_at_again_at_its_retry_time() {
+        let now = Instant::now();
+        let b = Blocked {
+            retry_at: now + Duration::from_secs(30),
+            watch: Some(CancellationToken::new()),
+            until_new_assignment: None,
+        };
+        assert!(b.waiting(now, Some(1)), "left alone until the watch fires or 30 s passed");
+        assert!(!b.waiting(now + Duration::from_secs(31), Some(1)), "looked at again after 30 s, watch or not");
+        let f = Blocked { retry_at: now + Duration::from_secs(30), watch: None, until_new_assignment: Some(1) };
+        assert!(f.waiting(now, Some(1)));
+        assert!(!f.waiting(now, Some(2)), "a finished shard is looked at again under a new assignment");
     }
 }
 
