@@ -922,6 +922,7 @@ fn worker_status(id: &WorkerIdentity, since: i64, engines: &Engines, metrics_add
                             resubscriptions: st.efo_resubscriptions,
                             watchdog: st.efo_watchdog,
                             in_use: st.efo_in_use,
+                            reregistered: st.efo_reregistered,
                         }),
                     },
                 );

@@ -282,3 +282,101 @@ async fn efo_registration_failure_exits_naming_the_consumer_the_stream_and_the_f
     let zk = support::zk_client().await;
     support::zk_delete_tree(&zk, &cluster.zk_root).await;
 }
+
+/// Registration costs the account's RegisterStreamConsumer budget (about 5 calls per second)
+/// once, not once per task: a worker of 4 spout tasks describes the consumer first, registers it
+/// once, and retries LimitExceeded (2 refused here by a fault proxy) instead of failing; a second
+/// worker finds the consumer and registers nothing. (The fault proxy speaks HTTP/1.1: the event
+/// streams of SubscribeToShard do not pass it, so this test stops at the registration.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn efo_registration_is_described_first_made_once_and_retried_on_limit_exceeded() {
+    use support::faultproxy::{FaultPlan, FaultProxy};
+    let s = TestStream::create("efo-reg", 4).await;
+    let dir = scratch("efo-reg");
+    let cluster = Cluster::new(&s.name, &dir);
+    let plan = FaultPlan {
+        client_error: 1.0,
+        client_error_code: "LimitExceededException".into(),
+        only_ops: vec!["RegisterStreamConsumer".into()],
+        max_faults: 2,
+        ..FaultPlan::default()
+    };
+    let proxy = FaultProxy::start(&support::kinesis_endpoint().endpoint, plan).await;
+    let endpoint = proxy.url();
+    let consumer = consumer_flag(&s);
+    let args = ["--consumer", consumer.as_str(), "--endpoint", endpoint.as_str()];
+    let active = |w: &support::workers::Worker| w.log_text().matches("stream consumer ACTIVE").count();
+    let mut w1 = cluster.start_with("w1", 4, &args);
+    let guard = Instant::now();
+    while active(&w1) == 0 || w1.log_text().matches("spout task registered").count() < 4 {
+        assert!(w1.is_running(), "the worker exited (registration failed?)\n{}", w1.log_text());
+        assert!(guard.elapsed() < Duration::from_secs(30), "no ACTIVE consumer in 30 s\n{}", w1.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(proxy.counters().client_errors, 2, "LimitExceeded injected twice");
+    let registers_w1 = proxy.requests_of("RegisterStreamConsumer");
+    let mut w2 = cluster.start_with("w2", 4, &args);
+    let guard = Instant::now();
+    while active(&w2) == 0 {
+        assert!(w2.is_running(), "the second worker exited\n{}", w2.log_text());
+        assert!(guard.elapsed() < Duration::from_secs(30), "no ACTIVE consumer in 30 s\n{}", w2.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let registers = proxy.requests_of("RegisterStreamConsumer");
+    eprintln!(
+        "EFO registration: RegisterStreamConsumer {registers_w1} by the first worker's 4 tasks (2 refused), {} by \
+         the second; DescribeStreamConsumer {}; ACTIVE once per worker ({}, {})",
+        registers - registers_w1,
+        proxy.requests_of("DescribeStreamConsumer"),
+        active(&w1),
+        active(&w2)
+    );
+    assert_eq!(registers_w1, 3, "one registration for the worker's 4 tasks, retried twice");
+    assert_eq!(registers, registers_w1, "the second worker found the consumer and registered nothing");
+    assert_eq!((active(&w1), active(&w2)), (1, 1), "one registration context per worker");
+    w1.kill();
+    w2.kill();
+    let zk = support::zk_client().await;
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    s.delete().await;
+}
+
+/// A consumer deregistered under a running worker (an operator, a clean-up job) is registered
+/// again and the shards are read on: SubscribeToShard's ResourceNotFound is not a deleted stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn efo_consumer_deregistered_under_a_running_worker_is_registered_again() {
+    let s = TestStream::create("efo-dereg", 2).await;
+    let dir = scratch("efo-dereg");
+    let cluster = Cluster::with_spout_config(&s.name, &dir, serde_json::json!({"efo": {"renew_after_ms": 2000}}));
+    let consumer = consumer_flag(&s);
+    let name = consumer.trim_start_matches("efo:").to_string();
+    let mut w = cluster.start_with("w", 1, &["--consumer", &consumer]);
+    let m1 = put(&s, 200).await;
+    let r = cluster.wait_delivered(std::slice::from_ref(&m1), Duration::from_secs(60)).await;
+    assert_eq!(r.lost, 0, "{r:?}\n{}", cluster.logs());
+    let arn = s
+        .client
+        .describe_stream_summary()
+        .stream_name(&s.name)
+        .send()
+        .await
+        .unwrap()
+        .stream_description_summary
+        .unwrap()
+        .stream_arn;
+    s.client.deregister_stream_consumer().stream_arn(&arn).consumer_name(&name).send().await.expect("deregister");
+    // past a renewal (2 s): the next subscriptions name the deregistered consumer
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let m2 = put(&s, 200).await;
+    let r = cluster.wait_delivered(&[m1, m2], Duration::from_secs(60)).await;
+    let log = cluster.logs();
+    let again = log.matches("registered again").count();
+    eprintln!("EFO deregistered: 'registered again' lines {again}; {}", serde_json::to_string(&r).unwrap());
+    assert_eq!(r.lost, 0, "records lost after the consumer was deregistered: {r:?}\n{log}");
+    assert!(again > 0, "the consumer was never registered again\n{log}");
+    assert!(w.is_running(), "the worker exited\n{log}");
+    assert_eq!(w.stop(Duration::from_secs(30)), Some(0), "{}", cluster.logs());
+    let zk = support::zk_client().await;
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    s.delete().await;
+}

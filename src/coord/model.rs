@@ -237,6 +237,9 @@ pub struct EfoRuntime {
     pub watchdog: u64,
     /// SubscribeToShard refused with ResourceInUse, retried.
     pub in_use: u64,
+    /// The consumer found deregistered and registered again.
+    #[serde(default)]
+    pub reregistered: u64,
 }
 
 impl Default for ShardRuntime {

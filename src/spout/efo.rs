@@ -1,10 +1,17 @@
 //! Enhanced fan-out (EFO): the spout as a registered stream consumer, reading each owned shard
 //! through a SubscribeToShard event stream instead of GetRecords calls.
 //!
-//! - Registration ([`register`]): DescribeStreamSummary (the stream's ARN), RegisterStreamConsumer
-//!   (ResourceInUse means the consumer exists: registration is idempotent, every task of every
-//!   worker does it), then DescribeStreamConsumer until the consumer is ACTIVE, within
-//!   `efo.register_timeout_ms`; the error names the consumer, the stream and the fix.
+//! - Registration ([`register`]), once per worker and stream (the worker's spout tasks share it,
+//!   [`super::SpoutShared`]): DescribeStreamSummary (the stream's ARN), DescribeStreamConsumer
+//!   first, RegisterStreamConsumer only when the consumer is missing (AWS allows about 5 a
+//!   second per account: a rollout of many workers spends one), then DescribeStreamConsumer until
+//!   it is ACTIVE, within `efo.register_timeout_ms`. LimitExceeded, ResourceInUse (registered
+//!   meanwhile, or the stream is not ACTIVE during a reshard) and a consumer being deleted are
+//!   waited out and retried; the error names the consumer, the stream and the fix.
+//! - A consumer deregistered under a running worker: SubscribeToShard refuses its ARN
+//!   (ResourceNotFound on AWS, as for a deleted stream); the reader registers it again (one
+//!   reader does it, the others take its new ARN; counted as `reregistered` in the shard's EFO
+//!   status) and subscribes on, unless the stream itself is gone.
 //! - One subscription per owned shard (`ReaderCtx::run_efo`), starting where polling would:
 //!   the checkpoint (AT_SEQUENCE_NUMBER, skipping the user records of a KPL aggregate at or
 //!   below it), TRIM_HORIZON or AT_TIMESTAMP. Each event's records go through the same
@@ -94,21 +101,29 @@ const FIX_SLOW: &str = "Start the worker again (registration continues where it 
 const FIX_DELETING: &str = "It is being deleted: wait until DescribeStreamConsumer no longer finds it and \
     start again (it is then registered anew), or choose another name with --consumer efo:NAME";
 
-/// A registered, ACTIVE stream consumer and the readers' shared EFO state.
+/// A registered, ACTIVE stream consumer and the readers' shared EFO state. One per worker,
+/// stream and consumer (the worker's spout tasks share it: [`super::SpoutShared`]).
 #[derive(Debug)]
 pub(crate) struct EfoCtx {
     pub consumer: String,
-    pub consumer_arn: String,
+    /// The consumer's ARN; a new one after the consumer was deregistered and registered again.
+    consumer_arn: Mutex<String>,
+    stream_arn: String,
+    settings: EfoSettings,
     silence: Duration,
     renew_after: Option<Duration>,
     end_check: Duration,
     /// Closed shards, from the last ListShards (closed is for ever), and when it was called
     /// (monotonic, and wall ms since the epoch).
     closed: tokio::sync::Mutex<(Option<Instant>, HashSet<Arc<str>>, i64)>,
+    /// Held by the reader that registers the consumer again (the others wait for its ARN).
+    reregistering: tokio::sync::Mutex<()>,
 }
 
-/// Registers the stream consumer `name` of the source's stream when missing and waits until it
-/// is ACTIVE (see the module docs).
+/// Makes sure the stream consumer `name` of the source's stream exists and is ACTIVE
+/// (registering it when missing) and returns its context (see the module docs). Call it once
+/// per worker and stream ([`super::SpoutShared::efo`]): RegisterStreamConsumer is limited to a
+/// few calls per second per account.
 pub(crate) async fn register(source: &ShardSource, name: &str, settings: &EfoSettings) -> Result<EfoCtx, EfoError> {
     let (client, endpoint, stream) = match source {
         ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
@@ -156,31 +171,78 @@ pub(crate) async fn register(source: &ShardSource, name: &str, settings: &EfoSet
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(2));
     };
-    match client.register_stream_consumer().stream_arn(&stream_arn).consumer_name(name).send().await {
-        Ok(_) => tracing::info!(stream = %stream, consumer = %name, "registered the stream consumer"),
-        Err(e) if e.code() == Some("ResourceInUseException") => {
-            tracing::debug!(stream = %stream, consumer = %name, "the stream consumer exists")
-        }
-        Err(e) => return Err(fail(KinesisError::from_sdk("RegisterStreamConsumer", stream, endpoint, e))),
-    }
+    let arn = ensure_active(source, name, &stream_arn, started, deadline).await?;
+    Ok(EfoCtx {
+        consumer: name.into(),
+        consumer_arn: Mutex::new(arn),
+        stream_arn,
+        settings: settings.clone(),
+        silence: Duration::from_millis(settings.silence_timeout_ms),
+        renew_after: settings.renew_after_ms.map(Duration::from_millis),
+        end_check: Duration::from_millis(settings.end_check_interval_ms),
+        closed: tokio::sync::Mutex::default(),
+        reregistering: tokio::sync::Mutex::default(),
+    })
+}
+
+/// Describes the consumer first and registers it only when it is missing (a rollout of many
+/// workers costs one RegisterStreamConsumer, not one per task); waits until it is ACTIVE.
+/// Retried until `deadline`: throttles (LimitExceeded: the account's registration rate),
+/// ResourceInUse (the consumer is being created, or the stream is not ACTIVE: a reshard in
+/// progress), a consumer being deleted (registered anew once it is gone) and transport errors.
+/// Returns the consumer's ARN.
+async fn ensure_active(
+    source: &ShardSource,
+    name: &str,
+    stream_arn: &str,
+    started: Instant,
+    deadline: Instant,
+) -> Result<String, EfoError> {
+    let ShardSource::Kinesis { client, endpoint, stream } = source else {
+        unreachable!("register checked the source");
+    };
+    let fail = |source: KinesisError| EfoError::Register {
+        consumer: name.into(),
+        stream: stream.clone(),
+        endpoint: endpoint.clone(),
+        source,
+    };
+    let retry = |e: &KinesisError| matches!(e.kind(), ErrorKind::Throttled | ErrorKind::Transient);
     let mut delay = Duration::from_millis(100);
+    let mut deleting_seen = false;
     loop {
-        let status = match client.describe_stream_consumer().stream_arn(&stream_arn).consumer_name(name).send().await {
+        let status = match client.describe_stream_consumer().stream_arn(stream_arn).consumer_name(name).send().await {
             Ok(out) => match out.consumer_description {
                 Some(c) if c.consumer_status == ConsumerStatus::Active => {
                     tracing::info!(stream = %stream, consumer = %name, arn = %c.consumer_arn, "stream consumer ACTIVE");
-                    return Ok(EfoCtx {
-                        consumer: name.into(),
-                        consumer_arn: c.consumer_arn,
-                        silence: Duration::from_millis(settings.silence_timeout_ms),
-                        renew_after: settings.renew_after_ms.map(Duration::from_millis),
-                        end_check: Duration::from_millis(settings.end_check_interval_ms),
-                        closed: tokio::sync::Mutex::default(),
-                    });
+                    return Ok(c.consumer_arn);
                 }
-                Some(c) => c.consumer_status.as_str().to_string(),
+                Some(c) => {
+                    deleting_seen |= c.consumer_status == ConsumerStatus::Deleting;
+                    c.consumer_status.as_str().to_string()
+                }
                 None => "not described".to_string(),
             },
+            Err(e) if e.code() == Some("ResourceNotFoundException") => {
+                match client.register_stream_consumer().stream_arn(stream_arn).consumer_name(name).send().await {
+                    Ok(_) => {
+                        tracing::info!(stream = %stream, consumer = %name, "registered the stream consumer");
+                        "registered".to_string()
+                    }
+                    Err(e) if e.code() == Some("ResourceInUseException") => {
+                        // registered meanwhile by another worker, or the stream is not ACTIVE
+                        "in use (registered meanwhile, or the stream is being resharded)".to_string()
+                    }
+                    Err(e) => {
+                        let e = KinesisError::from_sdk("RegisterStreamConsumer", stream, endpoint, e);
+                        if !retry(&e) {
+                            return Err(fail(e));
+                        }
+                        tracing::info!(stream = %stream, consumer = %name, error = %e, "registering the stream consumer was refused for now; retrying");
+                        format!("not registered yet ({e})")
+                    }
+                }
+            }
             Err(e) => {
                 let e = KinesisError::from_sdk("DescribeStreamConsumer", stream, endpoint, e);
                 if !retry(&e) {
@@ -189,15 +251,14 @@ pub(crate) async fn register(source: &ShardSource, name: &str, settings: &EfoSet
                 format!("unknown ({e})")
             }
         };
-        let waited_ms = started.elapsed().as_millis() as u64;
-        if status == ConsumerStatus::Deleting.as_str() || Instant::now() >= deadline {
-            let fix = if status == ConsumerStatus::Deleting.as_str() { FIX_DELETING } else { FIX_SLOW };
+        if Instant::now() >= deadline {
+            let fix = if deleting_seen { FIX_DELETING } else { FIX_SLOW };
             return Err(EfoError::NotActive {
                 consumer: name.into(),
                 stream: stream.clone(),
                 endpoint: endpoint.clone(),
                 status,
-                waited_ms,
+                waited_ms: started.elapsed().as_millis() as u64,
                 fix,
             });
         }
@@ -259,6 +320,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// An SDK error as a `KinesisError`, and whether it is ResourceInUse (`typed`: the modeled
 /// error says so; an error inside the event stream carries no code of its own).
+/// Whether a SubscribeToShard error may mean that the consumer was deregistered: AWS answers
+/// ResourceNotFound (as for a deleted stream), kinesis-local InvalidArgument naming the
+/// consumer's ARN "not found".
+fn consumer_maybe_gone(e: &KinesisError) -> bool {
+    match e {
+        KinesisError::StreamNotFound { .. } => true,
+        KinesisError::Refused { message, .. } | KinesisError::Service { message, .. } => {
+            let m = message.to_ascii_lowercase();
+            m.contains("consumer") && m.contains("not found")
+        }
+        _ => false,
+    }
+}
+
 fn classify<E, R>(
     op: &'static str,
     stream: &str,
@@ -275,6 +350,25 @@ where
 }
 
 impl EfoCtx {
+    /// The consumer's current ARN.
+    pub(crate) fn consumer_arn(&self) -> String {
+        self.consumer_arn.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The consumer `stale` (an ARN SubscribeToShard did not find) was deregistered: makes sure
+    /// it exists and is ACTIVE again (registering it), once for every reader that found it gone.
+    async fn reregister(&self, source: &ShardSource, stale: &str) -> Result<(), EfoError> {
+        let _one = self.reregistering.lock().await;
+        if self.consumer_arn() != stale {
+            return Ok(()); // another reader did it
+        }
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(self.settings.register_timeout_ms);
+        let arn = ensure_active(source, &self.consumer, &self.stream_arn, started, deadline).await?;
+        *self.consumer_arn.lock().unwrap_or_else(|p| p.into_inner()) = arn;
+        Ok(())
+    }
+
     /// Whether ListShards says `shard` is open: `Some(t)`, open as of the listing started at
     /// wall time `t` (ms), `None` when closed (cached; listed at most once per
     /// `end_check_interval_ms`).
@@ -328,7 +422,7 @@ impl ReaderCtx {
     /// Opens a subscription to `shard`.
     async fn subscribe(
         &self,
-        efo: &EfoCtx,
+        consumer_arn: &str,
         shard: &str,
         from: Start<'_>,
     ) -> Result<SubscribeToShardOutput, (KinesisError, bool)> {
@@ -353,7 +447,7 @@ impl ReaderCtx {
         })?;
         let out = client
             .subscribe_to_shard()
-            .consumer_arn(&efo.consumer_arn)
+            .consumer_arn(consumer_arn)
             .shard_id(shard)
             .starting_position(pos)
             .send()
@@ -408,9 +502,10 @@ impl ReaderCtx {
                 Some(c) => Start::After(c),
                 None => Start::Checkpoint(&start),
             };
+            let arn = efo.consumer_arn();
             let sub = tokio::select! {
                 _ = cancel.cancelled() => return,
-                r = self.subscribe(&efo, &shard, from) => r,
+                r = self.subscribe(&arn, &shard, from) => r,
             };
             let ended = match sub {
                 Err((e, in_use)) => Ended::Error(e, in_use),
@@ -463,6 +558,28 @@ impl ReaderCtx {
                     tokio::select! {
                         _ = cancel.cancelled() => return,
                         _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+                Ended::Error(e, false) if consumer_maybe_gone(&e) => {
+                    // SubscribeToShard says ResourceNotFound for a consumer that was deregistered
+                    // as for a deleted stream (kinesis-local: InvalidArgument "ConsumerARN ... not
+                    // found"): register it again, unless the stream is gone.
+                    let again = tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        r = efo.reregister(&self.source, &arn) => r,
+                    };
+                    match again {
+                        Ok(()) => {
+                            self.set_status(&shard, |s| s.efo_reregistered += 1);
+                            tracing::warn!(stream = %self.stream, shard = %shard, consumer = %efo.consumer,
+                                "the stream consumer was gone (deregistered): it is registered again; subscribing anew");
+                        }
+                        Err(re) => {
+                            tracing::debug!(stream = %self.stream, consumer = %efo.consumer, error = %re, "registering the consumer again failed");
+                            if !self.on_error(&shard, &e, &mut backoffs, &cancel).await {
+                                return;
+                            }
+                        }
                     }
                 }
                 Ended::Error(e, false) => {

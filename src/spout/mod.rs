@@ -185,6 +185,8 @@ pub struct ShardStatus {
     /// Enhanced fan-out: SubscribeToShard refused with ResourceInUse (a previous subscription to
     /// the shard still live), retried after a back-off.
     pub efo_in_use: u64,
+    /// Enhanced fan-out: times the consumer was found deregistered and registered again.
+    pub efo_reregistered: u64,
 }
 
 impl ShardStatus {
@@ -682,9 +684,12 @@ impl Spout for KinesisSpout {
             .await
             .map_err(|e| ComponentError::fatal(e.to_string()))?;
         let efo = match self.cfg.consumer.efo_name() {
-            Some(name) => Some(Arc::new(
-                efo::register(&source, name, &self.cfg.efo).await.map_err(|e| ComponentError::fatal(e.to_string()))?,
-            )),
+            Some(name) => Some(
+                self.shared
+                    .efo(&source, name, &self.cfg.efo)
+                    .await
+                    .map_err(|e| ComponentError::fatal(e.to_string()))?,
+            ),
             None => None,
         };
         let (session, stream) = self

@@ -1,13 +1,16 @@
 //! What the tasks of one [`super::KinesisSpout`] declaration share inside a worker process: the
-//! ZooKeeper session (one per worker) and the stream coordinator (one per worker and stream).
-//! The first task to open starts them; the last to close stops them.
+//! ZooKeeper session (one per worker), the stream coordinator (one per worker and stream) and
+//! the enhanced fan-out consumer (registered once per worker and stream, not once per task:
+//! RegisterStreamConsumer is limited to a few calls per second per account). The first task to
+//! open starts them; the last to close stops them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Mutex;
 
-use super::config::KinesisSpoutConfig;
+use super::config::{EfoSettings, KinesisSpoutConfig};
+use super::efo::{EfoCtx, EfoError};
 use super::source::ShardSource;
 use super::stream::StreamHandle;
 use crate::coord::{CoordError, SharedSession};
@@ -22,6 +25,7 @@ struct Inner {
     /// The session was made here (not handed in by the worker): close it with the last task.
     own_session: bool,
     stream: Option<Arc<StreamHandle>>,
+    efo: Option<Arc<EfoCtx>>,
     open_tasks: usize,
 }
 
@@ -72,6 +76,23 @@ impl SpoutShared {
         Ok((session, stream))
     }
 
+    /// The enhanced fan-out consumer `name` of the source's stream, registered (when missing)
+    /// and ACTIVE: the first task to ask makes sure of it, the others wait for it and share it.
+    pub(crate) async fn efo(
+        &self,
+        source: &ShardSource,
+        name: &str,
+        settings: &EfoSettings,
+    ) -> Result<Arc<EfoCtx>, EfoError> {
+        let mut inner = self.inner.lock().await;
+        if let Some(ctx) = inner.efo.as_ref().filter(|c| c.consumer == name) {
+            return Ok(ctx.clone());
+        }
+        let ctx = Arc::new(super::efo::register(source, name, settings).await?);
+        inner.efo = Some(ctx.clone());
+        Ok(ctx)
+    }
+
     /// A task closed: the last one stops the stream coordinator (and closes the session if it
     /// was made here).
     pub(crate) async fn detach(&self) {
@@ -80,6 +101,7 @@ impl SpoutShared {
         if inner.open_tasks > 0 {
             return;
         }
+        inner.efo = None;
         if let Some(h) = inner.stream.take() {
             h.stop().await;
         }

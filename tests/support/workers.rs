@@ -191,7 +191,7 @@ impl Cluster {
     }
 
     fn start_example_env(&self, bin: &Path, name: &str, tasks: usize, extra: &[&str], env: &[(&str, &str)]) -> Worker {
-        let (mut cmd, _) = self.worker_command(bin, name, tasks, extra);
+        let (mut cmd, log) = self.worker_command(bin, name, tasks, extra);
         cmd.envs(env.iter().copied());
         let child = cmd.spawn().expect("start worker");
         Worker {
@@ -199,6 +199,7 @@ impl Cluster {
             child: Some(child),
             deliveries: self.dir.join(format!("{name}.deliveries.jsonl")),
             read_log: self.dir.join(format!("{name}.reads.jsonl")),
+            log,
         }
     }
 
@@ -296,6 +297,8 @@ pub struct Worker {
     child: Option<Child>,
     pub deliveries: PathBuf,
     pub read_log: PathBuf,
+    /// Its output (`{name}.log`).
+    pub log: PathBuf,
 }
 
 impl Worker {
@@ -344,6 +347,11 @@ impl Worker {
             Some(c) => matches!(c.try_wait(), Ok(None)),
             None => false,
         }
+    }
+
+    /// What the worker logged so far (its `{name}.log` in the cluster's directory).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
