@@ -87,12 +87,21 @@ impl Hasher for U64Hasher {
     }
 }
 
-pub(crate) type U64Map<V> = HashMap<u64, V, BuildHasherDefault<U64Hasher>>;
+pub(crate) type U64BuildHasher = BuildHasherDefault<U64Hasher>;
+
+pub(crate) type U64Map<V> = HashMap<u64, V, U64BuildHasher>;
+
+/// Up to this many roots, a child's anchors are searched in place for a root; beyond, through
+/// an index (a window's aggregate anchored to thousands of inputs stays linear).
+const SCAN_ROOTS: usize = 16;
 
 /// Adds a child anchored to `parents`: for each parent a fresh edge id is XORed into the parent's
-/// ack value and into the child's value for each of the parent's roots (Storm's rule).
+/// ack value and into the child's value for each of the parent's roots (Storm's rule). The
+/// child's anchors hold each root once, in the order the roots were first seen.
 pub fn anchor_child<'a>(parents: impl IntoIterator<Item = (&'a Anchors, &'a mut u64)>, rng: &mut EdgeRng) -> Anchors {
     let mut child = Anchors::new();
+    // the position of each root in `child`, once it holds more than `SCAN_ROOTS`
+    let mut index: Option<U64Map<usize>> = None;
     for (anchors, ack_val) in parents {
         if anchors.is_empty() {
             continue;
@@ -100,13 +109,75 @@ pub fn anchor_child<'a>(parents: impl IntoIterator<Item = (&'a Anchors, &'a mut 
         let edge = rng.next_edge();
         *ack_val ^= edge;
         for &(root, _) in anchors {
-            match child.iter_mut().find(|(r, _)| *r == root) {
-                Some((_, v)) => *v ^= edge,
-                None => child.push((root, edge)),
+            let at = match &index {
+                Some(index) => index.get(&root).copied(),
+                None => {
+                    probe(child.len());
+                    child.iter().position(|(r, _)| *r == root)
+                }
+            };
+            match at {
+                Some(i) => child[i].1 ^= edge,
+                None => {
+                    child.push((root, edge));
+                    match &mut index {
+                        Some(index) => {
+                            index.insert(root, child.len() - 1);
+                        }
+                        None if child.len() > SCAN_ROOTS => {
+                            index = Some(child.iter().enumerate().map(|(i, &(r, _))| (r, i)).collect());
+                        }
+                        None => {}
+                    }
+                }
             }
         }
     }
     child
+}
+
+/// Sorts ack-tree updates by root and XORs those of one root together (they are sent together).
+pub(crate) fn merge_roots(updates: &mut Vec<(u64, u64)>) {
+    if updates.windows(2).all(|w| w[0].0 < w[1].0) {
+        return;
+    }
+    updates.sort_unstable_by_key(|&(root, _)| root);
+    updates.dedup_by(|next, kept| {
+        if next.0 == kept.0 {
+            kept.1 ^= next.1;
+            true
+        } else {
+            false
+        }
+    });
+}
+
+/// Adds a child anchored to inputs whose ack-tree updates are `updates` (one per root, see
+/// [`merge_roots`]): a fresh edge id per root, XORed into the update and given to the child.
+pub(crate) fn anchor_to_updates(updates: &mut [(u64, u64)], rng: &mut EdgeRng) -> Anchors {
+    updates
+        .iter_mut()
+        .map(|(root, x)| {
+            let edge = rng.next_edge();
+            *x ^= edge;
+            (*root, edge)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Roots compared by [`anchor_child`]'s in-place search, on this thread.
+    static PROBES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts the roots an in-place search compares (tests only).
+#[inline(always)]
+fn probe(compared: usize) {
+    #[cfg(test)]
+    PROBES.with(|p| p.set(p.get() + compared));
+    #[cfg(not(test))]
+    let _ = compared;
 }
 
 /// The `(root, xor)` updates that ack a tuple with the given anchors and accumulated ack value.
@@ -410,6 +481,44 @@ mod tests {
         assert_eq!(child.len(), 2);
         assert_eq!(child[0].1, va);
         assert_eq!(child[1].1, va ^ vb);
+    }
+
+    /// Issue 33, point 16: a child anchored to many inputs of distinct roots (a window's
+    /// aggregate) finds each root in constant time once it holds more than a few: the roots
+    /// compared grow linearly, not with the square of the inputs (the old linear search compared
+    /// 400,000,000 roots here). The child holds each root once, in order.
+    #[test]
+    fn anchor_child_is_linear_in_the_roots() {
+        let mut rng = EdgeRng::new(7);
+        let n = 20_000u64;
+        // each root twice, as two inputs of one spout tuple would be
+        let parents: Vec<Anchors> = (0..2 * n).map(|i| [(make_root(1, i % n), i + 1)].into_iter().collect()).collect();
+        let mut vals = vec![0u64; parents.len()];
+        PROBES.with(|p| p.set(0));
+        let child = anchor_child(parents.iter().zip(vals.iter_mut()), &mut rng);
+        let probes = PROBES.with(|p| p.get());
+        assert!(probes <= SCAN_ROOTS * SCAN_ROOTS, "{probes} roots compared for {} parents", parents.len());
+        assert_eq!(
+            child.iter().map(|&(r, _)| r).collect::<Vec<_>>(),
+            (0..n).map(|i| make_root(1, i)).collect::<Vec<_>>()
+        );
+        // the two parents of a root and the child's anchor to it cancel out
+        for (i, &(_, v)) in child.iter().enumerate() {
+            assert_eq!(v, vals[i] ^ vals[i + n as usize]);
+        }
+    }
+
+    #[test]
+    fn merged_updates_anchor_a_child_once_per_root() {
+        let mut updates = vec![(5u64, 1u64), (3, 2), (5, 4), (9, 8), (3, 16)];
+        merge_roots(&mut updates);
+        assert_eq!(updates, [(3, 18), (5, 5), (9, 8)]);
+        let before = updates.clone();
+        let child = anchor_to_updates(&mut updates, &mut EdgeRng::new(3));
+        assert_eq!(child.iter().map(|&(r, _)| r).collect::<Vec<_>>(), [3, 5, 9]);
+        for ((b, a), c) in before.iter().zip(&updates).zip(&child) {
+            assert_eq!(b.1 ^ a.1, c.1, "the child's edge is XORed into its root's update");
+        }
     }
 
     mod props {

@@ -3,7 +3,10 @@
 
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+
+use futures::FutureExt;
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -319,15 +322,19 @@ pub trait Bolt: Send + 'static {
     ) -> impl Future<Output = Result<(), ComponentError>> + Send;
 
     /// Processes a batch of inputs (the tuples of one channel message, up to `batch_size`).
-    /// The default takes each input with [`Inputs::next`] and calls [`Bolt::execute`]; override
-    /// it to work on a whole batch at once (one write to an external store per batch, or a
-    /// tighter loop than one `execute` future per tuple).
+    /// The default takes each input with [`Inputs::next`] and calls [`Bolt::execute`] (an
+    /// error or a panic there fails that input only); override it to work on a whole batch at
+    /// once (one write to an external store per batch, or a tighter loop than one `execute`
+    /// future per tuple).
     ///
-    /// Acking is per input: [`Inputs::next`] acks the input taken before (unless failed with
-    /// [`Inputs::fail_current`] or held with [`BoltOutput::defer_ack`]), and emits are anchored
-    /// to the input taken last. An `Err` or a panic fails the input being executed; inputs not
-    /// taken yet are handed to another `execute_batch` call (or, if it takes none, to
-    /// `execute` one by one).
+    /// The batch's inputs stay open until this returns: an input ended with [`Inputs::next`]
+    /// or by [`Inputs::for_each`] (unless failed, or held with [`BoltOutput::defer_ack`]) is
+    /// acked when this returns `Ok`, and failed, with the input being executed, when it returns
+    /// an `Err` or panics, so the work after the loop is part of every input's processing.
+    /// Emits are anchored to the input taken last; outside any input (after the loop) to every
+    /// open input of the batch. [`Inputs::for_each`] fails an input whose closure errs or
+    /// panics, and goes on. Inputs not taken when this returns are handed to another
+    /// `execute_batch` call (or, if it takes none, to `execute` one by one).
     fn execute_batch(
         &mut self,
         inputs: &mut Inputs,
@@ -335,8 +342,10 @@ pub trait Bolt: Send + 'static {
     ) -> impl Future<Output = Result<(), ComponentError>> + Send {
         async move {
             while let Some(t) = inputs.next(out).await {
-                if let Err(e) = self.execute(t, out).await {
-                    inputs.fail_current(out, &e);
+                match AssertUnwindSafe(self.execute(t, out)).catch_unwind().await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => inputs.fail_current(out, &e),
+                    Err(panic) => inputs.fail_current_panicked(out, &*panic),
                 }
             }
             Ok(())
@@ -358,7 +367,7 @@ pub trait Bolt: Send + 'static {
     }
 
     /// The combined low watermark of all inputs advanced to `wm`. It is forwarded downstream
-    /// after this returns.
+    /// after this returns, held back to [`Bolt::watermark_hold`].
     fn on_watermark(
         &mut self,
         wm: Watermark,
@@ -366,6 +375,22 @@ pub trait Bolt: Send + 'static {
     ) -> impl Future<Output = Result<(), ComponentError>> + Send {
         let _ = (wm, out);
         async { Ok(()) }
+    }
+
+    /// The event time below which this task may still emit: while it buffers inputs to emit
+    /// later, the oldest of them (a bolt that batches writes, or reorders). The watermark it
+    /// forwards is the lower of its input watermark and this hold, so nothing it emits later is
+    /// behind a watermark it already sent; once the hold moves up (or is released, `None`), the
+    /// watermark it held back is forwarded. `None` (the default): no hold, the input watermark
+    /// is forwarded as it comes.
+    ///
+    /// Polled after [`Bolt::on_watermark`] and, while the hold keeps the input watermark back,
+    /// after every other hook (a batch of inputs, a timer); the forwarded watermark never goes
+    /// back, and never passes the input watermark. A panic here is counted and forwards
+    /// nothing that time. [`Bolt::on_drain`] ends the stream: the +infinity watermark follows
+    /// it whatever the hold.
+    fn watermark_hold(&self) -> Option<Watermark> {
+        None
     }
 
     /// Every input has drained: flush state and emit final tuples. Called once; the drain marker

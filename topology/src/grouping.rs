@@ -22,7 +22,11 @@ pub struct RouteContext {
 
 /// Picks target tasks for tuples; one instance per emitting task and subscription.
 pub trait Router: Send {
-    /// Appends target task indices (each `< target_tasks`) for a tuple with these values.
+    /// Appends target task indices (each `< target_tasks`) for a tuple with these values. An
+    /// index out of range makes the emit fail ([`EmitError::RouterTaskOutOfRange`]): nothing
+    /// is sent.
+    ///
+    /// [`EmitError::RouterTaskOutOfRange`]: crate::EmitError::RouterTaskOutOfRange
     fn route(&mut self, values: &[Value], targets: &mut Vec<usize>);
 }
 

@@ -190,6 +190,12 @@ pub fn fields_of<'de, T: Deserialize<'de>>() -> Result<Vec<&'static str>, TypedE
     fields::fields_of::<T>()
 }
 
+/// The field names a record serializes with, in order; `None` for a value whose fields have no
+/// names (see `typed/fields.rs`).
+pub(crate) fn record_field_names<T: Serialize + ?Sized>(v: &T) -> Option<Vec<&'static str>> {
+    fields::record_field_names(v)
+}
+
 /// What `emit` accepts: dynamic values ([`Values`], [`Value`](crate::Value), `Vec<Value>`, an
 /// array of values) or a reference to any `Serialize` record, encoded with [`to_values`]:
 /// `out.emit(&Word { .. })`.

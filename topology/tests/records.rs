@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use squall_topology::testing::BoltHarness;
 use squall_topology::*;
 
 const SECS: Duration = Duration::from_secs(20);
@@ -385,4 +386,113 @@ fn quiet_panics() {
             default(info);
         }
     }));
+}
+
+/// `Event`'s fields, in another order.
+#[derive(Serialize)]
+struct Reordered {
+    n: u64,
+    key: String,
+    flag: bool,
+}
+
+impl From<Event> for Reordered {
+    fn from(e: Event) -> Self {
+        Reordered { n: e.n, key: e.key, flag: e.flag }
+    }
+}
+
+/// Relays each event as a `Reordered` record, and reports what `emit_record` said.
+struct EmitsReordered(Arc<Mutex<Vec<String>>>);
+
+impl Bolt for EmitsReordered {
+    async fn execute(&mut self, t: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let e: Event = t.decode()?;
+        let r = out.emit_record(Reordered::from(e));
+        self.0.lock().unwrap().push(match r {
+            Err(err) => err.to_string(),
+            Ok(()) => "accepted".to_owned(),
+        });
+        Ok(())
+    }
+}
+
+/// Issue 33, point 11: a record whose fields are the stream's in another order is an emit error
+/// naming the stream, the type and both field lists (before, it went out: tuple readers read
+/// `key` from its `n`, failing forever on replay, and a fields grouping hashed the wrong field).
+#[tokio::test]
+async fn a_record_whose_fields_are_in_another_order_is_an_emit_error() {
+    let errors: Arc<Mutex<Vec<String>>> = Default::default();
+    let mut h = BoltHarness::new(EmitsReordered(errors.clone()))
+        .input("events", "default", &["key", "n", "flag"])
+        .output("default", &["key", "n", "flag"])
+        .prepare()
+        .await
+        .unwrap();
+    h.execute(values!["k1", 5u64, false]).await.unwrap();
+    h.execute(values!["k2", 6u64, true]).await.unwrap();
+    let errors = errors.lock().unwrap().clone();
+    assert_eq!((errors.len(), h.emitted().len()), (2, 0), "(emit errors, tuples emitted); emits said {errors:?}");
+    for e in &errors {
+        for part in ["stream `default`", "Reordered", r#"["n", "key", "flag"]"#, r#"["key", "n", "flag"]"#] {
+            assert!(e.contains(part), "{part} in: {e}");
+        }
+    }
+}
+
+/// Emits `n` `Reordered` records, tracked, then ends its stream.
+struct ReorderedSpout {
+    next: u64,
+    n: u64,
+    log: Log,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl Spout for ReorderedSpout {
+    type MsgId = u64;
+    async fn next_tuple(&mut self, out: &mut SpoutOutput<u64>) -> Result<(), ComponentError> {
+        if self.next == self.n {
+            out.finish();
+            return Ok(());
+        }
+        let n = self.next;
+        self.next += 1;
+        let e = Reordered { n, key: format!("k{n}"), flag: false };
+        if let Err(err) = out.emit_record_tracked(e, n) {
+            self.errors.lock().unwrap().push(err.to_string());
+        }
+        Ok(())
+    }
+    async fn ack(&mut self, id: u64) {
+        self.log.acked.lock().unwrap().push(id);
+    }
+    async fn fail(&mut self, id: u64) {
+        self.log.failed.lock().unwrap().push(id);
+    }
+}
+
+/// Point 11 where a record is routed by its values (two subscribers, one with a fields
+/// grouping): the same error, and the refused tracked records are failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reordered_record_routed_by_its_values_is_an_emit_error() {
+    let log = Log::default();
+    let errors: Arc<Mutex<Vec<String>>> = Default::default();
+    let mut b = TopologyBuilder::new("records-reordered");
+    let (l, e) = (log.clone(), errors.clone());
+    b.set_spout("events", 1, move |_| ReorderedSpout { next: 0, n: 5, log: l.clone(), errors: e.clone() })
+        .fields_of::<Event>();
+    b.set_bolt("typed", 2, typed(&log.seen)).fields_grouping("events", &["key"]);
+    let other = Log::default();
+    b.set_bolt("other", 1, typed(&other.seen)).shuffle_grouping("events");
+    let running = run_local(b.build().unwrap(), TopologyConfig::default()).unwrap();
+    tokio::time::timeout(SECS, running.wait()).await.expect("the topology ends by itself").unwrap();
+    let errors = errors.lock().unwrap().clone();
+    let mut failed = log.failed.lock().unwrap().clone();
+    failed.sort_unstable();
+    assert_eq!(
+        (errors.len(), log.seen.lock().unwrap().len(), other.seen.lock().unwrap().len(), failed),
+        (5, 0, 0, vec![0, 1, 2, 3, 4]),
+        "(emit errors, seen by each subscriber, failed ids); emits said {errors:?}"
+    );
+    assert!(errors[0].contains("Reordered") && errors[0].contains("stream `default`"), "{}", errors[0]);
 }

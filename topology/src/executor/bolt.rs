@@ -1,6 +1,7 @@
 //! The bolt executor: receives batches in order per upstream task, hands them to
-//! `execute_batch` with panic isolation, acks or fails inputs, fires timers, combines watermarks
-//! (min over upstream tasks, never backwards), and finishes once every upstream task has drained.
+//! `execute_batch` with panic isolation, acks or fails inputs (a batch's as it returns), fires
+//! timers, combines watermarks (min over upstream tasks, never backwards) and forwards them held
+//! back to the bolt's `watermark_hold`, and finishes once every upstream task has drained.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -31,7 +32,10 @@ pub(crate) struct BoltTask<B: Bolt> {
     /// position of each upstream task id in `watermarks` / `drained`
     upstream: HashMap<usize, usize>,
     watermarks: Vec<Option<u64>>,
+    /// The input watermark: the minimum over the upstream tasks.
     combined: Option<u64>,
+    /// The watermark forwarded downstream: `combined`, held back to `Bolt::watermark_hold`.
+    forwarded: Option<u64>,
     drained: Vec<bool>,
     drained_count: usize,
     tick: Option<Duration>,
@@ -69,6 +73,7 @@ impl<B: Bolt> BoltTask<B> {
             upstream: w.upstream.iter().enumerate().map(|(i, &id)| (id, i)).collect(),
             watermarks: vec![None; n_up],
             combined: None,
+            forwarded: None,
             drained: vec![false; n_up],
             drained_count: 0,
             tick,
@@ -179,10 +184,12 @@ impl<B: Bolt> BoltTask<B> {
             let before = inputs.len();
             let r = AssertUnwindSafe(self.bolt.execute_batch(&mut inputs, &mut self.out)).catch_unwind().await;
             let ok = self.out.outcome("execute", r);
-            // the input being executed when execute_batch returned, failed or panicked
+            // the input being executed when execute_batch returned, failed or panicked, then the
+            // inputs it ended well: acked if it returned Ok, else failed with it
             if self.out.in_input() {
                 self.out.finish(ok);
             }
+            self.out.settle_batch(ok);
             self.out.reap_dropped();
             if inputs.is_empty() || self.cancel.is_cancelled() {
                 break;
@@ -200,7 +207,39 @@ impl<B: Bolt> BoltTask<B> {
         }
         let busy = t0.elapsed().saturating_sub(self.out.blocked);
         self.metrics.record_latency_batch(busy, n);
+        if self.combined != self.forwarded {
+            return self.flush_after_hook().await;
+        }
         self.out.flush_inner().await
+    }
+
+    /// Sends what a hook emitted, and the acks; first the watermark a hold kept back, if the
+    /// hold moved.
+    pub(crate) async fn flush_after_hook(&mut self) -> Result<(), Cancelled> {
+        if self.combined != self.forwarded && self.forward_watermark().await? {
+            return self.out.send_acks().await;
+        }
+        self.out.flush_inner().await
+    }
+
+    /// Forwards the input watermark, held back to the bolt's `watermark_hold`, if that is above
+    /// the watermark forwarded last (sent behind everything emitted before it). True if sent.
+    async fn forward_watermark(&mut self) -> Result<bool, Cancelled> {
+        let Some(input) = self.combined else { return Ok(false) };
+        let hold = match std::panic::catch_unwind(AssertUnwindSafe(|| self.bolt.watermark_hold())) {
+            Ok(hold) => hold,
+            Err(p) => {
+                self.out.note_panic("watermark_hold", &*p);
+                return Ok(false);
+            }
+        };
+        let wm = hold.map_or(input, |h| input.min(h.0));
+        if self.forwarded.is_some_and(|f| wm <= f) {
+            return Ok(false);
+        }
+        self.forwarded = Some(wm);
+        self.out.send_watermark(Watermark(wm)).await?;
+        Ok(true)
     }
 
     /// Executes the remaining inputs with `execute`, each under its own panic guard.
@@ -210,6 +249,7 @@ impl<B: Bolt> BoltTask<B> {
             let ok = self.out.outcome("execute", r);
             self.out.finish(ok);
         }
+        self.out.settle_batch(true);
     }
 
     /// Fires the tick and the wake-ups that are due, each with panic isolation.
@@ -225,7 +265,7 @@ impl<B: Bolt> BoltTask<B> {
         while let Some(token) = self.out.pop_due(now) {
             self.on_timer(Timer::Wakeup(token)).await;
         }
-        self.out.flush_inner().await
+        self.flush_after_hook().await
     }
 
     pub(crate) async fn on_timer(&mut self, timer: Timer) {
@@ -254,8 +294,7 @@ impl<B: Bolt> BoltTask<B> {
         let r = AssertUnwindSafe(self.bolt.on_watermark(Watermark(min), &mut self.out)).catch_unwind().await;
         self.out.outcome("on_watermark", r);
         self.out.reap_dropped();
-        self.out.send_watermark(Watermark(min)).await?;
-        self.out.send_acks().await
+        self.flush_after_hook().await
     }
 
     /// Returns true when every upstream task has drained (and the drain was forwarded).
@@ -271,8 +310,8 @@ impl<B: Bolt> BoltTask<B> {
         let r = AssertUnwindSafe(self.bolt.on_drain(&mut self.out)).catch_unwind().await;
         self.out.outcome("on_drain", r);
         self.out.reap_dropped();
-        if self.combined != Some(u64::MAX) {
-            self.combined = Some(u64::MAX);
+        if self.forwarded != Some(u64::MAX) {
+            (self.combined, self.forwarded) = (Some(u64::MAX), Some(u64::MAX));
             self.out.send_watermark(Watermark::MAX).await?;
         }
         self.out.broadcast(Control::Drain).await?;

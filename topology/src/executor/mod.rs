@@ -273,6 +273,7 @@ pub(crate) fn start(
                         .filter(|(s, _, _)| *s == si)
                         .map(|(_, b, g)| Route {
                             consumer: comps[*b].id.clone(),
+                            grouping: g.name(),
                             router: AnyRouter::new(
                                 &**g,
                                 fields,

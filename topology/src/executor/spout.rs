@@ -171,9 +171,12 @@ impl<S: Spout> SpoutTask<S> {
             let mut emitted_any = false;
             let mut retry_later = false;
             if self.active && !self.draining {
-                self.out.now = Instant::now();
                 // completions applied while waiting reach the spout before it is called
                 self.deliver().await;
+                // the time the deadlines of the tuples emitted next count from: read again after
+                // anything that may wait (room downstream, the spout's ack hooks), so tuples
+                // emitted after a wait do not get deadlines already past
+                self.out.now = Instant::now();
                 let mut calls = 0u64;
                 while calls < burst {
                     if self.out.acks.pending.len() >= max_pending {
@@ -194,13 +197,18 @@ impl<S: Spout> SpoutTask<S> {
                     if !b.last_emitted || retry_later {
                         break;
                     }
-                    if !self.out.outbox.ready.is_empty() && self.out.send_ready().await.is_err() {
-                        return Ok(());
+                    if !self.out.outbox.ready.is_empty() {
+                        match self.out.send_ready().await {
+                            Err(Cancelled) => return Ok(()),
+                            Ok(true) => self.out.now = Instant::now(),
+                            Ok(false) => {}
+                        }
                     }
                     // trees that completed meanwhile reach the spout before it is called again
                     // (checked here: the usual call has nothing to deliver and builds no future)
                     if self.out.acks.has_completions() {
                         self.deliver().await;
+                        self.out.now = Instant::now();
                     }
                 }
                 TaskMetrics::add(&self.metrics.executed, calls);

@@ -3,6 +3,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::EmitError;
 use super::records::{Record, RecordBuf, Records};
 use super::route::{Backpressure, Batch, Cancelled, Control, Outbox, Payload, Rec};
-use crate::acker::{self, AckBatch, U64Map};
+use crate::acker::{self, AckBatch, U64BuildHasher, U64Map};
 use crate::builder::StreamRef;
 use crate::component::{ComponentError, Watermark};
 use crate::tuple::{Anchors, DEFAULT_STREAM, Tuple};
@@ -127,9 +128,10 @@ impl Backpressure for BoltWaiter {
     }
 }
 
-/// Where a bolt emits. Emits are anchored to the current input unless said otherwise; outside
-/// an input (in `on_watermark`, `on_drain`, `on_timer`) they are unanchored unless
-/// [`BoltOutput::emit_anchored`] names held inputs.
+/// Where a bolt emits. Emits are anchored to the current input unless said otherwise; in
+/// `execute_batch` outside any input (after its loop) to every input of the batch still open
+/// (see [`Inputs`]); in the other hooks (`on_watermark`, `on_drain`, `on_timer`) they are
+/// unanchored unless [`BoltOutput::emit_anchored`] names held inputs.
 pub struct BoltOutput {
     pub(crate) outbox: Outbox,
     waiter: BoltWaiter,
@@ -137,6 +139,13 @@ pub struct BoltOutput {
     held: U64Map<Held>,
     drops: Arc<DropBox>,
     next_handle: u64,
+    /// The inputs of the `execute_batch` under way that ended well, still open: their
+    /// ack-tree updates `(root, xor)` (consecutive updates of one root XORed together), queued
+    /// when it returns `Ok`, their roots failed when it returns an error or panics
+    /// ([`BoltOutput::settle_batch`]). An emit outside any input is anchored to them.
+    open: Vec<(u64, u64)>,
+    /// How many inputs (tracked or not) `open` stands for.
+    open_inputs: u64,
     /// Ack updates per spout task (indexed by ack slot).
     acks: Vec<AckBatch>,
     acks_dirty: Vec<usize>,
@@ -171,6 +180,8 @@ impl BoltOutput {
             held: U64Map::default(),
             drops: Arc::new(DropBox::default()),
             next_handle: 0,
+            open: Vec::new(),
+            open_inputs: 0,
             acks: (0..ack_txs.len()).map(|_| AckBatch::default()).collect(),
             acks_dirty: Vec::new(),
             ack_txs,
@@ -207,8 +218,9 @@ impl BoltOutput {
     /// and to other subscriptions (several subscribers, a custom grouping, a fields grouping on
     /// several fields or on a field that is not a primitive) it is sent as values; the tuples
     /// are the same either way. A direct stream takes [`BoltOutput::emit_direct`]. The first
-    /// record of a type on a stream is checked against the stream's fields (a mismatch is an
-    /// [`EmitError::FieldCount`]).
+    /// record of a type on a stream is checked against the stream's fields: another number of
+    /// values is an [`EmitError::FieldCount`], a struct whose field names are not the stream's
+    /// in its order an [`EmitError::RecordFields`].
     #[inline]
     pub fn emit_record<T: Record>(&mut self, record: T) -> Result<(), EmitError> {
         let s = self.outbox.default_index()?;
@@ -250,7 +262,10 @@ impl BoltOutput {
         self.outbox.dispatch(s, self.outbox.encode(values)?, None, |_| Anchors::new()).map(|_| ())
     }
 
-    /// Emits on `stream` anchored to held inputs (multi-anchoring, e.g. a window's output).
+    /// Emits on `stream` anchored to held inputs (multi-anchoring, e.g. a window's output). A
+    /// handle given twice counts once. A handle whose input the engine already failed (an
+    /// `execute` that returned an error after holding it) is skipped: the emit is anchored to
+    /// the others, and is [`EmitError::AnchorCompleted`] only if every handle given is such.
     pub fn emit_anchored(
         &mut self,
         anchors: &[&AckHandle],
@@ -258,10 +273,20 @@ impl BoltOutput {
         values: impl IntoValues,
     ) -> Result<(), EmitError> {
         let s = self.outbox.stream_ref(&stream)?;
-        let mut parents: Vec<(u64, Anchors, u64)> = Vec::with_capacity(anchors.len());
-        for h in anchors {
-            let held = self.held.get(&h.id).ok_or(EmitError::AnchorCompleted { handle: h.id })?;
-            parents.push((h.id, held.anchors.clone(), held.ack_val));
+        let mut ids: Vec<u64> = anchors.iter().map(|h| h.id).collect();
+        first_of_each(&mut ids);
+        let mut parents: Vec<(u64, Anchors, u64)> = Vec::with_capacity(ids.len());
+        let mut completed = None;
+        for id in ids {
+            match self.held.get(&id) {
+                Some(held) => parents.push((id, held.anchors.clone(), held.ack_val)),
+                None => {
+                    completed.get_or_insert(id);
+                }
+            }
+        }
+        if let (true, Some(handle)) = (parents.is_empty(), completed) {
+            return Err(EmitError::AnchorCompleted { handle });
         }
         self.outbox.dispatch(s, self.outbox.encode(values)?, None, |rng| {
             acker::anchor_child(parents.iter_mut().map(|(_, a, v)| (&*a, v)), rng)
@@ -377,7 +402,8 @@ impl BoltOutput {
     #[inline]
     fn emit_current<P: Payload>(&mut self, stream: usize, values: P, direct: Option<usize>) -> Result<(), EmitError> {
         match &mut self.current {
-            Current::Untracked | Current::None => {
+            Current::Untracked => values.dispatch(&mut self.outbox, stream, direct, |_| Anchors::new()).map(|_| ()),
+            Current::None if self.open.is_empty() => {
                 values.dispatch(&mut self.outbox, stream, direct, |_| Anchors::new()).map(|_| ())
             }
             // the usual input of one ack tree: what `anchor_child` does for a single root, inline
@@ -397,10 +423,18 @@ impl BoltOutput {
         }
     }
 
-    /// Emits anchored to an input of several ack trees, or to the held current input.
+    /// Emits anchored to an input of several ack trees, to the held current input, or, outside
+    /// any input, to the open inputs of the batch (work after an `execute_batch` loop).
     #[inline(never)]
     fn emit_multi<P: Payload>(&mut self, stream: usize, values: P, direct: Option<usize>) -> Result<(), EmitError> {
         let (anchors, ack_val) = match &mut self.current {
+            Current::None => {
+                let open = &mut self.open;
+                acker::merge_roots(open);
+                return values
+                    .dispatch(&mut self.outbox, stream, direct, |rng| acker::anchor_to_updates(open, rng))
+                    .map(|_| ());
+            }
             Current::Input { anchors, ack_val } => (&*anchors, ack_val),
             Current::Deferred(id) => {
                 let id = *id;
@@ -508,22 +542,24 @@ impl BoltOutput {
         self.queue_fail(anchors);
     }
 
-    /// Ends executing an input: acks it on success, fails it on error (also when deferred).
+    /// Ends executing an input: on success it joins the batch's open inputs (acked or failed
+    /// with the batch, [`BoltOutput::settle_batch`]); on error it is failed at once (also when
+    /// deferred).
     #[inline(always)]
     pub(crate) fn finish(&mut self, ok: bool) {
         match self.current {
             Current::Untracked => {
                 self.current = Current::None;
                 if ok {
-                    self.acked += 1;
+                    self.open_inputs += 1;
                 } else {
                     self.failed += 1;
                 }
             }
             Current::Input1 { root, edge, ack_val } if ok => {
                 self.current = Current::None;
-                self.acked += 1;
-                self.queue_update(root, edge ^ ack_val);
+                self.open_inputs += 1;
+                self.open_update(root, edge ^ ack_val);
             }
             _ => self.finish_tracked(ok),
         }
@@ -535,8 +571,8 @@ impl BoltOutput {
             Current::None | Current::Untracked => {}
             Current::Input1 { root, edge, ack_val } => {
                 if ok {
-                    self.acked += 1;
-                    self.queue_update(root, edge ^ ack_val);
+                    self.open_inputs += 1;
+                    self.open_update(root, edge ^ ack_val);
                 } else {
                     self.failed += 1;
                     self.queue_fail_root(root);
@@ -544,7 +580,10 @@ impl BoltOutput {
             }
             Current::Input { anchors, ack_val } => {
                 if ok {
-                    self.queue_ack(&anchors, ack_val);
+                    self.open_inputs += 1;
+                    for (root, x) in acker::ack_updates(&anchors, ack_val) {
+                        self.open_update(root, x);
+                    }
                 } else {
                     self.queue_fail(&anchors);
                 }
@@ -556,6 +595,83 @@ impl BoltOutput {
                     }
                 }
             }
+        }
+    }
+
+    /// Adds an ack-tree update of an open input (see `open`).
+    #[inline(always)]
+    fn open_update(&mut self, root: u64, x: u64) {
+        match self.open.last_mut() {
+            Some((r, v)) if *r == root => *v ^= x,
+            _ => self.open.push((root, x)),
+        }
+    }
+
+    /// Settles the open inputs of a batch as `execute_batch` returns: acks them when it
+    /// returned `Ok`, fails them (their spout tuples are replayed) when it returned an error or
+    /// panicked outside any input.
+    #[inline]
+    pub(crate) fn settle_batch(&mut self, ok: bool) {
+        if ok {
+            self.acked += self.open_inputs;
+        } else {
+            self.failed += self.open_inputs;
+        }
+        self.open_inputs = 0;
+        if !self.open.is_empty() {
+            self.settle_open(ok);
+        }
+    }
+
+    /// Queues the ack-tree updates of the open inputs, or fails their roots.
+    fn settle_open(&mut self, ok: bool) {
+        let mut open = std::mem::take(&mut self.open);
+        if ok {
+            let one_slot = match open.first() {
+                None => None,
+                // one spout task: every root is its
+                Some(_) if self.acks.len() == 1 => Some(0),
+                Some(&(first, _)) => {
+                    let slot = acker::root_slot(first);
+                    open.iter().all(|&(r, _)| acker::root_slot(r) == slot).then_some(slot)
+                }
+            };
+            match one_slot.filter(|&slot| slot < self.acks.len()) {
+                // the usual case, every root of one spout task: handed over at once
+                Some(slot) => {
+                    let b = &mut self.acks[slot];
+                    if b.is_empty() {
+                        self.acks_dirty.push(slot);
+                    }
+                    if b.xors.is_empty() {
+                        std::mem::swap(&mut b.xors, &mut open);
+                    } else {
+                        b.xors.extend_from_slice(&open);
+                    }
+                }
+                None => {
+                    for &(root, x) in &open {
+                        self.queue_update(root, x);
+                    }
+                }
+            }
+        } else {
+            for &(root, _) in &open {
+                self.queue_fail_root(root);
+            }
+        }
+        open.clear();
+        self.open = open;
+    }
+
+    /// A panic in the per-input code of `Inputs::for_each`: fails the input being executed (as
+    /// an error would), counted and logged.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn input_panicked(&mut self, payload: &(dyn std::any::Any + Send)) {
+        self.note_panic("execute", payload);
+        if self.in_input() {
+            self.finish(false);
         }
     }
 
@@ -598,7 +714,12 @@ impl BoltOutput {
 
     /// Sends the full batches queued so far (backpressure), leaving partial buffers.
     pub(crate) async fn send_ready(&mut self) -> Result<(), Cancelled> {
-        self.outbox.send_ready(&mut self.waiter).await
+        self.outbox.send_ready(&mut self.waiter).await.map(drop)
+    }
+
+    /// True when full batches wait to be sent.
+    pub(crate) fn has_ready(&self) -> bool {
+        !self.outbox.ready.is_empty()
     }
 
     /// Sends the ack-tree updates gathered since the last call to their spout tasks.
@@ -626,6 +747,23 @@ impl BoltOutput {
     }
 }
 
+/// Keeps the first of each id, in order (a window's aggregate names thousands: not quadratic).
+fn first_of_each(ids: &mut Vec<u64>) {
+    if ids.len() <= 16 {
+        let mut kept = 0;
+        for i in 0..ids.len() {
+            if !ids[..kept].contains(&ids[i]) {
+                ids[kept] = ids[i];
+                kept += 1;
+            }
+        }
+        ids.truncate(kept);
+    } else {
+        let mut seen = std::collections::HashSet::with_capacity_and_hasher(ids.len(), U64BuildHasher::default());
+        ids.retain(|id| seen.insert(*id));
+    }
+}
+
 /// Drops an executed input where it lies. A tuple whose values and anchors are stored inline
 /// (the usual case) owns nothing but its values: they are dropped in place here, inline in the
 /// loop, and the emptied tuple is forgotten (it owns nothing more: no leak), instead of going
@@ -645,9 +783,12 @@ fn drop_input(slot: &mut Option<Tuple>) {
 }
 
 /// The inputs of one batch, handed to [`crate::Bolt::execute_batch`]. Taking an input with
-/// [`Inputs::next`] ends the previous one: it is acked, unless it was failed with
-/// [`Inputs::fail_current`] or held with [`BoltOutput::defer_ack`]. Emits between two `next`
-/// calls are anchored to the input taken by the first.
+/// [`Inputs::next`] ends the previous one, unless it was failed with [`Inputs::fail_current`]
+/// or held with [`BoltOutput::defer_ack`]: it stays open until `execute_batch` returns, and is
+/// acked if it returns `Ok`, failed if it returns an error or panics (the work after the loop,
+/// a write to an external store, is part of every input's processing). Emits between two
+/// `next` calls are anchored to the input taken by the first; emits after the last (outside
+/// any input) to every open input of the batch.
 pub struct Inputs {
     // taken out in place, not through a consuming iterator, so the emptied buffer can be reused
     // (`into_buffers`)
@@ -695,9 +836,9 @@ impl Inputs {
         }
     }
 
-    /// The next input, after acking the previous one (and sending full output batches
-    /// downstream, waiting for room: backpressure). `None` at the end of the batch, or when
-    /// the topology stops.
+    /// The next input, after ending the previous one (it stays open until `execute_batch`
+    /// returns, see [`Inputs`]), and sending full output batches downstream, waiting for room
+    /// (backpressure). `None` at the end of the batch, or when the topology stops.
     #[inline]
     pub async fn next(&mut self, out: &mut BoltOutput) -> Option<Tuple> {
         if out.in_input() {
@@ -716,9 +857,32 @@ impl Inputs {
     }
 
     /// Runs `f` on every remaining input, in order: the fast way to write an `execute_batch`
-    /// whose per-input work does not await. Each input is acked when `f` returns `Ok`, failed
-    /// (and counted) when it returns `Err`; full output batches are sent between inputs, with
-    /// backpressure, as with [`Inputs::next`]. Returns early when the topology stops.
+    /// whose per-input work does not await. An input `f` ends with `Ok` stays open until
+    /// `execute_batch` returns (acked if it returns `Ok`, failed otherwise, see [`Inputs`]); one
+    /// it ends with `Err`, or panics on, is failed at once (and counted) and the loop goes on
+    /// with the next. Full output batches are sent between inputs, with backpressure, as with
+    /// [`Inputs::next`]. Returns early when the topology stops.
+    ///
+    /// Work after the loop belongs to the whole batch: emit a summary (anchored to every
+    /// input), write to a store, and return its error to fail the batch:
+    ///
+    /// ```
+    /// # use squall_topology::*;
+    /// # struct Db; impl Db { async fn write(&mut self, _: u64) -> Result<(), ComponentError> { Ok(()) } }
+    /// # struct Sums(Db);
+    /// impl Bolt for Sums {
+    ///     # async fn execute(&mut self, _t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> { Ok(()) }
+    ///     async fn execute_batch(&mut self, inputs: &mut Inputs, out: &mut BoltOutput) -> Result<(), ComponentError> {
+    ///         let mut sum = 0;
+    ///         inputs.for_each(out, |t, _out| {
+    ///             sum += t.get_u64("n")?;
+    ///             Ok(())
+    ///         }).await;
+    ///         out.emit([sum])?; // anchored to the inputs summed
+    ///         self.0.write(sum).await // on error, every input summed is failed (replayed)
+    ///     }
+    /// }
+    /// ```
     ///
     /// ```
     /// # use squall_topology::*;
@@ -752,8 +916,11 @@ impl Inputs {
             if !out.outbox.ready.is_empty() && Self::send_ready(out).await.is_err() {
                 return;
             }
-            if !self.run_until_ready(out, &mut f) {
-                return;
+            // one panic guard per run of inputs, not per input (it costs nothing until a panic)
+            match catch_unwind(AssertUnwindSafe(|| self.run_until_ready(out, &mut f))) {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(panic) => out.input_panicked(&*panic),
             }
         }
     }
@@ -763,8 +930,8 @@ impl Inputs {
     /// [`SpoutOutput::emit_record`](crate::SpoutOutput::emit_record) with the same type. Those
     /// records arrive as they were emitted and are handed over by reference; any other input
     /// (emitted as values, or as records of another type) is decoded into `T` with
-    /// [`Tuple::decode`], and one that does not decode fails with the decode error. Acks, fails
-    /// and backpressure as with [`Inputs::for_each`].
+    /// [`Tuple::decode`], and one that does not decode fails with the decode error. Acks, fails,
+    /// panics and backpressure as with [`Inputs::for_each`].
     ///
     /// ```
     /// # use squall_topology::*;
@@ -811,8 +978,10 @@ impl Inputs {
             if !out.outbox.ready.is_empty() && Self::send_ready(out).await.is_err() {
                 return;
             }
-            if !self.run_records_until_ready(out, &mut f) {
-                return;
+            match catch_unwind(AssertUnwindSafe(|| self.run_records_until_ready(out, &mut f))) {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(panic) => out.input_panicked(&*panic),
             }
         }
     }
@@ -829,16 +998,16 @@ impl Inputs {
         };
         if records.anchors.is_empty() {
             // No record of the batch is tracked: each input is begun as untracked and, unless
-            // `f` held it (`defer_ack`) or failed, ends by being counted, without the
-            // `begin_anchors`/`finish` of the loop below (6 instructions per input less). Counted as it goes
-            // (not in bulk at the end), so a panic in `f` leaves the counters right: the
-            // executor fails the input being executed.
+            // `f` held it (`defer_ack`) or failed, ends by being counted as open, without the
+            // `begin_anchors`/`finish` of the loop below (6 instructions per input less).
+            // Counted as it goes, so a panic in `f` (caught around this run) leaves the counters
+            // right: the input being executed is failed.
             out.current = Current::Untracked;
             while let Some(record) = records.items.get(self.next) {
                 self.next += 1;
                 out.executed += 1;
                 match f(record, out) {
-                    Ok(()) if matches!(out.current, Current::Untracked) => out.acked += 1,
+                    Ok(()) if matches!(out.current, Current::Untracked) => out.open_inputs += 1,
                     r => {
                         if let Err(e) = &r {
                             out.note_error("execute", e);
@@ -921,6 +1090,11 @@ impl Inputs {
             out.note_error("execute", error);
             out.finish(false);
         }
+    }
+
+    /// Fails the input taken last because its `execute` panicked (counted and logged).
+    pub(crate) fn fail_current_panicked(&mut self, out: &mut BoltOutput, payload: &(dyn std::any::Any + Send)) {
+        out.input_panicked(payload);
     }
 
     /// Inputs not yet taken.

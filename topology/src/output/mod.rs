@@ -78,6 +78,42 @@ pub enum EmitError {
         /// The subscriber's parallelism.
         parallelism: usize,
     },
+    /// A grouping's router chose a task the subscriber does not have (a custom [`Router`]
+    /// must return indices below [`RouteContext::target_tasks`]). Nothing was sent.
+    ///
+    /// [`Router`]: crate::Router
+    /// [`RouteContext::target_tasks`]: crate::RouteContext::target_tasks
+    #[error(
+        "the `{grouping}` grouping of subscriber `{consumer}` on stream `{stream}` chose task {task}, but `{consumer}` has {parallelism} tasks: a Router must return task indices below RouteContext::target_tasks"
+    )]
+    RouterTaskOutOfRange {
+        /// The stream used.
+        stream: String,
+        /// The grouping's name ([`Grouping::name`](crate::Grouping::name)).
+        grouping: &'static str,
+        /// The subscriber.
+        consumer: String,
+        /// The task index the router chose.
+        task: usize,
+        /// The subscriber's parallelism.
+        parallelism: usize,
+    },
+    /// A record's field names are not the stream's, in the stream's order (checked on the first
+    /// record of each type emitted with `emit_record`): read by name downstream, or grouped by a
+    /// field, its values would be taken for other fields.
+    #[error(
+        "a record of type `{type_name}` with fields {fields:?} was emitted on stream `{stream}`, which declares {declared:?}: declare the stream with `fields_of::<{type_name}>()`, or give the type the stream's fields in its order"
+    )]
+    RecordFields {
+        /// The stream used.
+        stream: String,
+        /// The record's type.
+        type_name: &'static str,
+        /// The record's field names, in serialization order.
+        fields: Vec<String>,
+        /// The stream's declared fields.
+        declared: Vec<String>,
+    },
     /// A typed record could not be encoded into values (see [`crate::typed::to_values`]).
     #[error("component `{component}` emitted a record that does not encode into tuple values: {message}")]
     Encode {
@@ -89,8 +125,9 @@ pub enum EmitError {
     /// `defer_ack` outside `execute`.
     #[error("defer_ack called outside execute: there is no current input to hold")]
     NoCurrentInput,
-    /// An emit anchored to an input that was already acked or failed: the tuple would leave its
-    /// ack tree (and be lost silently on a failure downstream).
+    /// An emit anchored to an input that was already acked or failed (the current input held
+    /// and acked, or only held inputs the engine failed): the tuple would leave its ack tree
+    /// (and be lost silently on a failure downstream).
     #[error(
         "emit anchored to input {handle} after it was acked or failed: emit before acking it, or use `emit_unanchored` for output that need not be replayed"
     )]

@@ -154,6 +154,8 @@ impl OpenRecords {
 /// One subscription of a stream: a router and the target indices of the subscriber's tasks.
 pub(crate) struct Route {
     pub(crate) consumer: Arc<str>,
+    /// The grouping's name (in errors).
+    pub(crate) grouping: &'static str,
     pub(crate) router: AnyRouter,
     pub(crate) tasks: Vec<usize>,
 }
@@ -344,7 +346,8 @@ impl Outbox {
 
     /// Routes one tuple to its targets, giving each copy the anchors `anchor` returns. Returns the
     /// number of copies buffered: 0 only when the stream has no subscriber (or a custom router
-    /// chose no task).
+    /// chose no task). Nothing is buffered when it returns an error (a router that chose a task
+    /// the subscriber does not have is one).
     #[inline]
     pub(crate) fn dispatch(
         &mut self,
@@ -354,13 +357,15 @@ impl Outbox {
         mut anchor: impl FnMut(&mut EdgeRng) -> Anchors,
     ) -> Result<usize, EmitError> {
         self.check(stream, &values, direct)?;
-        self.emitted += 1;
         let s = &mut self.streams[stream];
         let meta = s.meta;
         // the usual case: one subscriber with a single-target built-in grouping
         if let ([route], None) = (&mut *s.routes, direct) {
             if let Some(i) = route.router.route_one(&values) {
-                let Some(&target) = route.tasks.get(i) else { return Ok(0) };
+                let Some(&target) = route.tasks.get(i) else {
+                    return Err(task_out_of_range(meta, route, i));
+                };
+                self.emitted += 1;
                 let anchors = anchor(&mut self.rng);
                 if self.targets[target].rec.is_some() {
                     self.queue_records(target);
@@ -386,15 +391,14 @@ impl Outbox {
                 None => route.router.route(&values, &mut self.scratch),
                 Some(task) => self.scratch.push(task),
             }
-            let mut kept = start;
             for i in start..self.scratch.len() {
-                if let Some(&target) = route.tasks.get(self.scratch[i]) {
-                    self.scratch[kept] = target;
-                    kept += 1;
+                match route.tasks.get(self.scratch[i]) {
+                    Some(&target) => self.scratch[i] = target,
+                    None => return Err(task_out_of_range(meta, route, self.scratch[i])),
                 }
             }
-            self.scratch.truncate(kept);
         }
+        self.emitted += 1;
         let copies = self.scratch.len();
         if copies == 0 {
             return Ok(0);
@@ -464,8 +468,7 @@ impl Outbox {
             return self.dispatch_record_slow(stream, rec, direct, anchor);
         };
         let Some(&target) = route.tasks.get(i) else {
-            self.emitted += 1;
-            return Ok(0);
+            return Err(task_out_of_range(meta, route, i));
         };
         // the target's open batch of this stream and type: a record batch exists only once its
         // first record was checked against the stream's fields (`open_records`)
@@ -486,7 +489,7 @@ impl Outbox {
     }
 
     /// A record routed by its values: direct emits, several subscribers, custom routers, keys
-    /// that are not a primitive field.
+    /// that are not a primitive field. Checked as in [`Outbox::open_records`].
     #[inline(never)]
     fn dispatch_record_slow<T: Record>(
         &mut self,
@@ -495,14 +498,48 @@ impl Outbox {
         direct: Option<usize>,
         anchor: impl FnMut(&mut EdgeRng) -> Anchors,
     ) -> Result<usize, EmitError> {
+        if self.streams[stream].record_type != Some(std::any::TypeId::of::<T>()) {
+            self.check_record(stream, &rec)?;
+        }
         let values = self.encode(&rec)?;
         self.dispatch(stream, values, direct, anchor)
     }
 
+    /// Checks a record of a type not checked last on this stream against the stream's fields:
+    /// as many values (the same error as values of another shape), and, for a struct, the
+    /// same names in the same order: a struct with the stream's fields in another order would
+    /// be read by name wrongly downstream, and grouped by the wrong field. Remembers the type.
+    #[cold]
+    #[inline(never)]
+    fn check_record<T: Record>(&mut self, stream: usize, rec: &T) -> Result<(), EmitError> {
+        let values = self.encode(rec)?;
+        let meta = self.streams[stream].meta;
+        if values.len() != meta.fields.len() {
+            return Err(EmitError::FieldCount {
+                component: self.component.to_string(),
+                stream: meta.stream.to_string(),
+                expected: meta.fields.len(),
+                got: values.len(),
+                fields: meta.fields.to_vec(),
+            });
+        }
+        if let Some(names) = crate::typed::record_field_names(rec) {
+            if !names.iter().copied().eq(meta.fields.iter()) {
+                return Err(EmitError::RecordFields {
+                    stream: meta.stream.to_string(),
+                    type_name: std::any::type_name::<T>(),
+                    fields: names.iter().map(|n| (*n).to_owned()).collect(),
+                    declared: meta.fields.to_vec(),
+                });
+            }
+        }
+        self.streams[stream].record_type = Some(std::any::TypeId::of::<T>());
+        Ok(())
+    }
+
     /// Starts a target's record batch with its first record, after queueing what the target
     /// had buffered of another kind, stream or type (emit order). The first record of a type on
-    /// a stream is checked against the stream's fields (encoded once: a record of another shape
-    /// is the same emit error as values of another shape).
+    /// a stream is checked against the stream's fields ([`Outbox::check_record`]).
     #[inline(never)]
     fn open_records<T: Record>(
         &mut self,
@@ -512,11 +549,8 @@ impl Outbox {
         rec: T,
         mut anchor: impl FnMut(&mut EdgeRng) -> Anchors,
     ) -> Result<usize, EmitError> {
-        let type_id = std::any::TypeId::of::<T>();
-        if self.streams[stream].record_type != Some(type_id) {
-            let values = self.encode(&rec)?;
-            self.check(stream, &values, None)?;
-            self.streams[stream].record_type = Some(type_id);
+        if self.streams[stream].record_type != Some(std::any::TypeId::of::<T>()) {
+            self.check_record(stream, &rec)?;
         }
         self.queue_records(target);
         self.queue_tuples(target);
@@ -536,13 +570,15 @@ impl Outbox {
         Ok(1)
     }
 
-    /// Sends the full batches queued so far, in order, waiting for room (backpressure).
-    pub(crate) async fn send_ready<B: Backpressure>(&mut self, bp: &mut B) -> Result<(), Cancelled> {
+    /// Sends the full batches queued so far, in order, waiting for room (backpressure). True if
+    /// it had to wait.
+    pub(crate) async fn send_ready<B: Backpressure>(&mut self, bp: &mut B) -> Result<bool, Cancelled> {
+        let mut waited = false;
         while let Some((target, batch)) = self.ready.pop_front() {
             let env = Envelope { from: self.from, msg: batch };
-            send(&self.targets[target].tx, env, bp).await?;
+            waited |= send(&self.targets[target].tx, env, bp).await?;
         }
-        Ok(())
+        Ok(waited)
     }
 
     /// Sends everything buffered: the full batches, then every partial buffer.
@@ -580,6 +616,19 @@ impl Outbox {
     }
 }
 
+/// A router chose task `task` of a subscriber that does not have it.
+#[cold]
+#[inline(never)]
+fn task_out_of_range(meta: &StreamMeta, route: &Route, task: usize) -> EmitError {
+    EmitError::RouterTaskOutOfRange {
+        stream: meta.stream.to_string(),
+        grouping: route.grouping,
+        consumer: route.consumer.to_string(),
+        task,
+        parallelism: route.tasks.len(),
+    }
+}
+
 /// An in-band control message.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Control {
@@ -587,11 +636,12 @@ pub(crate) enum Control {
     Drain,
 }
 
-/// Sends one envelope, waiting for room while doing the task's other work. A closed channel
-/// means its receiver stopped (shutdown): the message is dropped and tracked tuples time out.
-async fn send<B: Backpressure>(tx: &mpsc::Sender<Envelope>, env: Envelope, bp: &mut B) -> Result<(), Cancelled> {
+/// Sends one envelope, waiting for room while doing the task's other work; true if it had to
+/// wait. A closed channel means its receiver stopped (shutdown): the message is dropped and
+/// tracked tuples time out.
+async fn send<B: Backpressure>(tx: &mpsc::Sender<Envelope>, env: Envelope, bp: &mut B) -> Result<bool, Cancelled> {
     let env = match tx.try_send(env) {
-        Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return Ok(()),
+        Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return Ok(false),
         Err(mpsc::error::TrySendError::Full(env)) => env,
     };
     let cancel = bp.cancel().clone();
@@ -603,7 +653,7 @@ async fn send<B: Backpressure>(tx: &mpsc::Sender<Envelope>, env: Envelope, bp: &
                 if let Ok(p) = permit {
                     p.send(env);
                 }
-                return Ok(());
+                return Ok(true);
             }
             _ = bp.meanwhile() => {}
         }

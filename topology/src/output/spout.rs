@@ -102,6 +102,9 @@ pub struct SpoutOutput<M> {
     pub(crate) acking: bool,
     pub(crate) slot: usize,
     pub(crate) seq: u64,
+    /// The time the timeout of a tracked tuple emitted now counts from: read before a run of
+    /// `next_tuple` calls and again after anything in it that waited (room downstream, the
+    /// spout's ack hooks, a `flush`), not per emit.
     pub(crate) now: Instant,
     pub(crate) timeout: Duration,
     pub(crate) max_pending: usize,
@@ -143,11 +146,18 @@ impl<M: Send> SpoutOutput<M> {
         self.emit_inner(s, self.outbox.encode(values)?, None, None)
     }
 
-    /// Emits a tracked tuple on the default stream: `ack(msg_id)` or `fail(msg_id)` follows.
+    /// Emits a tracked tuple on the default stream: `ack(msg_id)` or `fail(msg_id)` follows,
+    /// also when the emit is refused (the error is returned and the message failed).
     #[inline]
     pub fn emit_tracked(&mut self, values: impl IntoValues, msg_id: M) -> Result<(), EmitError> {
-        let s = self.outbox.default_index()?;
-        self.emit_inner(s, self.outbox.encode(values)?, None, Some(msg_id))
+        let s = match self.outbox.default_index() {
+            Ok(s) => s,
+            Err(e) => return Err(self.refused(Some(msg_id), e)),
+        };
+        match self.outbox.encode(values) {
+            Ok(values) => self.emit_inner(s, values, None, Some(msg_id)),
+            Err(e) => Err(self.refused(Some(msg_id), e)),
+        }
     }
 
     /// Emits an untracked record of your own type on the default stream: see
@@ -159,11 +169,13 @@ impl<M: Send> SpoutOutput<M> {
     }
 
     /// Emits a tracked record of your own type on the default stream: `ack(msg_id)` or
-    /// `fail(msg_id)` follows.
+    /// `fail(msg_id)` follows, also when the emit is refused.
     #[inline]
     pub fn emit_record_tracked<T: Record>(&mut self, record: T, msg_id: M) -> Result<(), EmitError> {
-        let s = self.outbox.default_index()?;
-        self.emit_inner(s, Rec(record), None, Some(msg_id))
+        match self.outbox.default_index() {
+            Ok(s) => self.emit_inner(s, Rec(record), None, Some(msg_id)),
+            Err(e) => Err(self.refused(Some(msg_id), e)),
+        }
     }
 
     /// Emits a record of your own type on a named stream, tracked when `msg_id` is given.
@@ -173,8 +185,10 @@ impl<M: Send> SpoutOutput<M> {
         record: T,
         msg_id: Option<M>,
     ) -> Result<(), EmitError> {
-        let s = self.outbox.stream_ref(&stream)?;
-        self.emit_inner(s, Rec(record), None, msg_id)
+        match self.outbox.stream_ref(&stream) {
+            Ok(s) => self.emit_inner(s, Rec(record), None, msg_id),
+            Err(e) => Err(self.refused(msg_id, e)),
+        }
     }
 
     /// Emits on a named stream, tracked when `msg_id` is given.
@@ -184,8 +198,11 @@ impl<M: Send> SpoutOutput<M> {
         values: impl IntoValues,
         msg_id: Option<M>,
     ) -> Result<(), EmitError> {
-        let s = self.outbox.stream_ref(&stream)?;
-        self.emit_inner(s, self.outbox.encode(values)?, None, msg_id)
+        let sent = self.outbox.stream_ref(&stream).and_then(|s| Ok((s, self.outbox.encode(values)?)));
+        match sent {
+            Ok((s, values)) => self.emit_inner(s, values, None, msg_id),
+            Err(e) => Err(self.refused(msg_id, e)),
+        }
     }
 
     /// Emits to task `task` of every subscriber of `stream`, a stream declared with
@@ -197,8 +214,11 @@ impl<M: Send> SpoutOutput<M> {
         values: impl IntoValues,
         msg_id: Option<M>,
     ) -> Result<(), EmitError> {
-        let s = self.outbox.stream_ref(&stream)?;
-        self.emit_inner(s, self.outbox.encode(values)?, Some(task), msg_id)
+        let sent = self.outbox.stream_ref(&stream).and_then(|s| Ok((s, self.outbox.encode(values)?)));
+        match sent {
+            Ok((s, values)) => self.emit_inner(s, values, Some(task), msg_id),
+            Err(e) => Err(self.refused(msg_id, e)),
+        }
     }
 
     /// Emits several tuples on `stream` as one tracked spout tuple: `ack(msg_id)` follows once
@@ -214,11 +234,18 @@ impl<M: Send> SpoutOutput<M> {
         tuples: impl IntoIterator<Item = V>,
         msg_id: M,
     ) -> Result<usize, EmitError> {
-        let s = self.outbox.stream_ref(&stream)?;
+        let s = match self.outbox.stream_ref(&stream) {
+            Ok(s) => s,
+            Err(e) => return Err(self.refused(Some(msg_id), e)),
+        };
         if !self.acking {
             let mut n = 0;
             for v in tuples {
-                self.outbox.dispatch(s, self.outbox.encode(v)?, None, |_| Anchors::new())?;
+                let sent =
+                    self.outbox.encode(v).and_then(|values| self.outbox.dispatch(s, values, None, |_| Anchors::new()));
+                if let Err(e) = sent {
+                    return Err(self.refused(Some(msg_id), e));
+                }
                 n += 1;
             }
             self.acks.acked.push(msg_id);
@@ -287,14 +314,17 @@ impl<M: Send> SpoutOutput<M> {
     /// to bound the memory its output takes. Returns early when the topology stops.
     pub async fn flush(&mut self) {
         let _ = self.flush_inner().await;
+        // the tuples emitted after the wait get deadlines from now
+        self.now = Instant::now();
     }
 
     pub(crate) async fn flush_inner(&mut self) -> Result<(), Cancelled> {
         self.outbox.flush(&mut self.acks).await
     }
 
-    /// Sends the full batches queued so far (backpressure), leaving partial buffers.
-    pub(crate) async fn send_ready(&mut self) -> Result<(), Cancelled> {
+    /// Sends the full batches queued so far (backpressure), leaving partial buffers. True if it
+    /// had to wait for room.
+    pub(crate) async fn send_ready(&mut self) -> Result<bool, Cancelled> {
         self.outbox.send_ready(&mut self.acks).await
     }
 
@@ -332,13 +362,17 @@ impl<M: Send> SpoutOutput<M> {
                 let root = acker::make_root(self.slot, self.seq);
                 self.seq = self.seq.wrapping_add(1);
                 let mut xor = 0u64;
-                let copies = values.dispatch(&mut self.outbox, stream, direct, |rng| {
+                let sent = values.dispatch(&mut self.outbox, stream, direct, |rng| {
                     let edge = rng.next_edge();
                     xor ^= edge;
                     let mut a = Anchors::new();
                     a.push((root, edge));
                     a
-                })?;
+                });
+                let copies = match sent {
+                    Ok(copies) => copies,
+                    Err(e) => return Err(self.refused(Some(msg), e)),
+                };
                 if copies == 0 {
                     // no subscriber: the tree is complete (Storm's rule); direct streams and
                     // plain streams cannot be mixed up, see the builder
@@ -347,14 +381,25 @@ impl<M: Send> SpoutOutput<M> {
                     self.acks.pending.insert(root, msg, xor, self.now + self.timeout);
                 }
             }
-            Some(msg) => {
-                values.dispatch(&mut self.outbox, stream, direct, |_| Anchors::new())?;
-                self.acks.acked.push(msg);
-            }
+            Some(msg) => match values.dispatch(&mut self.outbox, stream, direct, |_| Anchors::new()) {
+                Ok(_) => self.acks.acked.push(msg),
+                Err(e) => return Err(self.refused(Some(msg), e)),
+            },
             None => {
                 values.dispatch(&mut self.outbox, stream, direct, |_| Anchors::new())?;
             }
         }
         Ok(())
+    }
+
+    /// An emit the engine refused (nothing was sent): a tracked one's message is failed, so
+    /// the spout hears of it (`fail`) even if it goes on after the error.
+    #[cold]
+    #[inline(never)]
+    fn refused(&mut self, msg: Option<M>, e: EmitError) -> EmitError {
+        if let Some(msg) = msg {
+            self.acks.failed.push(msg);
+        }
+        e
     }
 }

@@ -224,8 +224,9 @@ impl<B: Bolt> BoltHarness<B> {
     }
 
     /// The bolt's input watermark advances to `wm`: `Bolt::on_watermark`, then the watermark
-    /// is forwarded ([`BoltHarness::watermarks_out`]). A watermark not above the last one is
-    /// ignored, as in the executor.
+    /// is forwarded ([`BoltHarness::watermarks_out`]), held back to `Bolt::watermark_hold` (the
+    /// rest follows once the hold moves: after a batch of inputs, a tick or a wake-up). A
+    /// watermark not above the last one is ignored, as in the executor.
     pub async fn watermark(&mut self, wm: Watermark) -> Result<(), HarnessError> {
         let task = running(&mut self.task, self.drained, &self.ctx)?;
         let r = self.sink.drive(task.on_watermark(UPSTREAM, wm)).await;
@@ -251,7 +252,7 @@ impl<B: Bolt> BoltHarness<B> {
             .sink
             .drive(async {
                 task.on_timer(Timer::Tick).await;
-                task.out.flush_inner().await
+                task.flush_after_hook().await
             })
             .await;
         self.absorb();

@@ -177,7 +177,7 @@ use crate::acker::AckBatch;
 use crate::component::{TaskContext, Wakeup};
 use crate::config::{ComponentConfig, ConfigError, TopologyConfig};
 use crate::executor::TopologyError;
-use crate::grouping::{AnyRouter, Direct, RouteContext, Shuffle};
+use crate::grouping::{AnyRouter, Direct, Grouping, RouteContext, Shuffle};
 use crate::output::route::BatchPool;
 use crate::output::route::{Envelope, Message, OutStream, Outbox, Route, Target};
 use crate::tuple::{Fields, StreamMeta};
@@ -344,21 +344,21 @@ impl Decls {
                     fields: o.fields.clone(),
                 }
                 .intern();
-                let (router, tasks) = match o.direct {
+                let (grouping, router, tasks) = match o.direct {
                     None => {
                         let ctx = RouteContext { source_task: ctx.task_index, target_tasks: 1 };
-                        (AnyRouter::new(&Shuffle, &o.fields, ctx), vec![0])
+                        (Shuffle.name(), AnyRouter::new(&Shuffle, &o.fields, ctx), vec![0])
                     }
                     Some(n) => {
                         let ctx = RouteContext { source_task: ctx.task_index, target_tasks: n };
-                        (AnyRouter::new(&Direct, &o.fields, ctx), (1..=n).collect())
+                        (Direct.name(), AnyRouter::new(&Direct, &o.fields, ctx), (1..=n).collect())
                     }
                 };
                 OutStream {
                     meta,
                     direct: o.direct.is_some(),
                     record_type: None,
-                    routes: vec![Route { consumer: Arc::from(SUBSCRIBER), router, tasks }],
+                    routes: vec![Route { consumer: Arc::from(SUBSCRIBER), grouping, router, tasks }],
                 }
             })
             .collect();

@@ -221,7 +221,13 @@ impl<A: WindowAggregate> WindowBolt<A> {
     /// inputs: an input is acked by the last of its windows to fire, or failed if any of their
     /// emits failed. A pane whose `emit` panicked is not emitted and fails its inputs; the other
     /// panes are emitted all the same, then the first panic is resumed (the engine logs it).
-    fn emit_fired(&mut self, fired: Vec<Fired<Output, AckHandle>>, out: &mut BoltOutput) -> Result<(), ComponentError> {
+    /// Full output batches are sent as they fill (waiting for room downstream), so a firing of
+    /// many panes holds at most a batch per target, not every aggregate, until it ends.
+    async fn emit_fired(
+        &mut self,
+        fired: Vec<Fired<Output, AckHandle>>,
+        out: &mut BoltOutput,
+    ) -> Result<(), ComponentError> {
         let spec = &*self.spec;
         let mut first_err = None;
         let mut panic = None;
@@ -269,6 +275,10 @@ impl<A: WindowAggregate> WindowBolt<A> {
                     if failed { out.fail(h) } else { out.ack(h) }
                 }
             }
+            if out.has_ready() {
+                // stopped: the rest is buffered and dropped with the task
+                let _ = out.send_ready().await;
+            }
         }
         self.report();
         if let Some(p) = panic {
@@ -315,7 +325,7 @@ impl<A: WindowAggregate> Bolt for WindowBolt<A> {
                 spec.stats.inputs.fetch_add(1, Ordering::Relaxed);
                 // an input within the allowed lateness updates windows that already fired
                 let refined = self.state.fire_updated(Self::eval(agg));
-                self.emit_fired(refined, out)
+                self.emit_fired(refined, out).await
             }
             Placement::Late { window, key, input } => self.late(window, key, ts, input, out),
         }
@@ -324,12 +334,62 @@ impl<A: WindowAggregate> Bolt for WindowBolt<A> {
     async fn on_watermark(&mut self, wm: Watermark, out: &mut BoltOutput) -> Result<(), ComponentError> {
         let spec = self.spec.clone();
         let fired = self.state.advance(wm.millis(), Self::eval(&spec.aggregate));
-        self.emit_fired(fired, out)
+        self.emit_fired(fired, out).await
     }
 
     async fn on_drain(&mut self, out: &mut BoltOutput) -> Result<(), ComponentError> {
         let spec = self.spec.clone();
         let fired = self.state.flush(Self::eval(&spec.aggregate));
-        self.emit_fired(fired, out)
+        self.emit_fired(fired, out).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TopologyConfig;
+    use crate::testing::BoltHarness;
+    use crate::values;
+    use crate::window::{Count, TumblingWindowConfig};
+
+    /// A window bolt that notes how many full batches wait in its output after each firing.
+    struct ReadyAfterFire {
+        window: WindowBolt<Count>,
+        ready: Vec<usize>,
+    }
+
+    impl Bolt for ReadyAfterFire {
+        async fn execute(&mut self, input: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
+            self.window.execute(input, out).await
+        }
+
+        async fn on_watermark(&mut self, wm: Watermark, out: &mut BoltOutput) -> Result<(), ComponentError> {
+            let r = self.window.on_watermark(wm, out).await;
+            self.ready.push(out.outbox.ready.len());
+            r
+        }
+    }
+
+    /// Issue 33, point 16: a firing sends its aggregates as batches fill (with backpressure),
+    /// so what waits to be sent stays within a batch, however many panes fire.
+    #[tokio::test]
+    async fn a_firing_sends_as_it_goes() {
+        let spec = TumblingWindowConfig::new(1_000, "ts", &["user"]).build(Count).unwrap();
+        let probe = ReadyAfterFire { window: spec.bolt(), ready: Vec::new() };
+        let mut h = BoltHarness::new(probe)
+            .input("clicks", "default", &["user", "ts"])
+            .output("default", spec.output_fields())
+            .output("late", spec.late_fields())
+            .topology_config(TopologyConfig { batch_size: 4, channel_capacity: 2, ..TopologyConfig::default() })
+            .prepare()
+            .await
+            .unwrap();
+        let ids = h.execute_batch((0..1_000u64).map(|i| values![format!("u{i}"), 100i64])).await.unwrap();
+        h.watermark(Watermark(1_000)).await.unwrap();
+        assert_eq!(
+            (h.bolt().unwrap().ready.clone(), h.emitted().len(), h.acked().len()),
+            (vec![0], 1_000, ids.len()),
+            "(full batches waiting after the firing, aggregates emitted, inputs acked)"
+        );
     }
 }

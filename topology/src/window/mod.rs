@@ -71,14 +71,19 @@
 //!
 //! A panic in [`WindowAggregate::init`], [`add`](WindowAggregate::add) or
 //! [`merge`](WindowAggregate::merge) while an input is folded in records nothing (the state's
-//! counters and held inputs stay consistent) and the engine fails that input, so a replaying
-//! spout sends it again; the accumulator is kept as the panic left it (a panicking `add` should
-//! leave it unchanged, as a failing one must). A panic in [`WindowAggregate::emit`] while
+//! counters and held inputs stay consistent: a sliding input's accumulator is made for every one
+//! of its windows before any window counts or holds it) and the engine fails that input, so a
+//! replaying spout sends it again; the accumulator is kept as the panic left it (a panicking
+//! `add` should leave it unchanged, as a failing one must). A panic in [`WindowAggregate::emit`] while
 //! windows fire is caught per (key, window): that aggregate is not emitted and its held inputs
 //! are failed (replayed, arriving late), every other fired window is emitted and acked as usual,
 //! and the panic is then resumed so the engine logs and counts it ([`WindowStats::panics`]).
 //! Fired panes are never dropped: the state evaluates all of them before it changes anything.
 //! With [`AckMode::OnReceive`] the panicking window's aggregate is lost (nothing is held).
+//!
+//! A firing sends its aggregates as output batches fill, waiting for room downstream: the
+//! memory a watermark that closes many windows takes is the fired panes, not also every
+//! aggregate buffered until the firing ends.
 //!
 //! # Memory
 //!

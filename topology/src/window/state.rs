@@ -12,9 +12,11 @@
 //! User code runs in [`WindowState::add`] (`init`, `fold`, `merge`) and in the `eval` closure of
 //! [`WindowState::advance`], [`WindowState::flush`] and [`WindowState::fire_updated`]. A panic in
 //! any of them leaves the bookkeeping consistent (counters never underflow; a pane, its count and
-//! its held inputs agree): `add` changes the structure only after the fold succeeded, and the
-//! firing calls evaluate every due pane before changing anything, so a panic there fires nothing
-//! and leaves the state as it was. Accumulator *contents* are as the panicking code left them.
+//! its held inputs agree): `add` changes the structure only after every fold and merge of the
+//! input succeeded (a sliding input's accumulator is made for each of its windows before any pane
+//! counts or holds it), and the firing calls evaluate every due pane before changing anything,
+//! so a panic there fires nothing and leaves the state as it was. Accumulator *contents* are as
+//! the panicking code left them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
@@ -286,10 +288,35 @@ impl<Acc, H> WindowState<Acc, H> {
                 }
                 let mut delta = init();
                 fold(&mut delta)?;
-                let input = input.map(HeldInput::new);
                 let key = Key(key);
+                // Every window's accumulator is made before any pane changes, so that a panic in
+                // `init` or `merge` records nothing (no pane holds or counts the input the engine
+                // fails): new panes first, each from `init` and the input's accumulator, then the
+                // merges into the panes there are (a panic there leaves the ones merged before it
+                // as the panic left them, like a panicking fold).
+                let mut targets = Vec::with_capacity(open.len());
                 for w in open {
-                    self.merge_aligned(&key, w, &delta, input.as_ref(), &init, &merge);
+                    let id = (w.start(), key.clone());
+                    match self.aligned.get(&id).copied().filter(|s| self.panes.contains_key(s)) {
+                        Some(seq) => targets.push((id, Target::Pane(seq))),
+                        None => {
+                            let mut acc = init();
+                            merge(&mut acc, &delta);
+                            targets.push((id, Target::New(w, acc)));
+                        }
+                    }
+                }
+                for (_, target) in &targets {
+                    if let Target::Pane(seq) = target {
+                        if let Some(pane) = self.panes.get_mut(seq) {
+                            merge(&mut pane.acc, &delta);
+                        }
+                    }
+                }
+                // no user code from here
+                let input = input.map(HeldInput::new);
+                for (id, target) in targets {
+                    self.commit_aligned(id, target, input.as_ref());
                 }
                 Ok(Placement::Open(last))
             }
@@ -331,27 +358,12 @@ impl<Acc, H> WindowState<Acc, H> {
         Ok(())
     }
 
-    fn merge_aligned(
-        &mut self,
-        key: &Key,
-        window: Window,
-        delta: &Acc,
-        input: Option<&Arc<HeldInput<H>>>,
-        init: &impl Fn() -> Acc,
-        merge: &impl Fn(&mut Acc, &Acc),
-    ) {
-        let id = (window.start(), key.clone());
-        let seq = match self.aligned.get(&id).copied().filter(|s| self.panes.contains_key(s)) {
-            Some(seq) => {
-                if let Some(pane) = self.panes.get_mut(&seq) {
-                    merge(&mut pane.acc, delta);
-                }
-                seq
-            }
-            None => {
-                let mut acc = init();
-                merge(&mut acc, delta);
-                let seq = self.insert(window, key.0.clone(), acc);
+    /// Records a sliding input in one of its windows, whose accumulator is made already.
+    fn commit_aligned(&mut self, id: (i128, Key), target: Target<Acc>, input: Option<&Arc<HeldInput<H>>>) {
+        let seq = match target {
+            Target::Pane(seq) => seq,
+            Target::New(window, acc) => {
+                let seq = self.insert(window, id.1.0.clone(), acc);
                 self.aligned.insert(id, seq);
                 seq
             }
@@ -588,6 +600,13 @@ impl<Acc, H> WindowState<Acc, H> {
     }
 }
 
+/// Where a sliding input goes in one of its windows: a pane there is (merged into already), or
+/// a new pane with its accumulator.
+enum Target<Acc> {
+    Pane(u64),
+    New(Window, Acc),
+}
+
 /// Whether watermark `wm` has reached `bound` (and the +infinity watermark reaches every bound).
 fn closes(bound: i128, wm: u64) -> bool {
     wm == u64::MAX || bound <= i128::from(wm)
@@ -812,6 +831,47 @@ mod tests {
         let fired = s.fl();
         let got: Vec<_> = fired.iter().map(|f| (f.window.start(), f.window.end(), f.count, ids(&f.inputs))).collect();
         assert_eq!(got, [(0, 10, 1, vec![0]), (15, 25, 1, vec![1])]);
+    }
+
+    /// Issue 33, point 14: a panic in `init` or `merge` while a sliding input is merged into its
+    /// windows records nothing: before, the windows merged before the panic kept the input (which
+    /// the engine fails), counted it, and their later firing anchored to a failed input.
+    #[test]
+    fn a_panic_in_sliding_init_or_merge_records_nothing() {
+        let kind = WindowKind::sliding(size(20), size(10)).unwrap();
+        // 15 falls in [0, 20), which 5 opened, and in [10, 30), a new pane
+        type Init = Box<dyn Fn() -> u64>;
+        type Merge = Box<dyn Fn(&mut u64, &u64)>;
+        let panics_on_the_new_pane: [(&str, Init, Merge); 2] = [
+            ("merge", Box::new(|| 0), Box::new(|a: &mut u64, b: &u64| if *a == 0 { panic!("merge") } else { *a += b })),
+            (
+                "init",
+                {
+                    let calls = std::cell::Cell::new(0);
+                    // the first call makes the input's own accumulator; the next, a new pane's
+                    Box::new(move || {
+                        calls.set(calls.get() + 1);
+                        assert!(calls.get() < 2, "init");
+                        0
+                    })
+                },
+                Box::new(sum),
+            ),
+        ];
+        for (what, init, merge) in panics_on_the_new_pane {
+            let mut s: WindowState<u64, u32> = WindowState::new(kind);
+            s.add(values!["a"], 5, Some(0), || 0, incr, sum).unwrap();
+            let r = catch_unwind(AssertUnwindSafe(|| s.add(values!["a"], 15, Some(1), &init, incr, &merge)));
+            assert!(r.is_err(), "{what} panicked");
+            assert_eq!((s.open_panes(), s.held()), (2, 1), "{what}: (panes, held inputs)");
+            assert_consistent(&s);
+            let fired = s.fl();
+            assert_eq!(
+                count_of(&fired),
+                [("a".to_owned(), -10, 1, vec![0]), ("a".to_owned(), 0, 1, vec![0])],
+                "{what}"
+            );
+        }
     }
 
     #[test]
