@@ -22,6 +22,14 @@
 //!   the reports off, then on (every 1000 ms), one after the other: ZooKeeper requests per second
 //!   and per task, and the difference per task.
 //!
+//! - `firers` (e): what window firers (`squall::state::WindowFirer`) cost ZooKeeper at 10 and at
+//!   20 tasks (2 and 4 workers x 5, 20 shards, committed watermark reports every 1000 ms): the
+//!   bench process runs 2, then 6 firers' ZooKeeper calls (each registered on a session of its
+//!   own, every 500 ms: list the firers, read the committed watermark), reading the watermark the
+//!   leader publishes (one znode), then computing it from the reports as firers did before (the
+//!   assignment and one read per task). Idle; the cost of one more firer (the slope from 2 to 6)
+//!   and what having firers at all costs (the leader's publication), against the workers alone.
+//!
 //! Workers are this binary re-run with `--worker` and the standard worker flags (a no-op bolt).
 //! Needs ZooKeeper and kinesis-local on loopback (`make bench` starts them) with room for 200 more
 //! shards (`SQUALL_KINESIS_SHARD_LIMIT`, 1000 by default in `localstack/up`).
@@ -75,6 +83,9 @@ fn main() -> anyhow::Result<()> {
         }
         if want("watermark") {
             watermark_section(&env).await?;
+        }
+        if want("firers") {
+            firers_section(&env).await?;
         }
         Ok(())
     })
@@ -463,6 +474,92 @@ async fn watermark_section(env: &Env) -> anyhow::Result<()> {
             (i1.per_s() - i0.per_s()) / tasks as f64,
             (l1.per_s() - l0.per_s()) / tasks as f64
         );
+    }
+    Ok(())
+}
+
+/// The ZooKeeper calls of `firers` window firers, each on a session of its own, every 500 ms for
+/// `secs`: list the firers, read the committed watermark (`published`: the one znode the leader
+/// writes; otherwise computed from the assignment and every task's report).
+async fn run_firers(env: &Env, c: &Cluster<'_>, firers: usize, published: bool, secs: u64) -> anyhow::Result<()> {
+    let cfg = squall::coord::ZkConfig::new(env.zk.clone()).with_root(&c.root);
+    let mut stores = Vec::new();
+    for i in 0..firers {
+        let s = squall::coord::ZkStore::connect(&cfg, &c.topology, &c.stream).await?;
+        s.register_firer("counts", &format!("bench-{i}")).await?;
+        stores.push(s);
+    }
+    let until = Instant::now() + Duration::from_secs(secs);
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    while Instant::now() < until {
+        tick.tick().await;
+        for s in &stores {
+            s.firers("counts").await?;
+            let w = if published { s.published_watermark().await? } else { s.committed_watermark().await? };
+            if let Err(why) = w {
+                bail!("no committed watermark: {why}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// (e) a window firer's ZooKeeper cost, flat in tasks.
+async fn firers_section(env: &Env) -> anyhow::Result<()> {
+    const SHARDS: i32 = 20;
+    const TASKS: usize = 5;
+    const SECS: u64 = 20;
+    println!(
+        "\n## (e) window firers: 2 and 6 firers' ZooKeeper calls every 500 ms, {SHARDS} shards, committed \
+         watermark reports every 1000 ms\n"
+    );
+    let client = KinesisEndpoint::new(env.kinesis.clone(), REGION).client().await?;
+    let stream = unique("bench-firers");
+    squall::kinesis::create_stream(&client, &env.kinesis, &stream, SHARDS).await?;
+    let zk = zk_client(&env.zk).await?;
+    let mut rows = Vec::new();
+    let result = async {
+        for workers in [2usize, 4] {
+            let tasks = workers * TASKS;
+            let cfg = spout_config(serde_json::json!({ "committed_watermark_interval_ms": 1000 }));
+            let mut c = Cluster::new(env, &stream, &env.kinesis, cfg)?;
+            for _ in 0..workers {
+                c.start(TASKS)?;
+            }
+            settle(&zk, &c, tasks, SHARDS as usize, None, Duration::from_secs(120)).await?;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let alone = measure(&zk, &c, SECS).await?.per_s();
+            let mut row = vec![tasks as f64, alone];
+            for published in [true, false] {
+                let mut at = Vec::new();
+                for firers in [2usize, 6] {
+                    let (w, r) = tokio::join!(measure(&zk, &c, SECS), run_firers(env, &c, firers, published, SECS));
+                    r?;
+                    at.push(w?.per_s());
+                    // the firers' sessions closed; their nodes go with them
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                let per_firer = (at[1] - at[0]) / 4.0;
+                row.push(per_firer);
+                row.push(at[0] - alone - 2.0 * per_firer);
+            }
+            let root = c.root.clone();
+            drop(c);
+            zk_delete_tree(&zk, &root).await;
+            rows.push(row);
+        }
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    let _ = squall::kinesis::delete_stream(&client, &env.kinesis, &stream).await;
+    result?;
+    println!(
+        "| tasks | workers alone, requests/s | published: per firer | published: fixed (the leader's publication) | \
+         computed by each firer: per firer | computed: fixed |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!("| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |", r[0], r[1], r[2], r[3], r[4], r[5]);
     }
     Ok(())
 }

@@ -220,6 +220,13 @@ async fn windows_fire_soon_after_their_end_in_steady_state() {
         .sum();
     assert_eq!(reports, 1, "the unreadable key is logged once, naming it and the table\n{}", cluster.logs());
     assert!(!got.contains_key(corrupt), "a key whose state does not read was fired");
+    // the firers read the committed watermark the leader publishes (one znode, not every report)
+    let zk = support::zk_client().await;
+    let published = support::ops::znode_json(&zk, &format!("{}/committed", cluster.stream_path())).await;
+    assert!(
+        published.as_ref().is_some_and(|p| p["watermark_ms"].as_i64().is_some()),
+        "the leader publishes the committed watermark while firers run: {published:?}"
+    );
     // `squall status` shows the stream's committed watermark
     let (code, out, err) = support::ops::squall_run(&cluster, &["status", &cluster.topology]);
     assert_eq!(code, 0, "squall status: {err}");

@@ -53,8 +53,8 @@ pub use logic::{
 };
 pub use model::{
     Assignment, Checkpoint, CheckpointPosition, DrainRequest, EfoRuntime, FirerInfo, FirstStart, KplRuntime, LeaseInfo,
-    Lifecycle, RebalanceRequest, ShardList, ShardRecord, ShardRuntime, StageRuntime, TaskInfo, TopologyState,
-    Versioned, WatermarkReport, WorkerStatus, now_ms,
+    Lifecycle, PublishedWatermark, RebalanceRequest, ShardList, ShardRecord, ShardRuntime, StageRuntime, TaskInfo,
+    TopologyState, Versioned, WatermarkReport, WorkerStatus, now_ms,
 };
 #[doc(hidden)]
 pub use model::{CLOCK_OFFSET_ENV, clock_offset_ms};

@@ -182,6 +182,22 @@ pub struct FirstStart {
     pub started_at_ms: i64,
 }
 
+/// The data of `streams/{stream}/committed`: the stream's committed watermark as the leader last
+/// computed it from the spout tasks' reports (every `committed_watermark_interval_ms`), so that a
+/// reader (a window firer) reads one znode instead of the assignment and every task's report.
+/// A reading stays true once true (acks are never taken back), so a stale one only delays.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishedWatermark {
+    /// The committed watermark (ms since the epoch), or `None` with `why`.
+    #[serde(default)]
+    pub watermark_ms: Option<i64>,
+    /// Why there is none (no report yet, a task without one, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// When the leader computed it (ms since the epoch).
+    pub computed_at_ms: i64,
+}
+
 /// The data of a `firers/{component}/task-N` znode.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FirerInfo {

@@ -9,6 +9,8 @@
 //!   firers/{component}/task-NNNNNNNNNN EPHEMERAL_SEQUENTIAL, one per window firer; they share the timer partitions by sequence
 //!   streams/{stream}/
 //!     shards                           the shard list JSON (leader only; versioned writes; < 900 KB)
+//!     committed                        the committed watermark, as the leader last computed it from
+//!                                      `watermarks/`: PublishedWatermark JSON; what window firers read
 //!     first_start                      while the topology's first start on the stream persists its
 //!                                      starting positions: FirstStart JSON {latest_ms}; removed once
 //!                                      the shard list is written (a leader that finds it resumes it)
@@ -193,6 +195,12 @@ impl TopologyPaths {
     /// The persistent directories [`super::ZkStore::connect`] creates.
     pub fn persistent_dirs(&self) -> [&str; 5] {
         [&self.tasks, &self.workers, &self.checkpoints, &self.owners, &self.finished]
+    }
+
+    /// `streams/{stream}/committed`: the committed watermark the leader publishes
+    /// ([`super::PublishedWatermark`]).
+    pub fn committed(&self) -> String {
+        format!("{}/committed", self.stream)
     }
 
     /// `streams/{stream}/first_start`: the first start in progress ([`super::FirstStart`]).

@@ -20,8 +20,9 @@ use super::config::ZkConfig;
 use super::error::{CoordError, is_transient};
 use super::logic::{committed_watermark, task_cmp};
 use super::model::{
-    Assignment, Checkpoint, CheckpointPosition, DrainRequest, FirerInfo, FirstStart, LeaseInfo, RebalanceRequest,
-    ShardList, TaskInfo, TopologyState, Versioned, WatermarkReport, WorkerStatus, decode, encode, now_ms,
+    Assignment, Checkpoint, CheckpointPosition, DrainRequest, FirerInfo, FirstStart, LeaseInfo, PublishedWatermark,
+    RebalanceRequest, ShardList, TaskInfo, TopologyState, Versioned, WatermarkReport, WorkerStatus, decode, encode,
+    now_ms,
 };
 use super::paths::{LEASE_PREFIX, TASK_PREFIX, TopologyPaths, lease_holder, sequence_of, validate_name};
 use super::session::{InjectedFault, ZkOp, ZkSession, short_backoff};
@@ -352,6 +353,23 @@ impl ZkStore {
         self.delete_quietly(&format!("{}/{name}", self.paths.firers(component))).await
     }
 
+    /// Whether any window firer of the topology is live (one listing of `firers/`, one per
+    /// component): the leader publishes the committed watermark only while one reads it.
+    pub async fn any_live_firer(&self) -> Result<bool, CoordError> {
+        let dir = format!("{}/firers", self.paths.topology());
+        let components = match self.client().list_children(&dir).await {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => return Ok(false),
+            Err(e) => return Err(CoordError::zk(&dir, "list", e)),
+        };
+        for c in components {
+            if !self.firers(&c).await?.is_empty() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// The live window firers of `component`, sorted by sequence (the order their timer
     /// partitions are shared in). One request.
     pub async fn firers(&self, component: &str) -> Result<Vec<String>, CoordError> {
@@ -662,6 +680,45 @@ impl ZkStore {
     /// report (pipelined); no watch, no write.
     pub async fn committed_watermark(&self) -> Result<Result<i64, String>, CoordError> {
         Ok(self.read_committed_watermark(false).await?.unwrap_or_else(|| Err("no report".into())))
+    }
+
+    /// The committed watermark as the leader last published it (`streams/{stream}/committed`):
+    /// one request, whatever the number of tasks; what a window firer reads. Computed here
+    /// ([`ZkStore::committed_watermark`]) while none is published yet (a leader of an earlier
+    /// version, or before the leader's first publication).
+    pub async fn published_watermark(&self) -> Result<Result<i64, String>, CoordError> {
+        match self.read_json::<PublishedWatermark>(&self.paths.committed(), "published committed watermark").await? {
+            Some(p) => Ok(match (p.value.watermark_ms, p.value.why) {
+                (Some(w), _) => Ok(w),
+                (None, why) => Err(why.unwrap_or_else(|| "no committed watermark".into())),
+            }),
+            None => self.committed_watermark().await,
+        }
+    }
+
+    /// The leader publishes the committed watermark it computed (`streams/{stream}/committed`,
+    /// unversioned: only the leader writes it; a deposed leader's late write is still a true,
+    /// older reading).
+    pub async fn publish_committed(&self, p: &PublishedWatermark) -> Result<(), CoordError> {
+        let path = self.paths.committed();
+        let data = encode(&path, p)?;
+        match self.client().set_data(&path, &data, None).await {
+            Ok(_) => Ok(()),
+            Err(zk::Error::NoNode) => {
+                let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+                match self.client().create(&path, &data, &options).await {
+                    Ok(_) => Ok(()),
+                    Err(zk::Error::NodeExists) => self
+                        .client()
+                        .set_data(&path, &data, None)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| CoordError::zk(&path, "set", e)),
+                    Err(e) => Err(CoordError::zk(&path, "create", e)),
+                }
+            }
+            Err(e) => Err(CoordError::zk(&path, "set", e)),
+        }
     }
 
     /// [`ZkStore::committed_watermark`], or `None` when no spout task of the stream publishes a

@@ -129,6 +129,8 @@ struct Leader {
     /// Why the assignment is held back (`lineage_gaps`), since when, and whether that was
     /// warned about (after [`HELD_WARN_AFTER`]).
     held_for: Option<(String, Instant, bool)>,
+    /// When the committed watermark was last published, and what (see `publish_committed`).
+    committed: Option<(Instant, Option<i64>, Option<String>)>,
     /// Finished shards missing from ListShards: since when, and in how many listings. One
     /// listing that omits a shard is not proof that it left the stream; see [`gc_confirmed`].
     absent: BTreeMap<String, (Instant, u32)>,
@@ -507,6 +509,7 @@ impl StreamCoordinator {
             recompute: true,
             gathering: None,
             held_for: None,
+            committed: None,
             absent: BTreeMap::new(),
         })
     }
@@ -518,6 +521,7 @@ impl StreamCoordinator {
         dirty: &mut Dirty,
         discovery_every: Duration,
     ) -> Result<(), CoordError> {
+        self.publish_committed(store, l).await;
         if std::mem::take(&mut dirty.finished) {
             let finished = store.list_finished().await?;
             tracing::debug!(before = l.finished.len(), now = finished.len(), "finished markers listed");
@@ -711,6 +715,50 @@ impl StreamCoordinator {
             }
         }
         Ok(())
+    }
+
+    /// Every `committed_watermark_interval_ms`, while a window firer of the topology is live, the
+    /// leader computes the stream's committed watermark from the tasks' reports (the assignment
+    /// and one read per task) and publishes it in one znode when it changed: each window firer then reads one znode, whatever the number
+    /// of tasks, instead of every report (the cluster pays T reads per interval once, not once per
+    /// firer). A failure is only logged: the next interval tries again.
+    async fn publish_committed(&mut self, store: &ZkStore, l: &mut Leader) {
+        let interval = self.cfg.committed_watermark_interval_ms;
+        if interval == 0 || self.cfg.stage_input {
+            return;
+        }
+        if l.committed.as_ref().is_some_and(|(at, _, _)| at.elapsed() < KinesisSpoutConfig::ms(interval)) {
+            return;
+        }
+        // only while a window firer reads it (no firer: two requests per interval, not T + 2)
+        match store.any_live_firer().await {
+            Ok(true) => {}
+            Ok(false) => {
+                l.committed = Some((Instant::now(), None, Some("no firer".into())));
+                return;
+            }
+            Err(e) => {
+                self.warn(&format!("listing the window firers failed; retrying: {e}"));
+                return;
+            }
+        }
+        let (w, why) = match store.committed_watermark().await {
+            Ok(Ok(w)) => (Some(w), None),
+            Ok(Err(why)) => (None, Some(why)),
+            Err(e) => {
+                self.warn(&format!("computing the committed watermark failed; retrying: {e}"));
+                return;
+            }
+        };
+        let unchanged = l.committed.as_ref().is_some_and(|(_, pw, pwhy)| *pw == w && *pwhy == why);
+        if !unchanged {
+            let p = crate::coord::PublishedWatermark { watermark_ms: w, why: why.clone(), computed_at_ms: now_ms() };
+            if let Err(e) = store.publish_committed(&p).await {
+                self.warn(&format!("publishing the committed watermark failed; retrying: {e}"));
+                return;
+            }
+        }
+        l.committed = Some((Instant::now(), w, why));
     }
 
     /// LATEST of a first start as a time: the first start's time as the Kinesis service's clock

@@ -9,8 +9,9 @@
 //! partitions: the i-th of n live firers (by sequence) takes the partitions p with p mod n = i, so
 //! firing scales out with the workers (set `timer_partitions` to at least the number of workers).
 //! Each polls every `poll_interval_ms`:
-//! 1. It reads the stream's *committed* watermark W from ZooKeeper
-//!    ([`crate::coord::ZkStore::committed_watermark`]): every record that arrived before W has
+//! 1. It reads the stream's *committed* watermark W from ZooKeeper, as the stream's leader last
+//!    published it ([`crate::coord::ZkStore::published_watermark`]: one znode, computed by the
+//!    leader every `committed_watermark_interval_ms` from the tasks' reports): every record that arrived before W has
 //!    been acked, which for an `ExactlyOnce` bolt means committed. Records are windowed by their
 //!    arrival time, so no input of a key whose timer is at or below W is still to come.
 //! 2. It queries each of its timer partitions for timers at or below W, reads the items (strongly
@@ -33,9 +34,10 @@
 //! version and a frozen state never changes.
 //!
 //! # Costs
-//! Per poll and firer: one ZooKeeper read of the watermark (an assignment read, a list and one
-//! read per spout task), one list of the firers, and one Query per timer partition of its share
-//! when the watermark moved (none otherwise). Per fired key: one BatchGetItem share (100 keys
+//! Per poll and firer: one ZooKeeper read of the published watermark (flat in the number of spout
+//! tasks: the leader reads their reports once per interval for every firer), one list of the
+//! firers, and one Query per timer partition of its share when the watermark moved (none
+//! otherwise). Per fired key: one BatchGetItem share (100 keys
 //! per call), one UpdateItem to freeze and one to confirm. Nothing per record.
 
 use std::collections::HashSet;
@@ -278,7 +280,7 @@ impl<F: OnFire> WindowFirer<F> {
         let mut min: Option<i64> = None;
         let mut why = None;
         for zk in std::iter::once(&o.zk).chain(&o.more) {
-            match zk.committed_watermark().await {
+            match zk.published_watermark().await {
                 Ok(Ok(w)) => min = Some(min.map_or(w, |m| m.min(w))),
                 Ok(Err(reason)) => why = Some(reason),
                 Err(e) => why = Some(e.to_string()),
