@@ -8,6 +8,8 @@
 //! - several input streams: one key's windows count records of both, so a window fires only
 //!   once the committed watermark of every stream passed its end (the minimum), even while one
 //!   stream's records wait for a replay;
+//! - a firer that joins while another's firings are in flight: it leaves them to that firer (no
+//!   window put twice);
 //! - a worker whose clock runs ahead of the Kinesis service's: an idle shard's watermark (the
 //!   time of its last caught-up read minus the idle timeout) is taken on the service's clock as
 //!   far as the worker knows it, so records stamped by the service after an idle spell are not
@@ -73,6 +75,89 @@ async fn a_window_fires_once_when_a_stale_timer_index_still_lists_it() {
     assert!(
         twice.is_empty(),
         "{} of {} windows fired more than once (stale index entries fired again): {:?}",
+        twice.len(),
+        truth.len(),
+        twice.iter().take(5).collect::<Vec<_>>()
+    );
+    for p in [&mut a, &mut b] {
+        p.stop(Duration::from_secs(15));
+    }
+    s.delete().await;
+    results.delete().await;
+}
+
+/// A firer that joins while another firer's firings are in flight (a proxy holds every put to
+/// the results stream 1.5 s) leaves them to it: no window is put twice. (The other firer's share
+/// halves when this one registers; the keys it froze and has in flight land in the newcomer's
+/// partitions.) Asserted first: the newcomer found keys frozen by the other and in flight
+/// (`fire_in_flight_elsewhere`), so the race happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_firer_joining_while_firings_are_in_flight_puts_no_window_twice() {
+    let s = TestStream::create("eo-join", 2).await;
+    let results = TestStream::create("eo-join-fired", 1).await;
+    let dir = scratch("eo-join");
+    let cluster = Cluster::with_spout_config(
+        &s.name,
+        &dir,
+        serde_json::json!({ "checkpoint_interval_ms": 200, "committed_watermark_interval_ms": 300 }),
+    );
+    let table = support::unique_name("eo-join");
+    let plan =
+        FaultPlan { latency: 1.0, latency_ms: 1500, only_ops: vec!["PutRecords".into()], ..FaultPlan::default() };
+    let proxy = FaultProxy::start(&support::kinesis_endpoint().endpoint, plan).await;
+    let endpoint = proxy.url();
+    let url = support::state_endpoint();
+    let args = ["--window-ms", "1000", "--fire-to", results.name.as_str(), "--endpoint", endpoint.as_str()];
+    let mut a = start_counts(&cluster, "a", &url, &table, &args);
+    wait_reading(&a, &cluster).await;
+    let producer = spawn_producer(&s.client, &s.label(), &s.name, 1500, 15, 200.0);
+    // a fires (its puts held 1.5 s each) before b joins
+    let start = Instant::now();
+    while support::state::fired_windows(&results).await.len() < 3 {
+        assert!(start.elapsed() < Duration::from_secs(60), "a fired nothing in 60 s\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut b = start_counts(&cluster, "b", &url, &table, &args);
+    let manifest = producer.await.unwrap();
+    let truth = support::state::window_truth(&s, WINDOW_MS).await;
+    assert_eq!(truth.values().sum::<u64>(), manifest.total);
+    let got = wait_fired(&results, &truth).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let got_after = support::state::fired_windows(&results).await;
+    let counter = |name: &str| -> u64 {
+        let (_, out, _) = support::ops::squall_run(&cluster, &["status", &cluster.topology, "--json"]);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
+        v["workers"]
+            .as_array()
+            .map(|ws| ws.iter().map(|w| w["components"]["fire"]["counters"][name].as_u64().unwrap_or(0)).sum())
+            .unwrap_or(0)
+    };
+    // the workers publish their counters when they change, every 2 s at most
+    let start = Instant::now();
+    let mut elsewhere = counter("fire_in_flight_elsewhere");
+    while elsewhere == 0 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        elsewhere = counter("fire_in_flight_elsewhere");
+    }
+    let (failed, twice): (u64, Vec<(&String, &Vec<u64>)>) =
+        (counter("fire_failed"), got_after.iter().filter(|(_, c)| c.len() > 1).collect());
+    eprintln!(
+        "firer joining: {} windows; keys left to the other firer {elsewhere}; firings failed {failed}; put twice {}",
+        truth.len(),
+        twice.len()
+    );
+    assert!(elsewhere > 0, "the joining firer never met a firing in flight at the other: the race did not happen");
+    let exact: BTreeMap<String, u64> = got.iter().map(|(k, c)| (k.clone(), c[0])).collect();
+    assert_eq!(exact, truth, "fired windows and their counts\n{}", cluster.logs());
+    assert_eq!(
+        failed,
+        0,
+        "a firing failed or timed out (put again by design): the run says nothing\n{}",
+        cluster.logs()
+    );
+    assert!(
+        twice.is_empty(),
+        "{} of {} windows put twice after a firer joined: {:?}",
         twice.len(),
         truth.len(),
         twice.iter().take(5).collect::<Vec<_>>()

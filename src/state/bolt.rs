@@ -902,7 +902,14 @@ mod tests {
     }
 
     fn item(version: u64, state: &[u8], dedup: &[u8]) -> StoredItem {
-        StoredItem { version, state: state.to_vec(), dedup: dedup.to_vec(), fired: false, timer: None }
+        StoredItem {
+            version,
+            state: state.to_vec(),
+            dedup: dedup.to_vec(),
+            fired: false,
+            fired_at_ms: None,
+            timer: None,
+        }
     }
 
     #[test]

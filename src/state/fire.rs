@@ -31,7 +31,12 @@
 //! While the firers change (one joins, or one's session expires), two may briefly take the same
 //! partition, and a zombie firer (its session expired while it was stopped) may go on with its
 //! round: either can only emit a frozen state again, since freezing is conditional on the
-//! version and a frozen state never changes.
+//! version and a frozen state never changes. A key another firer froze less than the message
+//! timeout ago (the item records when, `fired_ms`) is in flight there and is left to it: it
+//! confirms it, or fails and fires it again itself; past the message timeout it is taken to be
+//! lost with its firer, and whoever holds the partition fires it (`fire_in_flight_elsewhere`
+//! counts the keys left to another firer). So a firer joining while firings run does not put
+//! them twice.
 //!
 //! # Costs
 //! Per poll and firer: one ZooKeeper read of the published watermark (flat in the number of spout
@@ -139,6 +144,9 @@ struct Metrics {
     failed: Counter,
     conflicts: Counter,
     errors: Counter,
+    /// Keys found frozen by another firer within the message timeout (its firing in flight
+    /// there: a firer that joined, or whose share changed, while it ran), left to it.
+    elsewhere: Counter,
 }
 
 struct Open {
@@ -184,6 +192,13 @@ pub struct WindowFirer<F: OnFire> {
     highest: Option<i64>,
     /// When to look again whether this firer can fire at all (while no watermark is available).
     next_refusal_check: Instant,
+    /// This firer's firings that failed or timed out: emitted again at once (their item was
+    /// frozen recently, by this firer).
+    own_failed: HashSet<Arc<str>>,
+    /// How long after its freeze a firing not confirmed is taken to be lost by the firer that
+    /// froze it (the topology's message timeout, plus a poll): fired again by whoever holds its
+    /// partition then. Set at `open`.
+    refire_after_ms: i64,
 }
 
 impl<F: OnFire> std::fmt::Debug for WindowFirer<F> {
@@ -224,6 +239,8 @@ impl<F: OnFire> WindowFirer<F> {
             stalled_since: None,
             highest: None,
             next_refusal_check: Instant::now() + REFUSAL_CHECK,
+            own_failed: HashSet::new(),
+            refire_after_ms: 0,
         }
     }
 
@@ -457,8 +474,23 @@ impl<F: OnFire> WindowFirer<F> {
                             complete = false;
                             continue;
                         }
-                        // frozen before: a firing not confirmed, emitted again
-                        None => o.m.replayed.incr(),
+                        // frozen before: a firing not confirmed. This firer's own failed firing is
+                        // emitted again at once; one frozen by another firer within the message
+                        // timeout is in flight there (a firer that joined, or whose share changed,
+                        // while it ran): left to it, which confirms it or fails and fires it again.
+                        // Later, it is taken to be lost with its firer and emitted here.
+                        None => {
+                            let mine = self.own_failed.remove(pk.as_str());
+                            let recent = item
+                                .fired_at_ms
+                                .is_some_and(|t| crate::coord::now_ms().saturating_sub(t) < self.refire_after_ms);
+                            if !mine && recent {
+                                o.m.elsewhere.incr();
+                                complete = false;
+                                continue;
+                            }
+                            o.m.replayed.incr()
+                        }
                     }
                     let pk: Arc<str> = Arc::from(pk.as_str());
                     let key = pk.strip_prefix(prefix.as_str()).unwrap_or(&pk).to_string();
@@ -541,7 +573,10 @@ impl<F: OnFire> Spout for WindowFirer<F> {
             failed: ctx.counter("fire_failed"),
             conflicts: ctx.counter("fire_conflicts"),
             errors: ctx.counter("fire_errors"),
+            elsewhere: ctx.counter("fire_in_flight_elsewhere"),
         };
+        let timeout = i64::try_from(ctx.config().message_timeout_ms).unwrap_or(i64::MAX);
+        self.refire_after_ms = timeout.saturating_add(i64::try_from(self.cfg.poll_interval_ms).unwrap_or(0));
         let scope = scope(ctx.topology_name(), &self.cfg.component);
         self.open = Some(Open { zk, more, topology: ctx.topology_name().to_string(), store, scope, m });
         Ok(())
@@ -568,6 +603,7 @@ impl<F: OnFire> Spout for WindowFirer<F> {
     async fn fail(&mut self, pk: Arc<str>) {
         // the timer stays in the index: the next round emits the frozen state again
         self.in_flight.remove(&pk);
+        self.own_failed.insert(pk.clone());
         self.rescan = true;
         if let Some(o) = &self.open {
             o.m.failed.incr();

@@ -188,6 +188,9 @@ pub struct StoredItem {
     pub dedup: Vec<u8>,
     /// Fired: its timer fired and its state is frozen (inputs after that are late).
     pub fired: bool,
+    /// When it was frozen (ms since the epoch, the freezing firer's clock); `None` when not
+    /// fired, or frozen by a version that did not record it.
+    pub fired_at_ms: Option<i64>,
     /// Its timer as the item holds it (`tpart`, `fire_at`): none once it was taken out of the
     /// index (a fired key whose firing was delivered), or when it never had one. The index is
     /// eventually consistent on DynamoDB: it may still list a timer the item no longer has.
@@ -458,6 +461,10 @@ impl StateStore {
                     _ => 0,
                 };
                 let fired = matches!(item.get("fired"), Some(AttributeValue::Bool(true)));
+                let fired_at_ms = match item.get("fired_ms") {
+                    Some(AttributeValue::N(n)) => n.parse().ok(),
+                    _ => None,
+                };
                 let timer = match (item.get("tpart"), item.get("fire_at")) {
                     (Some(AttributeValue::S(partition)), Some(AttributeValue::N(at))) => {
                         at.parse().ok().map(|fire_at| TimerAt { partition: partition.clone(), fire_at })
@@ -471,6 +478,7 @@ impl StateStore {
                         state: attr_bytes(item, "state"),
                         dedup: attr_bytes(item, "dedup"),
                         fired,
+                        fired_at_ms,
                         timer,
                     },
                 );
@@ -577,9 +585,10 @@ impl StateStore {
             .update_item()
             .table_name(&self.table)
             .key("pk", AttributeValue::S(pk.to_string()))
-            .update_expression("SET fired = :t, ver = :n")
+            .update_expression("SET fired = :t, ver = :n, fired_ms = :f")
             .condition_expression("ver = :v")
             .expression_attribute_values(":t", AttributeValue::Bool(true))
+            .expression_attribute_values(":f", AttributeValue::N(crate::coord::now_ms().to_string()))
             .expression_attribute_values(":n", AttributeValue::N((expected + 1).to_string()))
             .expression_attribute_values(":v", AttributeValue::N(expected.to_string()))
             .send()
@@ -672,4 +681,6 @@ pub fn item_size(pk: &str, scope: &str, key: &str, state: usize, dedup: usize) -
         + 21
         + "fired".len()
         + 1
+        + "fired_ms".len()
+        + 21
 }
