@@ -495,3 +495,114 @@ async fn one_shards_failing_checkpoint_does_not_hold_back_the_others() {
     support::zk_delete_tree(&zk, &root).await;
     s.delete().await;
 }
+
+/// A shard the assignment gives back to its task while that task still hands it off (waiting
+/// for its in-flight tuples, behind a bolt that takes 50 ms a tuple with 200 in flight: seconds)
+/// is taken again as soon as the handoff ends, not at the next event or resync (30 s here). The
+/// flip: a second worker joins (one shard moves to it) and leaves at once. Asserted first: the
+/// assignment gave the shard back before worker 1 released it (the flip landed during the
+/// handoff), and worker 1 released it and took it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_assigned_back_during_its_handoff_is_taken_again_at_once() {
+    squall::logging::init();
+    let s = TestStream::create("faults-back", 2).await;
+    put(&s, 2000).await;
+    let dir = support::workers::scratch("faults-back");
+    let root = support::unique_zk_root("faults-back");
+    let topology = support::unique_name("topo");
+    let mut cfg = support::spout_config(&topology, &s.name, &root);
+    cfg.checkpoint_interval_ms = 200;
+    cfg.resync_interval_ms = 30_000;
+    cfg.handoff_timeout_ms = 20_000;
+    let reads = dir.join("w1.reads.jsonl");
+    cfg.read_log = Some(reads.to_string_lossy().into_owned());
+    // worker 1: a bolt that takes 50 ms a tuple, 200 in flight (a handoff waits seconds)
+    let session1 = SharedSession::connect(&cfg.zookeeper.to_zk_config(), Duration::from_secs(60)).await.unwrap();
+    let received: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let mut b = TopologyBuilder::new(cfg.topology.clone());
+    KinesisSpout::declare_shared(
+        &mut b,
+        "kinesis",
+        1,
+        cfg.clone(),
+        WorkerIdentity::current(),
+        SpoutRegistry::default(),
+        SpoutShared::with_session(session1.clone()),
+    );
+    let r = received.clone();
+    b.set_bolt("slow", 1, move |_| Slow(r.clone(), Duration::from_millis(50))).shuffle_grouping("kinesis");
+    let config = TopologyConfig { max_spout_pending: 200, message_timeout_ms: 60_000, ..TopologyConfig::default() };
+    let running1 = squall::topology::run_local(b.build().unwrap(), config).unwrap();
+    let guard = Instant::now();
+    while received.lock().unwrap().len() < 20 {
+        assert!(guard.elapsed() < Duration::from_secs(30), "worker 1 delivered 20 records in 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // worker 2 joins, and leaves as soon as the assignment gave it a shard
+    let mut cfg2 = cfg.clone();
+    cfg2.read_log = None;
+    let w2 = start_worker(&cfg2, None).await;
+    let zk = support::zk_client().await;
+    let stream_path = format!("{root}/topologies/{topology}/streams/{}", s.name);
+    let assignment = || async { support::ops::znode_json(&zk, &format!("{stream_path}/assignment")).await };
+    let shard_of = |a: &serde_json::Value, task: &str| -> Option<String> {
+        a["tasks"][task].as_array().and_then(|v| v.first()).and_then(|x| x.as_str()).map(String::from)
+    };
+    let (w2_task, moved) = loop {
+        let t = w2.registry.tasks()[0].task_name();
+        if !t.is_empty()
+            && let Some(shard) = assignment().await.and_then(|a| shard_of(&a, &t))
+        {
+            break (t, shard);
+        }
+        assert!(guard.elapsed() < Duration::from_secs(60), "worker 2 never got a shard");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    w2.running.kill(Duration::from_secs(5)).await.unwrap();
+    w2.session.close().await;
+    let left = Instant::now();
+    // the assignment gives the shard back to worker 1
+    let back_ms = loop {
+        let a = assignment().await.unwrap_or_default();
+        let w2_has = a["tasks"][w2_task.as_str()].as_array().is_some_and(|v| !v.is_empty());
+        let listed = a["tasks"].as_object().is_some_and(|ts| {
+            ts.values().any(|v| v.as_array().is_some_and(|v| v.iter().any(|x| x.as_str() == Some(moved.as_str()))))
+        });
+        if !w2_has && listed {
+            break squall::coord::now_ms();
+        }
+        assert!(guard.elapsed() < Duration::from_secs(90), "the assignment never gave {moved} back: {a}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // worker 1 takes the shard it handed off again
+    let entries = || support::workers::read_log_entries(std::slice::from_ref(&reads));
+    let (released, again) = loop {
+        let e = entries();
+        let rel = e.iter().find(|x| x.event == "release" && x.shard == moved).map(|x| x.t_ms);
+        let acq = rel.and_then(|r| e.iter().find(|x| x.event == "acquire" && x.shard == moved && x.t_ms >= r));
+        if let (Some(r), Some(a)) = (rel, acq) {
+            break (r, a.t_ms);
+        }
+        assert!(
+            left.elapsed() < Duration::from_secs(20),
+            "worker 1 did not take back {moved} within 20 s of worker 2 ({w2_task}) leaving (resync 30 s); \
+             released at {rel:?}, given back at {back_ms}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let gap = again - released;
+    eprintln!(
+        "HANDOFF BACK: {moved} given back {} ms before worker 1 released it; taken again {gap} ms after (resync 30 s)",
+        released - back_ms
+    );
+    assert!(
+        back_ms < released,
+        "the assignment gave {moved} back at {back_ms}, after worker 1 released it at {released}: the flip did not \
+         land during the handoff"
+    );
+    assert!(gap < 10_000, "{moved} taken again {gap} ms after its release: waited for a resync");
+    running1.kill(Duration::from_secs(5)).await.unwrap();
+    session1.close().await;
+    support::zk_delete_tree(&zk, &root).await;
+    s.delete().await;
+}

@@ -348,9 +348,14 @@ impl Coordinator {
                         first_err.get_or_insert(e);
                     }
                 }
+                let held = s.owned.len();
                 if let Err(e) = self.maintain(s, false).await {
                     first_err.get_or_insert(e);
                 }
+                // A shard handed back may be this task's again already (the assignment moved it
+                // back while its handoff waited for in-flight tuples): look at once, not at the
+                // next event or resync.
+                reconcile |= s.owned.len() < held;
                 self.clean_up(s).await;
                 self.publish_leases(s);
                 if let Err(e) = self.publish_watermark(s).await {

@@ -12,6 +12,7 @@ pub mod clockproxy;
 pub mod efo;
 pub mod ensemble;
 pub mod faultproxy;
+pub mod kinesismodel;
 pub mod kpl;
 pub mod netns;
 pub mod ops;
@@ -21,6 +22,7 @@ pub mod stallproxy;
 pub mod state;
 pub mod tcpproxy;
 pub mod workers;
+pub mod zkmodel;
 
 use squall::kinesis::KinesisEndpoint;
 

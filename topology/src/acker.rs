@@ -357,6 +357,32 @@ impl<M> PendingTrees<M> {
         }
     }
 
+    /// Moves the deadline of the `n` roots from `first` on (a run of one task's sequence) to
+    /// `deadline`, a time at or after every deadline pending: the ring stays in deadline order.
+    /// For tuples whose emit was held back by a wait (a `next_tuple` that awaited an outside
+    /// read after emitting, or before emitting with the clock read before the call).
+    pub fn extend_deadlines(&mut self, first: u64, n: u64, deadline: Instant) {
+        let from = first.wrapping_sub(self.base);
+        let start = if from < self.ring.len() as u64 { from as usize } else { 0 };
+        // roots before `base` already left the ring (completed or expired); those at or after
+        // `first` and below `first + n` are the run
+        for (i, slot) in self.ring.iter_mut().enumerate().skip(start) {
+            let root = self.base.wrapping_add(i as u64);
+            if root.wrapping_sub(first) < n
+                && let Some(e) = slot
+            {
+                e.deadline = e.deadline.max(deadline);
+            }
+        }
+        if !self.others.is_empty() {
+            for (root, e) in self.others.iter_mut() {
+                if root.wrapping_sub(first) < n {
+                    e.deadline = e.deadline.max(deadline);
+                }
+            }
+        }
+    }
+
     /// Removes the trees whose deadline is at or before `now`, appending their message ids.
     pub fn expire(&mut self, now: Instant, out: &mut Vec<M>) {
         // the ring is in deadline order: expire from the front
@@ -406,6 +432,33 @@ mod tests {
         let set: std::collections::HashSet<_> = v.iter().collect();
         assert_eq!(set.len(), 1000);
         assert!((0..1000).all(|_| rng.below(7) < 7));
+    }
+
+    #[test]
+    fn extend_deadlines_moves_only_the_run_and_keeps_deadline_order() {
+        let now = Instant::now();
+        let (t1, t2, later) =
+            (now + Duration::from_secs(1), now + Duration::from_secs(2), now + Duration::from_secs(9));
+        let mut p = PendingTrees::default();
+        for r in 10..14 {
+            p.insert(r, r, 1, t1);
+        }
+        for r in 14..18 {
+            p.insert(r, r, 1, t2);
+        }
+        // a root of the run completed meanwhile; one out of sequence lives in the map
+        assert_eq!(p.apply(15, 1), Some(15));
+        p.insert(40, 40, 1, t2);
+        p.extend_deadlines(14, 4, later);
+        p.extend_deadlines(40, 1, later);
+        let mut out = Vec::new();
+        p.expire(now + Duration::from_secs(3), &mut out);
+        out.sort_unstable();
+        assert_eq!(out, vec![10, 11, 12, 13], "the roots before the run keep their deadline");
+        p.expire(later, &mut out);
+        out.sort_unstable();
+        assert_eq!(out, vec![10, 11, 12, 13, 14, 16, 17, 40]);
+        assert!(p.is_empty());
     }
 
     #[test]

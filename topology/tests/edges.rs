@@ -473,3 +473,80 @@ async fn an_emit_skips_anchors_the_engine_completed() {
         "(emit_anchored said, anchoring, acked, failed)"
     );
 }
+
+/// Reads from an outside source inside `next_tuple` (as the window firer reads DynamoDB): each
+/// call waits `wait` for its read, then emits `per_call` tracked tuples.
+struct AwaitingSpout {
+    next: u64,
+    total: u64,
+    per_call: u64,
+    wait: Duration,
+    log: Arc<Mutex<SpoutLog>>,
+}
+
+impl Spout for AwaitingSpout {
+    type MsgId = u64;
+
+    async fn next_tuple(&mut self, out: &mut SpoutOutput<u64>) -> Result<(), ComponentError> {
+        if self.next >= self.total {
+            return Ok(());
+        }
+        tokio::time::sleep(self.wait).await;
+        for _ in 0..self.per_call {
+            out.emit_tracked([self.next], self.next)?;
+            self.next += 1;
+        }
+        Ok(())
+    }
+
+    async fn ack(&mut self, id: u64) {
+        self.log.lock().unwrap().acked.push(id);
+    }
+
+    async fn fail(&mut self, id: u64) {
+        self.log.lock().unwrap().failed.push(id);
+    }
+}
+
+/// A tuple's timeout counts from its emission, also when the spout's `next_tuple` waited for an
+/// outside read before emitting it (the window firer's DynamoDB reads and writes before its
+/// firings): here each call waits 8 s, then emits 4 tuples the bolt takes 1 s each to process,
+/// so the last acks 4 s after its emit, under the 10 s timeout. Before, the deadline counted
+/// from before the call, 8 s of it gone: tuples timed out (and were replayed) while their trees
+/// completed in time.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_spout_that_waits_inside_next_tuple_gives_deadlines_from_its_emits() {
+    let log = Arc::new(Mutex::new(SpoutLog::default()));
+    let l = log.clone();
+    let mut b = TopologyBuilder::new("awaiting-spout");
+    b.set_spout("spout", 1, move |_| AwaitingSpout {
+        next: 0,
+        total: 16,
+        per_call: 4,
+        wait: Duration::from_secs(8),
+        log: l.clone(),
+    })
+    .fields(&["id"]);
+    b.set_bolt("slow", 1, |_| Slow).shuffle_grouping("spout");
+    let cfg = TopologyConfig { message_timeout_ms: 10_000, max_spout_pending: 1_000, ..Default::default() };
+    let running = run_local(b.build().unwrap(), cfg).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(3_600), || {
+            let l = log.lock().unwrap();
+            l.acked.len() + l.failed.len() >= 16
+        })
+        .await
+    );
+    let m = metrics_when(&running, Duration::from_secs(10), |m| {
+        let s = m.component("spout").unwrap();
+        s.acked + s.failed >= 16
+    })
+    .await;
+    let spout = m.component("spout").cloned().unwrap();
+    assert_eq!(
+        (spout.acked, spout.timed_out, log.lock().unwrap().failed.len()),
+        (16, 0, 0),
+        "(acked, timed out, failed)"
+    );
+    running.cancel().await.unwrap();
+}

@@ -40,6 +40,9 @@ struct Burst {
     last_emitted: bool,
     /// The last call failed with a retryable error.
     retry: bool,
+    /// The last call waited (its future was pending: an outside read, a timer): what it
+    /// emitted is sent before the spout is called again.
+    waited: bool,
 }
 
 pub(crate) async fn run<S: Spout>(spout: S, ctx: TaskContext, w: SpoutWiring) -> Result<(), TaskFailure> {
@@ -111,16 +114,38 @@ impl<S: Spout> SpoutTask<S> {
     /// be delivered, max pending is not reached and the spout has not finished. A retryable
     /// error ends the burst (counted, `retry`); a fatal error or a panic fails the task.
     async fn call_burst(&mut self, max: u64, max_pending: usize) -> Result<Burst, TaskFailure> {
-        let mut b = Burst { calls: 0, any_emitted: false, last_emitted: false, retry: false };
+        let mut b = Burst { calls: 0, any_emitted: false, last_emitted: false, retry: false, waited: false };
         let (spout, out) = (&mut self.spout, &mut self.out);
         let r = AssertUnwindSafe(async {
             loop {
-                let before = out.outbox.emitted;
+                let (before, seq) = (out.outbox.emitted, out.seq);
                 b.calls += 1;
-                spout.next_tuple(out).await?;
+                // Whether the call waited: a spout that reads an outside source inside
+                // `next_tuple` (the window firer reads and writes DynamoDB before it emits) must
+                // not lose the time it waited from its tuples' timeouts, nor hold them back while
+                // its next call waits again. A call that never returned pending costs no clock read.
+                let waited = {
+                    let mut call = std::pin::pin!(spout.next_tuple(out));
+                    // one poll: a call that completes in it did not wait
+                    match std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await {
+                        std::task::Poll::Ready(r) => {
+                            r?;
+                            false
+                        }
+                        std::task::Poll::Pending => {
+                            call.await?;
+                            true
+                        }
+                    }
+                };
+                b.waited = waited;
+                if waited {
+                    out.after_wait(seq);
+                }
                 b.last_emitted = out.outbox.emitted != before;
                 b.any_emitted |= b.last_emitted;
                 if !b.last_emitted
+                    || waited
                     || out.finished
                     || b.calls >= max
                     || out.acks.pending.len() >= max_pending
@@ -194,7 +219,7 @@ impl<S: Spout> SpoutTask<S> {
                         }
                         break;
                     }
-                    if !b.last_emitted || retry_later {
+                    if !b.last_emitted || retry_later || b.waited {
                         break;
                     }
                     if !self.out.outbox.ready.is_empty() {

@@ -282,6 +282,19 @@ impl<M: Send> SpoutOutput<M> {
         Ok(n)
     }
 
+    /// The clock again after a `next_tuple` call that waited (its future was pending at least
+    /// once: an outside read, a timer): the tuples it emitted since `seq_before` get deadlines
+    /// from now, as they could not have been sent before the call returned, and the tuples
+    /// emitted next count from now too.
+    pub(crate) fn after_wait(&mut self, seq_before: u64) {
+        self.now = Instant::now();
+        let n = self.seq.wrapping_sub(seq_before);
+        if n > 0 {
+            let first = acker::make_root(self.slot, seq_before);
+            self.acks.pending.extend_deadlines(first, n, self.now + self.timeout);
+        }
+    }
+
     /// Advances this task's low watermark (event time in ms). Lower values than before are
     /// ignored. Sent in band, after the tuples emitted before it.
     pub fn watermark(&mut self, ts_millis: u64) {
