@@ -183,7 +183,10 @@ impl Coordinator {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                 }
             };
-            match self.run_session(&mut s, &mut view_rx, &wake_tx, &mut wake_rx, &cancel).await {
+            lock(&self.tracker).set_session_generation(Some(s.generation));
+            let end = self.run_session(&mut s, &mut view_rx, &wake_tx, &mut wake_rx, &cancel).await;
+            lock(&self.tracker).set_session_generation(None);
+            match end {
                 End::Shutdown => {
                     self.shutdown(&mut s).await;
                     self.set_fetch(false);

@@ -659,7 +659,7 @@ impl ReaderCtx {
             });
             // Fencing: hand nothing on unless the leases can be trusted right now. The event is
             // read again by the next subscription (after the last continuation handed on).
-            if !self.liveness.trusted() || !*self.fetch_allowed.borrow() {
+            if !self.leases_trusted() || !*self.fetch_allowed.borrow() {
                 return Ended::Dropped;
             }
             let behind = ev.millis_behind_latest;

@@ -622,7 +622,10 @@ impl KinesisSpout {
     /// included. A watermark computed before a pause past the session (a zombie's) would fire
     /// windows over records whose leases are gone, which their next owner reads again.
     fn trusted(&self) -> bool {
-        self.liveness.as_ref().is_none_or(|l| l.trusted())
+        self.liveness.as_ref().is_none_or(|l| {
+            let generation = lock(&self.tracker).session_generation();
+            generation.is_some_and(|g| l.trusted_in(g))
+        })
     }
 
     /// This task's low watermark (see `Tracker::task_watermark`: records queued or awaiting a

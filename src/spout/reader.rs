@@ -328,6 +328,13 @@ impl ReaderCtx {
         }
     }
 
+    /// Whether this task's leases can be trusted now: the worker's session is trusted and is the
+    /// one the task's coordinator holds them in (not a newer one it has not noticed yet).
+    pub(super) fn leases_trusted(&self) -> bool {
+        let generation = lock(&self.tracker).session_generation();
+        generation.is_some_and(|g| self.liveness.trusted_in(g))
+    }
+
     /// Reads one shard until its end or cancellation: by enhanced fan-out when the spout is an
     /// EFO consumer (see `efo`), else by polling.
     pub async fn run(
@@ -437,7 +444,7 @@ impl ReaderCtx {
             // Hand nothing on unless the leases can be trusted right now: a worker that was paused
             // (and may have lost its session meanwhile) drops a batch that arrived after the pause
             // and reads it again, from the same iterator, once its session is confirmed.
-            if !self.liveness.trusted() || !*self.fetch_allowed.borrow() {
+            if !self.leases_trusted() || !*self.fetch_allowed.borrow() {
                 iterator = Some(it);
                 continue;
             }

@@ -381,9 +381,23 @@ pub(crate) struct Tracker {
     next_epoch: u64,
     /// How many shards the last assignment gave this task; `None` before the first.
     assigned: Option<usize>,
+    /// The ZooKeeper session generation the task's coordinator holds its leases in; `None`
+    /// between sessions. Readers and the spout hand nothing on unless it is the worker's
+    /// current, trusted session ([`crate::coord::Liveness::trusted_in`]).
+    session_generation: Option<u64>,
 }
 
 impl Tracker {
+    /// Records the session generation the task's leases are held in (`None`: none held).
+    pub fn set_session_generation(&mut self, generation: Option<u64>) {
+        self.session_generation = generation;
+    }
+
+    /// See [`Tracker::set_session_generation`].
+    pub fn session_generation(&self) -> Option<u64> {
+        self.session_generation
+    }
+
     /// Records how many shards the assignment gives this task (the coordinator calls this each
     /// time it reconciles), so the watermark knows whether shards are still to come.
     pub fn set_assigned(&mut self, n: usize) {

@@ -361,6 +361,8 @@ impl<M> PendingTrees<M> {
     /// `deadline`, a time at or after every deadline pending: the ring stays in deadline order.
     /// For tuples whose emit was held back by a wait (a `next_tuple` that awaited an outside
     /// read after emitting, or before emitting with the clock read before the call).
+    #[cold]
+    #[inline(never)]
     pub fn extend_deadlines(&mut self, first: u64, n: u64, deadline: Instant) {
         let from = first.wrapping_sub(self.base);
         let start = if from < self.ring.len() as u64 { from as usize } else { 0 };

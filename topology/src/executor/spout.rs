@@ -4,6 +4,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::FutureExt;
 use tokio::sync::mpsc;
@@ -31,6 +32,8 @@ pub(crate) struct SpoutTask<S: Spout> {
     pub(crate) acked: u64,
     pub(crate) failed: u64,
     pub(crate) errors: u64,
+    /// Times the runtime polled the task's main loop (see `run`).
+    polls: Arc<AtomicU64>,
 }
 
 /// What a burst of `next_tuple` calls did ([`SpoutTask::call_burst`]).
@@ -50,7 +53,17 @@ pub(crate) async fn run<S: Spout>(spout: S, ctx: TaskContext, w: SpoutWiring) ->
     if !task.open().await? {
         return Ok(());
     }
-    let result = task.main_loop().await;
+    // Counts the times the runtime polls the task: a `next_tuple` call during which the count
+    // moved was pending at least once (it waited), at the cost of two loads per call.
+    let polls = task.polls.clone();
+    let result = {
+        let mut main = std::pin::pin!(task.main_loop());
+        std::future::poll_fn(|cx| {
+            polls.store(polls.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+            main.as_mut().poll(cx)
+        })
+        .await
+    };
     task.close().await;
     result
 }
@@ -71,6 +84,7 @@ impl<S: Spout> SpoutTask<S> {
             acked: 0,
             failed: 0,
             errors: 0,
+            polls: Arc::new(AtomicU64::new(0)),
             ctx,
         }
     }
@@ -115,7 +129,7 @@ impl<S: Spout> SpoutTask<S> {
     /// error ends the burst (counted, `retry`); a fatal error or a panic fails the task.
     async fn call_burst(&mut self, max: u64, max_pending: usize) -> Result<Burst, TaskFailure> {
         let mut b = Burst { calls: 0, any_emitted: false, last_emitted: false, retry: false, waited: false };
-        let (spout, out) = (&mut self.spout, &mut self.out);
+        let (spout, out, polls) = (&mut self.spout, &mut self.out, &self.polls);
         let r = AssertUnwindSafe(async {
             loop {
                 let (before, seq) = (out.outbox.emitted, out.seq);
@@ -124,20 +138,9 @@ impl<S: Spout> SpoutTask<S> {
                 // `next_tuple` (the window firer reads and writes DynamoDB before it emits) must
                 // not lose the time it waited from its tuples' timeouts, nor hold them back while
                 // its next call waits again. A call that never returned pending costs no clock read.
-                let waited = {
-                    let mut call = std::pin::pin!(spout.next_tuple(out));
-                    // one poll: a call that completes in it did not wait
-                    match std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await {
-                        std::task::Poll::Ready(r) => {
-                            r?;
-                            false
-                        }
-                        std::task::Poll::Pending => {
-                            call.await?;
-                            true
-                        }
-                    }
-                };
+                let polled = polls.load(Ordering::Relaxed);
+                spout.next_tuple(out).await?;
+                let waited = polls.load(Ordering::Relaxed) != polled;
                 b.waited = waited;
                 if waited {
                     out.after_wait(seq);

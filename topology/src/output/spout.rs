@@ -286,6 +286,8 @@ impl<M: Send> SpoutOutput<M> {
     /// once: an outside read, a timer): the tuples it emitted since `seq_before` get deadlines
     /// from now, as they could not have been sent before the call returned, and the tuples
     /// emitted next count from now too.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn after_wait(&mut self, seq_before: u64) {
         self.now = Instant::now();
         let n = self.seq.wrapping_sub(seq_before);
