@@ -25,7 +25,16 @@ fn every_break_applies_is_mapped_to_its_test_and_documented() {
              write the patch again (git diff > scripts/breaks/{name}.patch)",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(script.contains(&format!("[{name}]=\"--test ")), "scripts/break-test names no test for {name}");
+        // `[name]="--test BINARY [FILTER]"`, `[name]="-p CRATE --test BINARY FILTER"` or
+        // `[name]="--lib FILTER"`: the cargo test arguments of the test that must fail
+        let args = script
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("[{name}]=\"")))
+            .and_then(|rest| rest.strip_suffix('"'))
+            .unwrap_or_else(|| panic!("scripts/break-test names no test for {name}"));
+        let words: Vec<&str> = args.split_whitespace().collect();
+        let named = words.windows(2).any(|w| w[0] == "--test" && !w[1].starts_with('-')) || words.contains(&"--lib");
+        assert!(named, "scripts/break-test names no test binary (--test NAME) or --lib for {name}: {args}");
         assert!(
             reliability.contains(&format!("`scripts/break-test {name}`")),
             "RELIABILITY.md does not document {name}"
