@@ -90,10 +90,12 @@ async fn a_window_fires_once_when_a_stale_timer_index_still_lists_it() {
 /// the results stream 1.5 s) leaves them to it: no window is put twice. (The other firer's share
 /// halves when this one registers; the keys it froze and has in flight land in the newcomer's
 /// partitions.) Asserted first: the newcomer found keys frozen by the other and in flight
-/// (`fire_in_flight_elsewhere`), so the race happened. The state store answers in 250 ms, as a
-/// loaded one does (a CI run's did): no firing may time out for the time its firer spent reading
-/// and freezing before emitting it (before the engine counted a timeout from its emit, 71 of
-/// 135 firings timed out here and 32 windows were put twice).
+/// (`fire_in_flight_elsewhere`), so the race happened. The state store answers in 600 ms, as a
+/// loaded one does (CI runs' did): no firing may time out for the time its firer spent reading
+/// and freezing before emitting it (before the engine counted a timeout from its emit, with
+/// 250 ms 71 of 135 firings timed out and 32 windows were put twice), and a firing in flight at
+/// a live firer for longer than the timeout since its freeze is still left to it (before the
+/// item recorded who froze it, 37 of 120 windows were put twice, no firing failed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_firer_joining_while_firings_are_in_flight_puts_no_window_twice() {
     let s = TestStream::create("eo-join", 2).await;
@@ -109,9 +111,10 @@ async fn a_firer_joining_while_firings_are_in_flight_puts_no_window_twice() {
         FaultPlan { latency: 1.0, latency_ms: 1500, only_ops: vec!["PutRecords".into()], ..FaultPlan::default() };
     let proxy = FaultProxy::start(&support::kinesis_endpoint().endpoint, plan).await;
     let endpoint = proxy.url();
-    // and the state store answers in 250 ms (a loaded dynalite): a firer's round of reads and
-    // freezes takes seconds, which must not count against its firings' 10 s timeout
-    let slow = FaultPlan { latency: 1.0, latency_ms: 250, ..FaultPlan::default() };
+    // and the state store answers in 600 ms (a loaded dynalite): a firer's round of reads and
+    // freezes takes longer than the 10 s timeout, which must not count against its firings, nor
+    // make the other firer take them for lost
+    let slow = FaultPlan { latency: 1.0, latency_ms: 600, ..FaultPlan::default() };
     let state = FaultProxy::start(&support::state_endpoint(), slow).await;
     let url = state.url();
     let args = ["--window-ms", "1000", "--fire-to", results.name.as_str(), "--endpoint", endpoint.as_str()];

@@ -39,8 +39,12 @@ async fn timers_are_found_when_due_frozen_once_and_cleared_when_confirmed() {
     assert_eq!(due(&store, scope, 5000).await.len(), 3, "a key without a timer is not in the index");
 
     // freezing is conditional on the version read
-    assert_eq!(store.freeze(&pk("a@0"), 7).await.unwrap(), WriteOutcome::Conflict, "a stale version");
-    assert_eq!(store.freeze(&pk("a@0"), 1).await.unwrap(), WriteOutcome::Written);
+    assert_eq!(
+        store.freeze(&pk("a@0"), 7, "task-0000000000").await.unwrap(),
+        WriteOutcome::Conflict,
+        "a stale version"
+    );
+    assert_eq!(store.freeze(&pk("a@0"), 1, "task-0000000000").await.unwrap(), WriteOutcome::Written);
     let items = store.get_many(&[pk("a@0"), pk("b@0")]).await.unwrap();
     assert!(items[&pk("a@0")].fired && items[&pk("a@0")].version == 2, "{:?}", items[&pk("a@0")]);
     assert!(!items[&pk("b@0")].fired);
@@ -183,7 +187,7 @@ async fn a_commit_sets_the_timer_and_inputs_after_the_firing_are_late() {
 
     // the firer freezes it
     let version = store.get_many(std::slice::from_ref(&pk)).await.unwrap()[&pk].version;
-    assert_eq!(store.freeze(&pk, version).await.unwrap(), WriteOutcome::Written);
+    assert_eq!(store.freeze(&pk, version, "task-0000000000").await.unwrap(), WriteOutcome::Written);
     // a new input of the window, and a replay of one already applied
     h.execute(rec(4, 5_500)).await.unwrap();
     h.execute(rec(2, 5_002)).await.unwrap();

@@ -908,6 +908,7 @@ mod tests {
             dedup: dedup.to_vec(),
             fired: false,
             fired_at_ms: None,
+            fired_by: None,
             timer: None,
         }
     }

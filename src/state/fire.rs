@@ -31,12 +31,13 @@
 //! While the firers change (one joins, or one's session expires), two may briefly take the same
 //! partition, and a zombie firer (its session expired while it was stopped) may go on with its
 //! round: either can only emit a frozen state again, since freezing is conditional on the
-//! version and a frozen state never changes. A key another firer froze less than the message
-//! timeout ago (the item records when, `fired_ms`) is in flight there and is left to it: it
-//! confirms it, or fails and fires it again itself; past the message timeout it is taken to be
-//! lost with its firer, and whoever holds the partition fires it (`fire_in_flight_elsewhere`
-//! counts the keys left to another firer). So a firer joining while firings run does not put
-//! them twice.
+//! version and a frozen state never changes. A key another firer froze (the item records who,
+//! `fired_by`, and when, `fired_ms`) is in flight there and is left to it while that firer is
+//! registered: it confirms it, or fails and fires it again itself, however long its round and
+//! the firing's tree take. Once its registration is gone and the message timeout passed since
+//! the freeze, it is taken to be lost with its firer, and whoever holds the partition fires it
+//! (`fire_in_flight_elsewhere` counts the keys left to another firer). So a firer joining while
+//! firings run does not put them twice.
 //!
 //! # Costs
 //! Per poll and firer: one ZooKeeper read of the published watermark (flat in the number of spout
@@ -178,6 +179,8 @@ pub struct WindowFirer<F: OnFire> {
     unconfirmed_registration: Option<String>,
     /// The share of the last poll (logged when it changes).
     last_share: Option<(usize, usize)>,
+    /// The live firers' registrations, as the last poll listed them.
+    live_firers: Vec<String>,
     /// The watermark and share of the last complete query round, and whether a failure asks
     /// for another.
     last_round: Option<(i64, (usize, usize))>,
@@ -232,6 +235,7 @@ impl<F: OnFire> WindowFirer<F> {
             unconfirmed: Vec::new(),
             unconfirmed_registration: None,
             last_share: None,
+            live_firers: Vec::new(),
             last_round: None,
             rescan: false,
             unreadable: HashSet::new(),
@@ -267,6 +271,7 @@ impl<F: OnFire> WindowFirer<F> {
             self.unconfirmed_registration = None;
         }
         let firers = o.zk.firers(&self.cfg.component).await?;
+        self.live_firers.clone_from(&firers);
         let me = self.node.as_deref().unwrap_or_default();
         match firers.iter().position(|f| f == me) {
             Some(i) => {
@@ -451,10 +456,12 @@ impl<F: OnFire> WindowFirer<F> {
                     .iter()
                     .filter_map(|(pk, _)| items.get(pk).filter(|i| !i.fired).map(|i| (pk.clone(), i.version)))
                     .collect();
+                let by: Arc<str> = Arc::from(self.node.as_deref().unwrap_or_default());
                 let frozen = super::concurrently(to_freeze, self.cfg.state.write_concurrency, |(pk, version)| {
                     let store = o.store.clone();
+                    let by = by.clone();
                     async move {
-                        let r = store.freeze(&pk, version).await;
+                        let r = store.freeze(&pk, version, &by).await;
                         (pk, r)
                     }
                 })
@@ -475,17 +482,26 @@ impl<F: OnFire> WindowFirer<F> {
                             continue;
                         }
                         // frozen before: a firing not confirmed. This firer's own failed firing is
-                        // emitted again at once; one frozen by another firer within the message
-                        // timeout is in flight there (a firer that joined, or whose share changed,
-                        // while it ran): left to it, which confirms it or fails and fires it again.
-                        // Later, it is taken to be lost with its firer and emitted here.
+                        // emitted again at once, and its own delivered one (acked, the timer to be
+                        // taken out at the next poll) is left. One frozen by another firer that is
+                        // still registered is in flight there (a firer that joined, or whose share
+                        // changed, while it ran): left to it, which confirms it or fails and fires
+                        // it again, however long its round and the firing's tree take. One frozen
+                        // by a firer that is gone (its session expired) is fired here once the
+                        // message timeout passed since the freeze (a firer whose registration was
+                        // rebuilt may still have it in flight until then).
                         None => {
                             let mine = self.own_failed.remove(pk.as_str());
+                            let by = item.fired_by.as_deref();
+                            let by_me = by.is_some_and(|b| Some(b) == self.node.as_deref());
+                            let by_live = by.is_some_and(|b| !by_me && self.live_firers.iter().any(|f| f == b));
                             let recent = item
                                 .fired_at_ms
                                 .is_some_and(|t| crate::coord::now_ms().saturating_sub(t) < self.refire_after_ms);
-                            if !mine && recent {
-                                o.m.elsewhere.incr();
+                            if !mine && (by_me || by_live || recent) {
+                                if !by_me {
+                                    o.m.elsewhere.incr();
+                                }
                                 complete = false;
                                 continue;
                             }

@@ -191,6 +191,9 @@ pub struct StoredItem {
     /// When it was frozen (ms since the epoch, the freezing firer's clock); `None` when not
     /// fired, or frozen by a version that did not record it.
     pub fired_at_ms: Option<i64>,
+    /// The registration (`firers/{component}/` node) of the firer that froze it; `None` when
+    /// not fired, or frozen by a version that did not record it.
+    pub fired_by: Option<String>,
     /// Its timer as the item holds it (`tpart`, `fire_at`): none once it was taken out of the
     /// index (a fired key whose firing was delivered), or when it never had one. The index is
     /// eventually consistent on DynamoDB: it may still list a timer the item no longer has.
@@ -465,6 +468,10 @@ impl StateStore {
                     Some(AttributeValue::N(n)) => n.parse().ok(),
                     _ => None,
                 };
+                let fired_by = match item.get("fired_by") {
+                    Some(AttributeValue::S(b)) => Some(b.clone()),
+                    _ => None,
+                };
                 let timer = match (item.get("tpart"), item.get("fire_at")) {
                     (Some(AttributeValue::S(partition)), Some(AttributeValue::N(at))) => {
                         at.parse().ok().map(|fire_at| TimerAt { partition: partition.clone(), fire_at })
@@ -479,6 +486,7 @@ impl StateStore {
                         dedup: attr_bytes(item, "dedup"),
                         fired,
                         fired_at_ms,
+                        fired_by,
                         timer,
                     },
                 );
@@ -579,15 +587,16 @@ impl StateStore {
     /// still `expected` (a later write of the key conflicts then, and sees it fired). The timer
     /// stays in [`TIMER_INDEX`] until [`StateStore::clear_timer`], so a firing not confirmed is
     /// found again.
-    pub async fn freeze(&self, pk: &str, expected: u64) -> Result<WriteOutcome, StateError> {
+    pub async fn freeze(&self, pk: &str, expected: u64, by: &str) -> Result<WriteOutcome, StateError> {
         let r = self
             .client
             .update_item()
             .table_name(&self.table)
             .key("pk", AttributeValue::S(pk.to_string()))
-            .update_expression("SET fired = :t, ver = :n, fired_ms = :f")
+            .update_expression("SET fired = :t, ver = :n, fired_ms = :f, fired_by = :b")
             .condition_expression("ver = :v")
             .expression_attribute_values(":t", AttributeValue::Bool(true))
+            .expression_attribute_values(":b", AttributeValue::S(by.to_string()))
             .expression_attribute_values(":f", AttributeValue::N(crate::coord::now_ms().to_string()))
             .expression_attribute_values(":n", AttributeValue::N((expected + 1).to_string()))
             .expression_attribute_values(":v", AttributeValue::N(expected.to_string()))
@@ -683,4 +692,7 @@ pub fn item_size(pk: &str, scope: &str, key: &str, state: usize, dedup: usize) -
         + 1
         + "fired_ms".len()
         + 21
+        // the freezing firer's registration (`task-` and ten digits)
+        + "fired_by".len()
+        + 15
 }
