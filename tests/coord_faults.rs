@@ -355,6 +355,30 @@ impl Bolt for Slow {
     }
 }
 
+/// A worker of one spout task on `session` and a [`Slow`] bolt taking `per_tuple` a tuple; the
+/// times the bolt received each tuple.
+fn run_slow_worker(
+    cfg: &KinesisSpoutConfig,
+    session: &Arc<SharedSession>,
+    per_tuple: Duration,
+    config: TopologyConfig,
+) -> (RunningTopology, Arc<Mutex<Vec<Instant>>>) {
+    let received: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let mut b = TopologyBuilder::new(cfg.topology.clone());
+    KinesisSpout::declare_shared(
+        &mut b,
+        "kinesis",
+        1,
+        cfg.clone(),
+        WorkerIdentity::current(),
+        SpoutRegistry::default(),
+        SpoutShared::with_session(session.clone()),
+    );
+    let r = received.clone();
+    b.set_bolt("slow", 1, move |_| Slow(r.clone(), per_tuple)).shuffle_grouping("kinesis");
+    (squall::topology::run_local(b.build().unwrap(), config).unwrap(), received)
+}
+
 /// A worker cut from ZooKeeper emits nothing once its session turns unsafe (a zombie must not
 /// hand on its queued records while another worker may already own its shards), and it turns
 /// unsafe well before the server can expire its session. One shard with a backlog, a bolt that
@@ -373,21 +397,8 @@ async fn a_worker_cut_from_zookeeper_emits_nothing_once_its_session_is_unsafe() 
     cfg.zookeeper.session_timeout_ms = 4000;
     let timeout = Duration::from_millis(cfg.zookeeper.session_timeout_ms);
     let session = SharedSession::connect(&cfg.zookeeper.to_zk_config(), Duration::from_secs(60)).await.unwrap();
-    let received: Arc<Mutex<Vec<Instant>>> = Arc::default();
-    let mut b = TopologyBuilder::new(cfg.topology.clone());
-    KinesisSpout::declare_shared(
-        &mut b,
-        "kinesis",
-        1,
-        cfg.clone(),
-        WorkerIdentity::current(),
-        SpoutRegistry::default(),
-        SpoutShared::with_session(session.clone()),
-    );
-    let r = received.clone();
-    b.set_bolt("slow", 1, move |_| Slow(r.clone(), Duration::from_millis(20))).shuffle_grouping("kinesis");
     let config = TopologyConfig { max_spout_pending: MAX_PENDING, ..TopologyConfig::default() };
-    let running = squall::topology::run_local(b.build().unwrap(), config).unwrap();
+    let (running, received) = run_slow_worker(&cfg, &session, Duration::from_millis(20), config);
     let guard = Instant::now();
     while received.lock().unwrap().len() < 20 {
         assert!(guard.elapsed() < Duration::from_secs(30), "the worker delivered 20 records in 30 s");
@@ -518,21 +529,8 @@ async fn a_shard_assigned_back_during_its_handoff_is_taken_again_at_once() {
     cfg.read_log = Some(reads.to_string_lossy().into_owned());
     // worker 1: a bolt that takes 50 ms a tuple, 200 in flight (a handoff waits seconds)
     let session1 = SharedSession::connect(&cfg.zookeeper.to_zk_config(), Duration::from_secs(60)).await.unwrap();
-    let received: Arc<Mutex<Vec<Instant>>> = Arc::default();
-    let mut b = TopologyBuilder::new(cfg.topology.clone());
-    KinesisSpout::declare_shared(
-        &mut b,
-        "kinesis",
-        1,
-        cfg.clone(),
-        WorkerIdentity::current(),
-        SpoutRegistry::default(),
-        SpoutShared::with_session(session1.clone()),
-    );
-    let r = received.clone();
-    b.set_bolt("slow", 1, move |_| Slow(r.clone(), Duration::from_millis(50))).shuffle_grouping("kinesis");
     let config = TopologyConfig { max_spout_pending: 200, message_timeout_ms: 60_000, ..TopologyConfig::default() };
-    let running1 = squall::topology::run_local(b.build().unwrap(), config).unwrap();
+    let (running1, received) = run_slow_worker(&cfg, &session1, Duration::from_millis(50), config);
     let guard = Instant::now();
     while received.lock().unwrap().len() < 20 {
         assert!(guard.elapsed() < Duration::from_secs(30), "worker 1 delivered 20 records in 30 s");
