@@ -293,7 +293,7 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
     let mut generation = session.current().generation;
     let mut publish = tokio::time::interval(Duration::from_secs(2));
     publish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut published: Option<(WorkerStatus, std::time::Instant)> = None;
+    let mut published: Option<(WorkerStatus, tokio::time::Instant)> = None;
     let mut last_state = state.state;
     let mut wait = Duration::from_millis(args.message_timeout_ms);
     let status = |engines: &Engines| worker_status(&identity, since, engines, metrics_addr.clone());
@@ -329,7 +329,7 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
                 });
                 if due {
                     match store.publish_worker(&now).await {
-                        Ok(()) => published = Some((now, std::time::Instant::now())),
+                        Ok(()) => published = Some((now, tokio::time::Instant::now())),
                         Err(e) => tracing::debug!(error = %e, "publishing the worker status failed"),
                     }
                 }

@@ -1,6 +1,8 @@
 //! Topology-level access for operators (the CLI): which topologies exist under the root, which
 //! streams a topology reads, and a [`ZkStore`] per stream for everything else.
 
+use std::sync::Arc;
+
 use zookeeper_client as zk;
 
 use super::config::ZkConfig;
@@ -8,12 +10,18 @@ use super::error::CoordError;
 use super::paths::{validate_name, validate_root};
 use super::session::connect_client;
 use super::store::ZkStore;
+use super::zkapi::ZkClient;
 
 /// A ZooKeeper session for administration.
-#[derive(Debug)]
 pub struct Admin {
-    client: zk::Client,
+    client: Arc<dyn ZkClient>,
     cfg: ZkConfig,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin").field("cfg", &self.cfg).finish_non_exhaustive()
+    }
 }
 
 impl Admin {
@@ -26,9 +34,9 @@ impl Admin {
     }
 
     /// The client, for one request (counted in [`super::session::zk_counters`]).
-    fn zk(&self) -> &zk::Client {
+    fn zk(&self) -> &dyn ZkClient {
         super::session::zk_counters().request();
-        &self.client
+        &*self.client
     }
 
     fn topologies_dir(&self) -> String {

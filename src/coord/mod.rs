@@ -43,6 +43,7 @@ pub mod paths;
 pub mod session;
 pub mod store;
 pub mod watch;
+pub mod zkapi;
 
 pub use admin::Admin;
 pub use config::{Secret, ZkAuth, ZkConfig};
@@ -54,7 +55,7 @@ pub use logic::{
 pub use model::{
     Assignment, Checkpoint, CheckpointPosition, DrainRequest, EfoRuntime, FirerInfo, FirstStart, KplRuntime, LeaseInfo,
     Lifecycle, PublishedWatermark, RebalanceRequest, ShardList, ShardRecord, ShardRuntime, StageRuntime, TaskInfo,
-    TopologyState, Versioned, WatermarkReport, WorkerStatus, now_ms,
+    TopologyState, Versioned, WallClock, WatermarkReport, WorkerStatus, now_ms, set_thread_clock,
 };
 #[doc(hidden)]
 pub use model::{CLOCK_OFFSET_ENV, clock_offset_ms};

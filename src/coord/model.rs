@@ -482,9 +482,26 @@ pub(crate) fn encode<T: Serialize>(path: &str, value: &T) -> Result<Vec<u8>, Coo
         .map_err(|e| CoordError::Malformed { path: path.to_string(), reason: format!("cannot serialize: {e}") })
 }
 
+/// A wall clock that replaces the system clock on one thread ([`set_thread_clock`]).
+pub type WallClock = std::sync::Arc<dyn Fn() -> i64 + Send + Sync>;
+
+thread_local! {
+    static THREAD_CLOCK: std::cell::RefCell<Option<WallClock>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Makes [`now_ms`] read `clock` on this thread (`None`: the system clock again). The simulator
+/// runs a whole fleet on one thread and gives it simulated time this way; nothing else sets it.
+pub fn set_thread_clock(clock: Option<WallClock>) {
+    THREAD_CLOCK.with(|c| *c.borrow_mut() = clock);
+}
+
 /// Milliseconds since the Unix epoch, by this process's wall clock: the system clock plus the
-/// offset of [`CLOCK_OFFSET_ENV`] (0 unless set; read once).
+/// offset of [`CLOCK_OFFSET_ENV`] (0 unless set; read once), or this thread's clock when one was
+/// set ([`set_thread_clock`]).
 pub fn now_ms() -> i64 {
+    if let Some(ms) = THREAD_CLOCK.with(|c| c.borrow().as_ref().map(|f| f())) {
+        return ms;
+    }
     static OFFSET: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
     let offset = *OFFSET.get_or_init(|| clock_offset_ms().unwrap_or(0));
     std::time::SystemTime::now()

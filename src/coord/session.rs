@@ -10,7 +10,9 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use backon::{ExponentialBuilder, Retryable};
 use tokio::sync::watch;
@@ -21,6 +23,7 @@ use zookeeper_client as zk;
 use super::config::ZkConfig;
 use super::error::CoordError;
 use super::watch::{SessionAlarm, SessionStatus, SessionWatch};
+use super::zkapi::{RealClient, ZkClient, registered};
 
 /// Process-wide ZooKeeper counters, read by the metrics endpoint ([`zk_counters`]).
 #[derive(Debug, Default)]
@@ -79,8 +82,7 @@ pub type FaultHook = Arc<dyn Fn(ZkOp, &str) -> Option<InjectedFault> + Send + Sy
 
 /// One connected ZooKeeper session. Dropping the last reference closes it.
 pub struct ZkSession {
-    pub(crate) client: zk::Client,
-    pub(crate) acls: zk::Acls<'static>,
+    pub(crate) client: Arc<dyn ZkClient>,
     name: String,
     faults: Mutex<Option<FaultHook>>,
 }
@@ -96,15 +98,14 @@ impl ZkSession {
     pub async fn connect(cfg: &ZkConfig) -> Result<Arc<Self>, CoordError> {
         cfg.validate()?;
         let client = connect_client(cfg).await?;
-        let acls = if cfg.auth.is_some() { zk::Acls::creator_all() } else { zk::Acls::anyone_all() };
-        let name = format!("{:#x}", client.session_id().0);
+        let name = format!("{:#x}", client.session_id());
         info!(
             connect = %cfg.connect,
             session = %name,
             timeout_ms = client.session_timeout().as_millis() as u64,
             "connected to ZooKeeper"
         );
-        Ok(Arc::new(Self { client, acls, name, faults: Mutex::new(None) }))
+        Ok(Arc::new(Self { client, name, faults: Mutex::new(None) }))
     }
 
     /// The session id in hex, as written into leases and task registrations.
@@ -174,7 +175,15 @@ pub(crate) fn disconnect_detection(session_timeout: Duration) -> Duration {
     if configured > session_timeout * 3 / 5 { session_timeout * 2 / 5 } else { configured }
 }
 
-pub(crate) async fn connect_client(cfg: &ZkConfig) -> Result<zk::Client, CoordError> {
+pub(crate) async fn connect_client(cfg: &ZkConfig) -> Result<Arc<dyn ZkClient>, CoordError> {
+    if let Some(connector) =
+        registered(&cfg.connect).map_err(|source| CoordError::Connect { connect: cfg.connect.clone(), source })?
+    {
+        return connector
+            .connect(cfg)
+            .await
+            .map_err(|source| CoordError::Connect { connect: cfg.connect.clone(), source });
+    }
     let attempt = || async {
         let mut connector = zk::Client::connector()
             .with_session_timeout(cfg.session_timeout)
@@ -196,8 +205,9 @@ pub(crate) async fn connect_client(cfg: &ZkConfig) -> Result<zk::Client, CoordEr
         .notify(|e, after| warn!(connect = %cfg.connect, error = %e, retry_in = ?after, "ZooKeeper connect failed"))
         .await
         .map_err(|source| CoordError::Connect { connect: cfg.connect.clone(), source })
-        .inspect(|client| {
-            debug!(connect = %cfg.connect, session = %format!("{:#x}", client.session_id().0), "ZooKeeper session opened")
+        .map(|client| {
+            debug!(connect = %cfg.connect, session = %format!("{:#x}", client.session_id().0), "ZooKeeper session opened");
+            Arc::new(RealClient::new(client, cfg.auth.is_some())) as Arc<dyn ZkClient>
         })
 }
 
@@ -250,17 +260,16 @@ pub struct Liveness {
     /// The generation of the session `healthy` speaks of: leases taken in an earlier one are
     /// gone, however healthy the new session is.
     generation: AtomicU64,
-}
-
-fn mono_ms() -> u64 {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    BASE.get_or_init(Instant::now).elapsed().as_millis() as u64
+    /// What the heartbeat's milliseconds count from (tokio's clock: simulated time in the
+    /// simulator).
+    base: Instant,
 }
 
 impl Liveness {
     fn new(session_timeout: Duration, generation: u64) -> Self {
         Self {
-            last_tick_ms: AtomicU64::new(mono_ms()),
+            base: Instant::now(),
+            last_tick_ms: AtomicU64::new(0),
             suspect: AtomicBool::new(false),
             stale_after_ms: (session_timeout.as_millis() as u64 / 3).max(300),
             healthy: AtomicBool::new(true),
@@ -273,7 +282,12 @@ impl Liveness {
     pub fn trusted(&self) -> bool {
         self.healthy.load(Ordering::Acquire)
             && !self.suspect.load(Ordering::Acquire)
-            && mono_ms().saturating_sub(self.last_tick_ms.load(Ordering::Acquire)) < self.stale_after_ms
+            && self.mono_ms().saturating_sub(self.last_tick_ms.load(Ordering::Acquire)) < self.stale_after_ms
+    }
+
+    /// Milliseconds since this was built.
+    fn mono_ms(&self) -> u64 {
+        self.base.elapsed().as_millis() as u64
     }
 
     /// True when the leases taken in session `generation` can be trusted now: [`Self::trusted`],
@@ -294,7 +308,7 @@ async fn tick_liveness(live: Arc<Liveness>, view: watch::Sender<SessionView>, ca
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let now = mono_ms();
+        let now = live.mono_ms();
         let gap = now.saturating_sub(live.last_tick_ms.load(Ordering::Acquire));
         if gap >= live.stale_after_ms {
             // Suspect first, then the fresh heartbeat: a reader never sees one without the other.
@@ -312,7 +326,7 @@ async fn tick_liveness(live: Arc<Liveness>, view: watch::Sender<SessionView>, ca
                 live.suspect.store(false, Ordering::Release);
             }
             // The round trip is not a pause.
-            live.last_tick_ms.store(mono_ms(), Ordering::Release);
+            live.last_tick_ms.store(live.mono_ms(), Ordering::Release);
         }
     }
 }

@@ -27,6 +27,7 @@ use super::model::{
 use super::paths::{LEASE_PREFIX, TASK_PREFIX, TopologyPaths, lease_holder, sequence_of, validate_name};
 use super::session::{InjectedFault, ZkOp, ZkSession, short_backoff};
 use super::watch::{ChangeEvent, SessionWatch};
+use super::zkapi::{CreateMode, OneshotWatch, ZkClient};
 
 /// Largest shard list the store writes. ZooKeeper refuses znodes over `jute.maxbuffer`
 /// (1 MB by default); at ~200 bytes per shard this is a few thousand shards.
@@ -149,7 +150,7 @@ impl ZkStore {
     }
 
     async fn create_layout(&self) -> Result<(), CoordError> {
-        let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        let options = CreateMode::Persistent;
         for dir in self.paths.persistent_dirs() {
             // Usually there already: one cheap check instead of a mkdir per path segment.
             if let Ok(Some(_)) = self.client().check_stat(dir).await {
@@ -167,9 +168,9 @@ impl ZkStore {
 
     /// The client, for one request: every call counts one ZooKeeper request in
     /// [`super::session::zk_counters`] (a `mkdir` counts once whatever its depth).
-    pub(crate) fn client(&self) -> &zk::Client {
+    pub(crate) fn client(&self) -> &dyn ZkClient {
         super::session::zk_counters().request();
-        &self.session.client
+        &*self.session.client
     }
 
     /// The session this store uses.
@@ -241,7 +242,7 @@ impl ZkStore {
         let info =
             TaskInfo { session: self.session.name().to_string(), registration: token.to_string(), ..info.clone() };
         let data = encode(&prefix, &info)?;
-        let options = zk::CreateMode::EphemeralSequential.with_acls(self.session.acls);
+        let options = CreateMode::EphemeralSequential;
         let (_, seq) = self
             .guarded(ZkOp::Create, &prefix, || self.client().create(&prefix, &data, &options))
             .await
@@ -319,14 +320,14 @@ impl ZkStore {
         validate_name("component name", component)?;
         let dir = self.paths.firers(component);
         if !matches!(self.client().check_stat(&dir).await, Ok(Some(_))) {
-            let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+            let options = CreateMode::Persistent;
             let op = || async { self.client().mkdir(&dir, &options).await };
             op.retry(short_backoff()).when(is_transient).await.map_err(|e| CoordError::zk(&dir, "mkdir", e))?;
         }
         let prefix = format!("{dir}/{TASK_PREFIX}");
         let data =
             encode(&prefix, &FirerInfo { session: self.session.name().to_string(), registration: token.into() })?;
-        let options = zk::CreateMode::EphemeralSequential.with_acls(self.session.acls);
+        let options = CreateMode::EphemeralSequential;
         let (_, seq) = self
             .guarded(ZkOp::Create, &prefix, || self.client().create(&prefix, &data, &options))
             .await
@@ -417,7 +418,7 @@ impl ZkStore {
         match self.client().set_data(&path, &data, None).await {
             Ok(_) => Ok(()),
             Err(zk::Error::NoNode) => {
-                let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+                let options = CreateMode::Persistent;
                 self.create_or_set(&path, &data, &options).await
             }
             Err(e) => Err(CoordError::zk(&path, "set", e)),
@@ -446,7 +447,7 @@ impl ZkStore {
         match self.client().set_data(&path, &data, None).await {
             Ok(_) => Ok(()),
             Err(zk::Error::NoNode) => {
-                let options = zk::CreateMode::Ephemeral.with_acls(self.session.acls);
+                let options = CreateMode::Ephemeral;
                 match self.client().create(&path, &data, &options).await {
                     Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
                     Err(e) => Err(CoordError::zk(&path, "create", e)),
@@ -466,13 +467,13 @@ impl ZkStore {
         validate_name("deployment id", deployment)?;
         let dir = self.paths.producers(stream);
         let path = format!("{dir}/{producer:016x}-{deployment}");
-        let options = zk::CreateMode::Ephemeral.with_acls(self.session.acls);
+        let options = CreateMode::Ephemeral;
         match self.client().create(&path, &[], &options).await {
             Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
             Err(zk::Error::NoNode) => {}
             Err(e) => return Err(CoordError::zk(&path, "create", e)),
         }
-        let dir_options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        let dir_options = CreateMode::Persistent;
         self.client().mkdir(&dir, &dir_options).await.map_err(|e| CoordError::zk(&dir, "mkdir", e))?;
         match self.client().create(&path, &[], &options).await {
             Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
@@ -489,10 +490,7 @@ impl ZkStore {
 
     /// The live producers of `stream` (producer id -> deployment id), and a one-shot watch on
     /// the registry's children (fires when a producer comes or goes, or the directory appears).
-    pub async fn watch_producers(
-        &self,
-        stream: &str,
-    ) -> Result<(BTreeMap<u64, String>, zk::OneshotWatcher), CoordError> {
+    pub async fn watch_producers(&self, stream: &str) -> Result<(BTreeMap<u64, String>, OneshotWatch), CoordError> {
         let dir = self.paths.producers(stream);
         match self.client().list_and_watch_children(&dir).await {
             Ok((names, watcher)) => Ok((parse_producers(&names), watcher)),
@@ -603,7 +601,7 @@ impl ZkStore {
             Err(zk::Error::NoNode) => {}
             Err(e) => return Err(CoordError::zk(&path, "set", e)),
         }
-        let options = zk::CreateMode::Ephemeral.with_acls(self.session.acls);
+        let options = CreateMode::Ephemeral;
         match self.client().create(&path, &data, &options).await {
             Ok(_) => return Ok(()),
             // Created meanwhile (a lost answer to our own create): overwrite it.
@@ -619,7 +617,7 @@ impl ZkStore {
             Err(e) => return Err(CoordError::zk(&path, "create", e)),
         }
         let dir = self.paths.watermarks_dir();
-        let dir_options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        let dir_options = CreateMode::Persistent;
         match self.client().create(dir, &[], &dir_options).await {
             Ok(_) | Err(zk::Error::NodeExists) => {}
             Err(e) => return Err(CoordError::zk(dir, "create", e)),
@@ -628,7 +626,7 @@ impl ZkStore {
     }
 
     /// Creates `path` with `data`, or sets its data when it exists already.
-    async fn create_or_set(&self, path: &str, data: &[u8], options: &zk::CreateOptions<'_>) -> Result<(), CoordError> {
+    async fn create_or_set(&self, path: &str, data: &[u8], options: &CreateMode) -> Result<(), CoordError> {
         match self.client().create(path, data, options).await {
             Ok(_) => Ok(()),
             Err(zk::Error::NodeExists) => {
@@ -705,7 +703,7 @@ impl ZkStore {
         match self.client().set_data(&path, &data, None).await {
             Ok(_) => Ok(()),
             Err(zk::Error::NoNode) => {
-                let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+                let options = CreateMode::Persistent;
                 match self.client().create(&path, &data, &options).await {
                     Ok(_) => Ok(()),
                     Err(zk::Error::NodeExists) => self
@@ -829,7 +827,7 @@ impl ZkStore {
         if data.len() > MAX_SHARD_LIST_BYTES {
             return Err(CoordError::TooLarge { path, bytes: data.len(), limit: MAX_SHARD_LIST_BYTES });
         }
-        let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        let options = CreateMode::Persistent;
         let mut txn = self.client().new_multi_writer();
         txn.add_check_version(&task_path, 0).map_err(|e| CoordError::zk(&task_path, "check", e))?;
         match expected_version {
@@ -914,7 +912,7 @@ impl ZkStore {
     pub async fn mark_finished(&self, shard_id: &str) -> Result<(), CoordError> {
         validate_name("shard id", shard_id)?;
         let path = self.paths.finished(shard_id);
-        let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        let options = CreateMode::Persistent;
         match self.client().create(&path, &[], &options).await {
             Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
             Err(e) => Err(CoordError::zk(&path, "create", e)),
@@ -1006,7 +1004,7 @@ impl ZkStore {
 
     /// A one-shot watch that fires when the shard's checkpoint znode changes or goes (e.g. an
     /// operator repaired a malformed one). One request.
-    pub async fn watch_checkpoint(&self, shard_id: &str) -> Result<zk::OneshotWatcher, CoordError> {
+    pub async fn watch_checkpoint(&self, shard_id: &str) -> Result<OneshotWatch, CoordError> {
         validate_name("shard id", shard_id)?;
         let path = self.paths.checkpoint(shard_id);
         let (_, watcher) =
@@ -1022,7 +1020,7 @@ impl ZkStore {
         cp.validate(shard_id)?;
         let path = self.paths.checkpoint(shard_id);
         let data = encode(&path, cp)?;
-        let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        let options = CreateMode::Persistent;
         let dir = self.paths.owner_dir(shard_id);
         match self.client().create(&dir, &[], &options).await {
             Ok(_) | Err(zk::Error::NodeExists) => {}
@@ -1050,7 +1048,7 @@ impl ZkStore {
     pub async fn begin_first_start(&self, start: &FirstStart) -> Result<FirstStart, CoordError> {
         let path = self.paths.first_start();
         let data = encode(&path, start)?;
-        let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        let options = CreateMode::Persistent;
         match self.client().create(&path, &data, &options).await {
             Ok(_) => Ok(start.clone()),
             Err(zk::Error::NodeExists) => Ok(self.first_start().await?.unwrap_or_else(|| start.clone())),
@@ -1141,7 +1139,7 @@ impl ZkStore {
         let shard_id = lease.shard_id.as_str();
         let data = encode(path, cp)?;
         let marker = self.paths.finished(shard_id);
-        let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        let options = CreateMode::Persistent;
         let mut txn = self.client().new_multi_writer();
         txn.add_check_version(&lease.path, 0).map_err(|e| CoordError::zk(&lease.path, "check", e))?;
         txn.add_set_data(path, &data, Some(expected_version)).map_err(|e| CoordError::zk(path, "set", e))?;
@@ -1237,7 +1235,7 @@ impl ZkStore {
         let existing = self.checkpoint_ids().await?;
         let finished = self.list_finished().await?;
         let data = encode(&dir, cp)?;
-        let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+        let options = CreateMode::Persistent;
         let mut txn = self.client().new_multi_writer();
         for lease in leases {
             txn.add_check_version(&lease.path, 0).map_err(|e| CoordError::zk(&lease.path, "check", e))?;
@@ -1300,7 +1298,7 @@ impl ZkStore {
         let leases = match self.leases(&dir).await {
             Ok(l) => l,
             Err(CoordError::Zk { source: zk::Error::NoNode, .. }) => {
-                let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+                let options = CreateMode::Persistent;
                 match self.client().create(&dir, &[], &options).await {
                     Ok(_) | Err(zk::Error::NodeExists) => Vec::new(),
                     Err(e) => return Err(CoordError::zk(&dir, "create", e)),
@@ -1319,7 +1317,7 @@ impl ZkStore {
             task: Some(holder.to_string()),
         };
         let data = encode(&prefix, &info)?;
-        let options = zk::CreateMode::EphemeralSequential.with_acls(self.session.acls);
+        let options = CreateMode::EphemeralSequential;
         self.guarded(ZkOp::Create, &prefix, || self.client().create(&prefix, &data, &options))
             .await
             .map_err(|e| CoordError::zk(&prefix, "create", e))?;
@@ -1382,7 +1380,7 @@ impl ZkStore {
 
     /// A one-shot watch on a lease znode held by someone else: it fires when the lease goes
     /// (released, or its session expired). `None` when it is already gone. One request.
-    pub async fn watch_lease(&self, holder_path: &str) -> Result<Option<zk::OneshotWatcher>, CoordError> {
+    pub async fn watch_lease(&self, holder_path: &str) -> Result<Option<OneshotWatch>, CoordError> {
         if !holder_path.starts_with(self.paths.owners()) {
             return Err(CoordError::InvalidName {
                 what: "lease path",
@@ -1452,7 +1450,7 @@ impl ZkStore {
                 WatchOn::Drain => (self.paths.drain(), ChangeEvent::Drain, false),
             };
             let first =
-                arm(&self.session.client, &path, children).await.map_err(|e| CoordError::zk(&path, "watch", e))?;
+                arm(&*self.session.client, &path, children).await.map_err(|e| CoordError::zk(&path, "watch", e))?;
             // The task holds the session only while it re-arms (so dropping the store still
             // closes it); it ends with the receiver or the session.
             let weak = Arc::downgrade(&self.session);
@@ -1477,7 +1475,7 @@ impl ZkStore {
                     let mut warned = false;
                     let rearmed = loop {
                         let Some(session) = weak.upgrade() else { return };
-                        let armed = arm(&session.client, &path, children).await;
+                        let armed = arm(&*session.client, &path, children).await;
                         drop(session);
                         match armed {
                             Ok(w) => break w,
@@ -1553,7 +1551,7 @@ impl ZkStore {
     async fn cas_write(&self, path: &str, data: &[u8], expected_version: Option<i32>) -> Result<i32, CoordError> {
         match expected_version {
             None => {
-                let options = zk::CreateMode::Persistent.with_acls(self.session.acls);
+                let options = CreateMode::Persistent;
                 match self.client().create(path, data, &options).await {
                     Ok((stat, _)) => Ok(stat.version),
                     Err(zk::Error::NodeExists) => {
@@ -1590,7 +1588,7 @@ impl From<InjectedError> for zk::MultiWriteError {
 
 /// Sets a one-shot watch on `path`: on its list of children (`children`), or on the node itself
 /// (created, changed or deleted; the node may not exist yet). One request.
-async fn arm(client: &zk::Client, path: &str, children: bool) -> Result<zk::OneshotWatcher, zk::Error> {
+async fn arm(client: &dyn ZkClient, path: &str, children: bool) -> Result<OneshotWatch, zk::Error> {
     let counters = super::session::zk_counters();
     if children {
         counters.request();

@@ -105,12 +105,12 @@ pub enum SessionAlarm {
 /// Observes the session of one store; cheap to create, one per consumer.
 #[derive(Clone, Debug)]
 pub struct SessionWatch {
-    inner: zk::StateWatcher,
+    inner: super::zkapi::StateWatcher,
     session_timeout: Duration,
 }
 
 impl SessionWatch {
-    pub(crate) fn new(inner: zk::StateWatcher, session_timeout: Duration) -> Self {
+    pub(crate) fn new(inner: super::zkapi::StateWatcher, session_timeout: Duration) -> Self {
         Self { inner, session_timeout }
     }
 

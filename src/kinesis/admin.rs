@@ -1,7 +1,9 @@
 //! Stream administration and the test producer, as used by `squall stream ...`.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::primitives::Blob;

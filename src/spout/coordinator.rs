@@ -23,7 +23,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -616,7 +618,7 @@ impl Coordinator {
     /// token cancels the wait.
     fn wake_on(
         &self,
-        watcher: zookeeper_client::OneshotWatcher,
+        watcher: crate::coord::zkapi::OneshotWatch,
         shard: &Arc<str>,
         wake_tx: &mpsc::UnboundedSender<Wake>,
     ) -> CancellationToken {
@@ -1013,7 +1015,9 @@ mod assigned_share_tests {
 
 #[cfg(test)]
 mod blocked_tests {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
+
+    use tokio::time::Instant;
 
     use tokio_util::sync::CancellationToken;
 

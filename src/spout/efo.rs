@@ -127,7 +127,7 @@ pub(crate) struct EfoCtx {
 pub(crate) async fn register(source: &ShardSource, name: &str, settings: &EfoSettings) -> Result<EfoCtx, EfoError> {
     let (client, endpoint, stream) = match source {
         ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
-        ShardSource::Simulated(_) => {
+        ShardSource::Api { .. } => {
             return Err(EfoError::Register {
                 consumer: name.into(),
                 stream: "(simulated)".into(),
@@ -620,7 +620,7 @@ impl ReaderCtx {
         let mut first = true;
         let (endpoint, stream) = match &self.source {
             ShardSource::Kinesis { endpoint, stream, .. } => (endpoint.as_str(), stream.as_str()),
-            ShardSource::Simulated(_) => ("", ""),
+            ShardSource::Api { .. } => ("", ""),
         };
         let renew_at = efo.renew_after.map(|d| Instant::now() + d);
         loop {

@@ -44,7 +44,9 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use aws_sdk_kinesis::primitives::{DateTime, DateTimeFormat};
 use backon::BackoffBuilder;
@@ -372,7 +374,7 @@ impl ReaderCtx {
             if let Some(at) = pacer.wait_until(Instant::now()) {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep_until(at.into()) => {}
+                    _ = tokio::time::sleep_until(at) => {}
                 }
             }
             let it = match &iterator {

@@ -1,6 +1,7 @@
-//! Where shards and records come from: the Kinesis API (production), or an in-process simulated
-//! stream that follows Kinesis' shard model, used only by the coordination benchmark
-//! (`benches/coord.rs`) to drive a thousand shards without a Kinesis engine.
+//! Where shards and records come from: the Kinesis API (production), or a [`ShardApi`] reached
+//! by a `sim://` endpoint: the generated stream of the coordination benchmark (below), or a model
+//! of Kinesis registered by the simulator (`tests/sim/`, [`register_shard_api`]) as
+//! `sim://api/NAME`. The spout's readers and coordinator are the same code either way.
 //!
 //! The simulated stream (`--endpoint sim://shards=N,rate=R,bytes=B,epoch_ms=E`) is a
 //! COORDINATION-ONLY harness: N open shards, record `k` of each shard arrives at `E + k * 1000 / R`
@@ -8,8 +9,13 @@
 //! time, all a pure function of the parameters and the clock, so every worker process sees the same
 //! stream. It has no resharding, throttling or failures, and it never proves correctness.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::time::Instant;
 
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::primitives::DateTime;
@@ -23,7 +29,7 @@ use crate::kinesis::{self, KinesisError, ShardDescription};
 
 /// One GetRecords answer, as the reader needs it.
 #[derive(Debug)]
-pub(crate) struct Batch {
+pub struct Batch {
     pub records: Vec<Record>,
     /// `None` at the shard's end.
     pub next_iterator: Option<String>,
@@ -34,7 +40,7 @@ pub(crate) struct Batch {
 
 /// Where a shard iterator starts.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum StartAt<'a> {
+pub enum StartAt<'a> {
     /// A stored checkpoint. `AfterSequence { sequence, .. }` starts AT that sequence: the
     /// checkpoint may stop in the middle of a KPL aggregate, so its record is read again and the
     /// reader skips the user records at or below the checkpoint (as KCL does). For a plain record
@@ -45,20 +51,76 @@ pub(crate) enum StartAt<'a> {
     AfterFetched(&'a str),
 }
 
+/// The shard-level calls the spout makes (ListShards, DescribeStreamSummary's creation time,
+/// GetShardIterator, GetRecords), for a source not reached through the AWS SDK. Errors are the
+/// ones the SDK path maps its answers to ([`KinesisError`]), so the reader treats both alike.
+pub trait ShardApi: Send + Sync + fmt::Debug + 'static {
+    /// Every shard of `stream`, open and closed, sorted by id.
+    fn list_shards<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<Vec<ShardDescription>, KinesisError>>;
+    /// The stream's creation time.
+    fn created_ms<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<Option<i64>, KinesisError>>;
+    /// A shard iterator at `pos`.
+    fn shard_iterator<'a>(
+        &'a self,
+        stream: &'a str,
+        shard: &'a str,
+        pos: StartAt<'a>,
+    ) -> BoxFuture<'a, Result<String, KinesisError>>;
+    /// One GetRecords call of at most `limit` records.
+    fn get_records<'a>(
+        &'a self,
+        stream: &'a str,
+        shard: &'a Arc<str>,
+        iterator: &'a str,
+        limit: i32,
+    ) -> BoxFuture<'a, Result<Batch, KinesisError>>;
+}
+
+fn apis() -> &'static Mutex<BTreeMap<String, Arc<dyn ShardApi>>> {
+    static APIS: OnceLock<Mutex<BTreeMap<String, Arc<dyn ShardApi>>>> = OnceLock::new();
+    APIS.get_or_init(Default::default)
+}
+
+/// The prefix of endpoints that name a registered [`ShardApi`]: `sim://api/NAME`.
+pub const API_PREFIX: &str = "sim://api/";
+
+/// Makes the endpoint `sim://api/NAME` read through `api` (the simulator's model of Kinesis).
+pub fn register_shard_api(name: &str, api: Arc<dyn ShardApi>) {
+    apis().lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), api);
+}
+
+/// Forgets `sim://api/NAME`.
+pub fn unregister_shard_api(name: &str) {
+    apis().lock().unwrap_or_else(|p| p.into_inner()).remove(name);
+}
+
 /// The shard-level API the spout needs.
 #[derive(Clone, Debug)]
 pub(crate) enum ShardSource {
     /// The real API (AWS, LocalStack, kinesis-local).
     Kinesis { client: Client, endpoint: String, stream: String },
-    /// The simulated stream of the coordination benchmark.
-    Simulated(Arc<SimStream>),
+    /// A [`ShardApi`]: the coordination benchmark's generated stream or a registered model.
+    Api { api: Arc<dyn ShardApi>, stream: String },
 }
 
 impl ShardSource {
-    /// The source an endpoint names: `sim://...` or a Kinesis client.
+    /// The source an endpoint names: `sim://api/NAME` (registered), `sim://...` (generated), or a
+    /// Kinesis client.
     pub async fn for_endpoint(ep: &kinesis::KinesisEndpoint, stream: &str) -> Result<Self, KinesisError> {
+        if let Some(name) = ep.endpoint.strip_prefix(API_PREFIX) {
+            let api = apis().lock().unwrap_or_else(|p| p.into_inner()).get(name).cloned().ok_or_else(|| {
+                KinesisError::Config {
+                    field: "endpoint".into(),
+                    reason: format!(
+                        "{} names no registered Kinesis model (only the simulator registers them)",
+                        ep.endpoint
+                    ),
+                }
+            })?;
+            return Ok(ShardSource::Api { api, stream: stream.to_string() });
+        }
         if let Some(spec) = ep.endpoint.strip_prefix(SIM_SCHEME) {
-            return Ok(ShardSource::Simulated(Arc::new(SimStream::parse(spec)?)));
+            return Ok(ShardSource::Api { api: Arc::new(SimStream::parse(spec)?), stream: stream.to_string() });
         }
         Ok(ShardSource::Kinesis { client: ep.client().await?, endpoint: ep.label(), stream: stream.to_string() })
     }
@@ -67,7 +129,7 @@ impl ShardSource {
     pub async fn list_shards(&self) -> Result<Vec<ShardDescription>, KinesisError> {
         match self {
             ShardSource::Kinesis { client, endpoint, stream } => kinesis::list_shards(client, endpoint, stream).await,
-            ShardSource::Simulated(sim) => Ok(sim.shards()),
+            ShardSource::Api { api, stream } => api.list_shards(stream).await,
         }
     }
 
@@ -76,7 +138,7 @@ impl ShardSource {
     pub fn service_now_lower(&self) -> Option<i64> {
         match self {
             ShardSource::Kinesis { endpoint, .. } => kinesis::clock::service_now_lower(endpoint),
-            ShardSource::Simulated(_) => None,
+            ShardSource::Api { .. } => None,
         }
     }
 
@@ -112,7 +174,7 @@ impl ShardSource {
             ShardSource::Kinesis { client, endpoint, stream } => {
                 kinesis::stream_created_ms(client, endpoint, stream).await
             }
-            ShardSource::Simulated(sim) => Ok(Some(sim.epoch_ms)),
+            ShardSource::Api { api, stream } => api.created_ms(stream).await,
         }
     }
 
@@ -120,7 +182,7 @@ impl ShardSource {
     pub async fn shard_iterator(&self, shard: &str, pos: StartAt<'_>) -> Result<String, KinesisError> {
         let (client, endpoint, stream) = match self {
             ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
-            ShardSource::Simulated(sim) => return sim.iterator(shard, pos),
+            ShardSource::Api { api, stream } => return api.shard_iterator(stream, shard, pos).await,
         };
         let mut req = client.get_shard_iterator().stream_name(stream).shard_id(shard);
         req = match pos {
@@ -156,7 +218,7 @@ impl ShardSource {
     pub async fn get_records(&self, shard: &Arc<str>, iterator: &str, limit: i32) -> Result<Batch, KinesisError> {
         let (client, endpoint, stream) = match self {
             ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
-            ShardSource::Simulated(sim) => return sim.get_records(shard, iterator, limit),
+            ShardSource::Api { api, stream } => return api.get_records(stream, shard, iterator, limit).await,
         };
         let call = client.get_records().shard_iterator(iterator).limit(limit).send();
         let out = said_if_slow(call, "GetRecords", stream, shard, endpoint)
@@ -354,6 +416,32 @@ impl SimStream {
             millis_behind_latest: Some(behind),
             children: Vec::new(),
         })
+    }
+}
+
+impl ShardApi for SimStream {
+    fn list_shards<'a>(&'a self, _stream: &'a str) -> BoxFuture<'a, Result<Vec<ShardDescription>, KinesisError>> {
+        Box::pin(async move { Ok(self.shards()) })
+    }
+    fn created_ms<'a>(&'a self, _stream: &'a str) -> BoxFuture<'a, Result<Option<i64>, KinesisError>> {
+        Box::pin(async move { Ok(Some(self.epoch_ms)) })
+    }
+    fn shard_iterator<'a>(
+        &'a self,
+        _stream: &'a str,
+        shard: &'a str,
+        pos: StartAt<'a>,
+    ) -> BoxFuture<'a, Result<String, KinesisError>> {
+        Box::pin(async move { self.iterator(shard, pos) })
+    }
+    fn get_records<'a>(
+        &'a self,
+        _stream: &'a str,
+        shard: &'a Arc<str>,
+        iterator: &'a str,
+        limit: i32,
+    ) -> BoxFuture<'a, Result<Batch, KinesisError>> {
+        Box::pin(async move { SimStream::get_records(self, shard, iterator, limit) })
     }
 }
 

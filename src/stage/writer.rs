@@ -32,7 +32,9 @@
 //!   into one shard. Cost: at most one PutRecords round trip per watermark advance.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use squall_topology::{Bolt, BoltOutput, ComponentError, Inputs, TaskContext, Timer, Tuple, Value, Watermark};
 

@@ -37,14 +37,12 @@ impl EdgeRng {
         EdgeRng(seed ^ 0x9E37_79B9_7F4A_7C15)
     }
 
-    /// A generator seeded from the process's random hasher keys, the clock and `salt`.
+    /// A generator seeded from the process's random hasher keys (random per thread, and
+    /// different for every call) and `salt`. No clock: a process whose randomness is seeded (the
+    /// simulator) gets the same ids on every run.
     pub fn from_entropy(salt: u64) -> Self {
         use std::hash::BuildHasher;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        let seed = std::collections::hash_map::RandomState::new().hash_one((nanos, salt));
+        let seed = std::collections::hash_map::RandomState::new().hash_one(salt);
         EdgeRng::new(seed)
     }
 
