@@ -41,6 +41,7 @@ pub mod coord;
 pub mod kinesis;
 pub mod logging;
 pub mod metrics;
+pub mod random;
 pub mod sink;
 pub mod spout;
 pub mod stage;

@@ -526,7 +526,7 @@ impl Engines {
             prev.6 = Some(registrar);
             prev.3
                 .set_bolt(&boundary.writer_id(), boundary.writers, move |_| {
-                    let producer = rand::random::<u64>();
+                    let producer = crate::random::u64();
                     let encoder = StageEncoder::new(producer, dep.clone(), key.clone(), interval);
                     StageWriter::new(KinesisSink::new(sink_cfg.clone(), encoder), producer, reg.clone())
                 })
@@ -870,7 +870,7 @@ pub async fn ensure_deployment(store: &ZkStore) -> anyhow::Result<TopologyState>
         };
         let fresh = TopologyState {
             state: Lifecycle::Active,
-            deployment_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+            deployment_id: crate::random::hex_id(12),
             updated_at_ms: now_ms(),
             kill_wait_ms: None,
         };

@@ -159,7 +159,7 @@ pub(crate) fn short_backoff() -> ExponentialBuilder {
         .with_min_delay(Duration::from_millis(100))
         .with_max_delay(Duration::from_secs(2))
         .with_max_times(5)
-        .with_jitter()
+        .with_jitter_seed(crate::random::u64())
 }
 
 /// The connection timeout given to the ZooKeeper client for a session timeout.

@@ -310,11 +310,7 @@ pub async fn put_records(
             reason: format!("is {}; a Kinesis record holds at most 1 MB (--size BYTES)", opts.size),
         });
     }
-    let run = if opts.run.is_empty() {
-        uuid::Uuid::new_v4().simple().to_string()[..12].to_string()
-    } else {
-        opts.run.clone()
-    };
+    let run = if opts.run.is_empty() { crate::random::hex_id(12) } else { opts.run.clone() };
     if opts.aggregate > 1 {
         return put_aggregated(client, endpoint, stream, opts, run).await;
     }

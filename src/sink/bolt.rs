@@ -140,8 +140,11 @@ struct Backoff {
 
 impl Backoff {
     fn new(min: Duration, max: Duration) -> Self {
-        let builder =
-            ExponentialBuilder::new().with_min_delay(min).with_max_delay(max).with_jitter().without_max_times();
+        let builder = ExponentialBuilder::new()
+            .with_min_delay(min)
+            .with_max_delay(max)
+            .with_jitter_seed(crate::random::u64())
+            .without_max_times();
         Backoff { builder, seq: None, min, max, until: None, last: min }
     }
 

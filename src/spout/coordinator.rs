@@ -947,7 +947,7 @@ async fn guard_fetch(
 
 /// A fresh id for one registration attempt (`TaskInfo::registration`).
 pub(crate) fn registration_token() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
+    crate::random::hex_id(32)
 }
 
 /// The sequencer token of a lease: the sequential number ZooKeeper appended to its znode name

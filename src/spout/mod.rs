@@ -256,7 +256,7 @@ impl WorkerIdentity {
             .or_else(|| std::env::var("HOSTNAME").ok())
             .unwrap_or_else(|| "localhost".into());
         let pid = std::process::id();
-        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
+        let suffix = &crate::random::hex_id(6);
         Self { worker_id: format!("{host}-{pid}-{suffix}"), host, pid }
     }
 }
@@ -536,7 +536,7 @@ impl KinesisSpout {
         let max = self.cfg.retry.replay_max_backoff_ms.max(min);
         let base = min.saturating_mul(1u64 << failures.saturating_sub(1).min(20)).min(max);
         // Full jitter over the upper half keeps replays of a burst from arriving together.
-        let jitter = rand::random_range(0..=base / 2);
+        let jitter = crate::random::up_to(base / 2);
         Duration::from_millis(base / 2 + jitter)
     }
 }

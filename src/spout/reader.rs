@@ -263,7 +263,7 @@ impl ReaderCtx {
         backon::ExponentialBuilder::default()
             .with_min_delay(self.call_min_backoff)
             .with_max_delay(self.call_max_backoff)
-            .with_jitter()
+            .with_jitter_seed(crate::random::u64())
             .without_max_times()
             .build()
     }
@@ -585,7 +585,7 @@ impl ReaderCtx {
                 // Doubles per attempt up to the cap; jitter only below it, so the cap holds.
                 let step = b.fatal_next.min(self.fatal_max_backoff);
                 b.fatal_next = (step * 2).min(self.fatal_max_backoff);
-                let delay = step.mul_f64(0.8 + 0.2 * rand::random::<f64>());
+                let delay = step.mul_f64(0.8 + 0.2 * crate::random::unit_f64());
                 tracing::error!(stream = %self.stream, shard = %shard, kind = %kind, next_attempt_in = ?delay,
                     "{}", fatal_message(&self.stream, shard, e));
                 delay

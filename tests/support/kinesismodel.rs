@@ -156,6 +156,10 @@ impl KinesisModel {
         // 2^128 / n without overflowing: each shard's share of the hash key space (AWS: three
         // shards end at 113427455640312821154458202477256070484, 226854911280625642308916404954512140969
         // and 2^128 - 1)
+        if n == 1 {
+            // 2^128 itself does not fit: one shard holds the whole space.
+            return self.create_stream_with_ranges(name, &[(0, u128::MAX)]);
+        }
         let size = u128::MAX / n + (u128::MAX % n + 1) / n;
         let ranges: Vec<(u128, u128)> =
             (0..n).map(|i| (i * size, if i == n - 1 { u128::MAX } else { (i + 1) * size - 1 })).collect();

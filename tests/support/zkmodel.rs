@@ -455,6 +455,21 @@ impl ZkModel {
         Ok(results)
     }
 
+    /// A node's children, read by an observer outside any session (the simulator's checks).
+    pub fn list_children_any(&self, path: &str) -> Vec<String> {
+        self.nodes.get(path).map(|n| n.children.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// Whether a node exists (an observer's read).
+    pub fn exists_any(&self, path: &str) -> bool {
+        self.nodes.contains_key(path)
+    }
+
+    /// A node's data (an observer's read).
+    pub fn data_any(&self, path: &str) -> Option<Vec<u8>> {
+        self.nodes.get(path).map(|n| n.data.clone())
+    }
+
     /// Every path (for checks and traces).
     pub fn paths(&self) -> Vec<String> {
         self.nodes.keys().cloned().collect()

@@ -1,0 +1,472 @@
+//! One simulated run: a fleet of workers (each `squall::run`, the product's worker: lifecycle,
+//! shared ZooKeeper session, spout coordinator, readers, tracker and engine) over the models, with
+//! producers, faults and checks, all drawn from one seed and run on tokio's paused clock on one
+//! thread.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Parser;
+use squall::topology::{Bolt, BoltOutput, ComponentError, Tuple};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+
+use crate::kinesis::SimKinesis;
+use crate::world::{Cut, Faults, Net, Rng, Shared, World, lock};
+use crate::zk::{SimConnector, tick_sessions};
+
+/// The shape of a run, drawn from its seed.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Scenario {
+    pub workers: u32,
+    pub spout_tasks: usize,
+    pub shards: u32,
+    pub keys: u32,
+    /// Records put per second.
+    pub rate: u64,
+    pub faults: Faults,
+    pub partitions: bool,
+    pub freezes: bool,
+    pub crashes: bool,
+    pub reshards: bool,
+    pub joins: bool,
+    /// The workers' wall clock minus the services' (ms).
+    pub skew_ms: i64,
+}
+
+impl Scenario {
+    pub fn draw(rng: &mut Rng) -> Self {
+        let mut faults = Faults { on: true, ..Faults::default() };
+        if rng.chance(0.5) {
+            faults.zk_lost_before = 0.01;
+            faults.zk_lost_after = 0.01;
+        }
+        if rng.chance(0.4) {
+            faults.throttle = 0.05;
+        }
+        if rng.chance(0.3) {
+            faults.listing_omits = 0.2;
+        }
+        Scenario {
+            workers: rng.range(1, 3) as u32,
+            spout_tasks: rng.range(1, 2) as usize,
+            shards: rng.range(1, 4) as u32,
+            keys: rng.range(3, 20) as u32,
+            rate: rng.range(5, 40),
+            faults,
+            partitions: rng.chance(0.5),
+            freezes: rng.chance(0.4),
+            crashes: rng.chance(0.4),
+            reshards: rng.chance(0.5),
+            joins: rng.chance(0.4),
+            skew_ms: if rng.chance(0.3) { rng.range(0, 4000) as i64 - 2000 } else { 0 },
+        }
+    }
+}
+
+/// What a run found, printed by the child process for the parent (one JSON line).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Outcome {
+    pub seed: u64,
+    /// The hash of every event of the run, in order (hex).
+    pub trace_hash: String,
+    pub events: u64,
+    pub sim_ms: u64,
+    /// Simulated time summed over the workers alive.
+    pub worker_ms: u64,
+    pub records: u64,
+    pub deliveries: u64,
+    pub checkpoint_writes: u64,
+    pub fenced_writes: u64,
+    pub injected: BTreeMap<String, u64>,
+    pub scenario: String,
+    pub violations: Vec<String>,
+    /// The last events before the end (or the first violation's run end).
+    pub tail: Vec<String>,
+}
+
+/// Producers put records for this long.
+const PRODUCE_MS: u64 = 30_000;
+/// Faults come between these times.
+const FAULTS_FROM_MS: u64 = 2_000;
+const FAULTS_UNTIL_MS: u64 = 28_000;
+/// After the producers stop and the faults end, every record must be delivered within this
+/// much simulated time (liveness).
+const SETTLE_MS: u64 = 120_000;
+const SESSION_TIMEOUT_MS: u64 = 4_000;
+
+/// The sink of every worker: checks each delivery.
+struct Sink {
+    world: Shared,
+    worker: u32,
+}
+
+impl Bolt for Sink {
+    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let data = t.get_bytes("data")?;
+        let text = String::from_utf8_lossy(&data).to_string();
+        let (key, n) = text
+            .split_once(':')
+            .and_then(|(k, n)| Some((k.to_string(), n.parse::<u64>().ok()?)))
+            .ok_or_else(|| ComponentError::fatal(format!("not a simulator record: {text:?}")))?;
+        let (shard, sequence) = (t.get_str("shard_id")?.to_string(), t.get_str("sequence_number")?.to_string());
+        let crashed = {
+            let mut w = lock(&self.world);
+            let crashed = w.net(self.worker).0;
+            if !crashed {
+                w.deliver(self.worker, &key, n, &shard, &sequence);
+            }
+            crashed
+        };
+        if crashed {
+            // A crashed process does nothing more.
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    worker: squall::WorkerArgs,
+}
+
+struct Fleet {
+    world: Shared,
+    name: String,
+    scenario: Scenario,
+    handles: BTreeMap<u32, JoinHandle<()>>,
+    started: BTreeMap<u32, Instant>,
+    next_id: u32,
+    /// Simulated ms of workers that ended.
+    worker_ms: u64,
+}
+
+impl Fleet {
+    fn start_worker(&mut self) -> u32 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let endpoint = format!("{}-w{id}", self.name);
+        squall::coord::zkapi::register_connector(
+            &endpoint,
+            Arc::new(SimConnector { world: self.world.clone(), worker: id }),
+        );
+        squall::spout::register_shard_api(&endpoint, Arc::new(SimKinesis { world: self.world.clone(), worker: id }));
+        lock(&self.world).net.insert(id, Net::default());
+        let args = Cli::parse_from([
+            "sim".to_string(),
+            "--topology=sim".into(),
+            "--stream=s".into(),
+            format!("--zk=sim://{endpoint}"),
+            "--zk-root=/squall".into(),
+            format!("--zk-session-timeout-ms={SESSION_TIMEOUT_MS}"),
+            "--zk-give-up-after-ms=600000".into(),
+            format!("--endpoint=sim://api/{endpoint}"),
+            format!("--spout-tasks={}", self.scenario.spout_tasks),
+            "--message-timeout-ms=10000".into(),
+            "--initial-position=trim-horizon".into(),
+        ])
+        .worker;
+        let world = self.world.clone();
+        let sink_world = self.world.clone();
+        lock(&world).event(format!("w{id} starts"));
+        let handle = tokio::task::spawn_local(async move {
+            let r = squall::run(args, move |b, spout| {
+                b.set_bolt("sink", 2, move |_| Sink { world: sink_world.clone(), worker: id })
+                    .fields_grouping(spout, &["partition_key"]);
+            })
+            .await;
+            let mut w = lock(&world);
+            let crashed = w.net(id).0;
+            if !crashed {
+                w.event(format!("w{id} exited: {}", r.map(|()| "ok".to_string()).unwrap_or_else(|e| format!("{e:#}"))));
+            }
+        });
+        self.handles.insert(id, handle);
+        self.started.insert(id, Instant::now());
+        id
+    }
+
+    fn live(&self) -> Vec<u32> {
+        let w = lock(&self.world);
+        self.handles.keys().copied().filter(|id| !w.net(*id).0).collect()
+    }
+
+    fn crash(&mut self, id: u32) {
+        {
+            let mut w = lock(&self.world);
+            let now = w.now_ms();
+            let net = w.net.entry(id).or_default();
+            net.crashed = true;
+            net.cut = Some((Cut::Hang, now, i64::MAX));
+            w.injected("crash");
+            w.event(format!("FAULT w{id} crashes"));
+        }
+        if let Some(h) = self.handles.get(&id) {
+            h.abort();
+        }
+        if let Some(t) = self.started.remove(&id) {
+            self.worker_ms += t.elapsed().as_millis() as u64;
+        }
+    }
+}
+
+/// Runs one seed to its end on this thread (a fresh current-thread runtime on a paused clock).
+pub fn run_seed(seed: u64) -> Outcome {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    // The workers' futures are not Send (a topology's build closure): they run on a LocalSet.
+    let out = rt.block_on(tokio::task::LocalSet::new().run_until(run(seed)));
+    drop(rt);
+    out
+}
+
+async fn run(seed: u64) -> Outcome {
+    let mut rng = Rng::new(seed);
+    let scenario = Scenario::draw(&mut rng);
+    let name = format!("sim{seed}");
+    let epoch_ms = 1_790_000_000_000;
+    let world: Shared =
+        Arc::new(Mutex::new(World::new(seed, epoch_ms, "/squall/topologies/sim/streams/s".into(), "s".into())));
+    let start = lock(&world).start;
+    let skew = scenario.skew_ms;
+    squall::coord::set_thread_clock(Some(Arc::new(move || epoch_ms + skew + start.elapsed().as_millis() as i64)));
+    {
+        let mut w = lock(&world);
+        w.faults = scenario.faults.clone();
+        w.kinesis.set_now(epoch_ms);
+        w.kinesis.create_stream("s", scenario.shards).expect("stream");
+        w.zk.set_now(epoch_ms);
+        w.event(format!("seed {seed}: {scenario:?}"));
+    }
+    let mut fleet = Fleet {
+        world: world.clone(),
+        name,
+        scenario: scenario.clone(),
+        handles: BTreeMap::new(),
+        started: BTreeMap::new(),
+        next_id: 1,
+        worker_ms: 0,
+    };
+
+    // The server's session clock.
+    let ticker = {
+        let world = world.clone();
+        tokio::spawn(async move {
+            loop {
+                sleep(Duration::from_millis(50)).await;
+                tick_sessions(&mut lock(&world));
+            }
+        })
+    };
+    // The producers.
+    let producer = {
+        let world = world.clone();
+        let (keys, rate) = (scenario.keys, scenario.rate);
+        tokio::spawn(async move {
+            let mut carry = 0u64;
+            while start.elapsed() < Duration::from_millis(PRODUCE_MS) {
+                sleep(Duration::from_millis(100)).await;
+                let mut w = lock(&world);
+                carry += rate;
+                let n = carry / 10;
+                carry %= 10;
+                let now = w.now_ms();
+                w.kinesis.set_now(now);
+                for _ in 0..n {
+                    let key = format!("k{}", w.rng.below(u64::from(keys)));
+                    let count = w.checks.put.entry(key.clone()).or_default();
+                    let i = *count;
+                    *count += 1;
+                    let put = w.kinesis.put_record("s", &key, format!("{key}:{i}").as_bytes(), None);
+                    match put {
+                        Ok((shard, seq)) => w.event(format!("put {key}:{i} -> {shard} {seq}")),
+                        Err(e) => w.violation(format!("the model refused a put: {e:?}")),
+                    }
+                }
+            }
+        })
+    };
+
+    for _ in 0..scenario.workers {
+        fleet.start_worker();
+        let d = lock(&world).rng.range(0, 500);
+        sleep(Duration::from_millis(d)).await;
+    }
+
+    // Faults.
+    sleep(Duration::from_millis(FAULTS_FROM_MS).saturating_sub(start.elapsed())).await;
+    while start.elapsed() < Duration::from_millis(FAULTS_UNTIL_MS) {
+        let d = lock(&world).rng.range(500, 4000);
+        sleep(Duration::from_millis(d)).await;
+        inject(&mut fleet);
+    }
+    {
+        let mut w = lock(&world);
+        w.faults.on = false;
+        let now = w.now_ms();
+        for net in w.net.values_mut() {
+            if !net.crashed {
+                net.cut = None;
+            }
+        }
+        w.event(format!("faults end at {}", now - epoch_ms));
+    }
+    // At least as many workers as at the start.
+    while fleet.live().len() < scenario.workers as usize {
+        fleet.start_worker();
+    }
+
+    // Liveness: every record delivered within SETTLE_MS after the producers stopped.
+    let _ = producer.await;
+    let deadline = Duration::from_millis(PRODUCE_MS.max(FAULTS_UNTIL_MS) + SETTLE_MS);
+    loop {
+        let done = {
+            let w = lock(&world);
+            w.checks.put.iter().all(|(k, count)| w.checks.delivered.get(k).is_some_and(|d| d.len() as u64 >= *count))
+        };
+        if done || start.elapsed() >= deadline {
+            break;
+        }
+        sleep(Duration::from_millis(500)).await;
+    }
+    let sim_ms = start.elapsed().as_millis() as u64;
+    for (_, t) in std::mem::take(&mut fleet.started) {
+        fleet.worker_ms += t.elapsed().as_millis() as u64;
+    }
+    let mut w = lock(&world);
+    let mut lost = Vec::new();
+    let mut records = 0;
+    for (k, count) in &w.checks.put {
+        records += count;
+        for n in 0..*count {
+            if !w.checks.delivered.get(k).is_some_and(|d| d.contains(&n)) {
+                lost.push(format!("{k}:{n}"));
+            }
+        }
+    }
+    if !lost.is_empty() {
+        let what = format!(
+            "liveness: {} of {records} records not delivered {} s after the producers stopped and the faults ended (first: {})",
+            lost.len(),
+            SETTLE_MS / 1000,
+            lost.iter().take(8).cloned().collect::<Vec<_>>().join(", ")
+        );
+        w.violation(what);
+    }
+    let deliveries = w.checks.deliveries;
+    w.event(format!("end: {records} records, {deliveries} deliveries"));
+    ticker.abort();
+    for h in fleet.handles.values() {
+        h.abort();
+    }
+    let out = Outcome {
+        seed,
+        trace_hash: format!("{:016x}", w.trace.hash()),
+        events: w.trace.events,
+        sim_ms,
+        worker_ms: fleet.worker_ms,
+        records,
+        deliveries: w.checks.deliveries,
+        checkpoint_writes: w.checks.checkpoint_writes,
+        fenced_writes: w.checks.fenced_writes,
+        injected: w.injected.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        scenario: format!("{scenario:?}"),
+        violations: w.checks.violations.clone(),
+        tail: w.trace.tail(),
+    };
+    drop(w);
+    squall::coord::set_thread_clock(None);
+    out
+}
+
+/// One fault, chosen among the scenario's kinds.
+fn inject(fleet: &mut Fleet) {
+    let s = fleet.scenario.clone();
+    let mut kinds: Vec<&str> = Vec::new();
+    if s.partitions {
+        kinds.push("partition");
+    }
+    if s.freezes {
+        kinds.push("freeze");
+    }
+    if s.crashes {
+        kinds.push("crash");
+    }
+    if s.reshards {
+        kinds.push("reshard");
+    }
+    if s.joins {
+        kinds.push("join");
+    }
+    if kinds.is_empty() {
+        return;
+    }
+    let live = fleet.live();
+    let world = fleet.world.clone();
+    let mut w = lock(&world);
+    let kind = kinds[w.rng.below(kinds.len() as u64) as usize];
+    let pick = |w: &mut World| live.get(w.rng.below(live.len() as u64) as usize).copied();
+    match kind {
+        "partition" | "freeze" => {
+            let Some(id) = pick(&mut w) else { return };
+            let ms = w.rng.range(500, 9000) as i64;
+            let now = w.now_ms();
+            let cut = if kind == "partition" { Cut::ZkFails } else { Cut::Hang };
+            if let Some(net) = w.net.get_mut(&id)
+                && net.cut.is_none_or(|(_, _, until)| until <= now)
+            {
+                net.cut = Some((cut, now, now + ms));
+                w.injected(if kind == "partition" { "partition from zk" } else { "freeze" });
+                w.event(format!("FAULT w{id} {kind} for {ms} ms"));
+            }
+        }
+        "crash" => {
+            if live.len() < 2 && fleet.handles.len() > 6 {
+                return;
+            }
+            let Some(id) = pick(&mut w) else { return };
+            drop(w);
+            fleet.crash(id);
+            // Its replacement (a new process, a new worker id).
+            fleet.start_worker();
+        }
+        "join" => {
+            if live.len() >= 4 {
+                return;
+            }
+            w.injected("join");
+            w.event("FAULT a worker joins");
+            drop(w);
+            fleet.start_worker();
+        }
+        "reshard" => {
+            let now = w.now_ms();
+            w.kinesis.set_now(now);
+            let open: Vec<_> =
+                w.kinesis.list_shards("s").unwrap_or_default().into_iter().filter(|s| s.end_seq.is_none()).collect();
+            if open.len() >= 2 && w.rng.chance(0.4) {
+                // Merge two adjacent open shards.
+                let mut sorted = open.clone();
+                sorted.sort_by_key(|s| s.start_hash);
+                let i = w.rng.below(sorted.len() as u64 - 1) as usize;
+                let (a, b) = (sorted[i].shard_id.clone(), sorted[i + 1].shard_id.clone());
+                let r = w.kinesis.merge_shards("s", &a, &b);
+                w.injected("merge");
+                w.event(format!("FAULT merge {a} + {b}: {r:?}"));
+            } else if open.len() < 8 {
+                let sh = open[w.rng.below(open.len() as u64) as usize].clone();
+                let mid = sh.start_hash / 2 + sh.end_hash / 2;
+                let r = w.kinesis.split_shard("s", &sh.shard_id, mid);
+                w.injected("split");
+                w.event(format!("FAULT split {} at {mid}: {r:?}", sh.shard_id));
+            }
+        }
+        _ => {}
+    }
+}

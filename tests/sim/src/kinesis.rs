@@ -1,0 +1,222 @@
+//! Kinesis for the simulated workers: the product's [`ShardApi`] over the shared model
+//! ([`squall_test_support::kinesismodel`]), with latency, throttling, a listing that leaves out a
+//! shard, freezes (answers in flight arrive late) and crashes; and the check that a child shard is
+//! read only after its parents finished.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use squall::coord::CheckpointPosition;
+use squall::kinesis::{KinesisError, ShardDescription};
+use squall::spout::{Batch, Record, ShardApi, StartAt};
+use squall_test_support::kinesismodel::{IteratorType, KError};
+
+use crate::world::{Cut, Shared, lock};
+
+/// One worker's Kinesis.
+#[derive(Debug)]
+pub struct SimKinesis {
+    pub world: Shared,
+    pub worker: u32,
+}
+
+impl std::fmt::Debug for crate::world::World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("World")
+    }
+}
+
+fn error(op: &'static str, stream: &str, shard: &str, e: KError, now: i64, at_ms: Option<i64>) -> KinesisError {
+    match e {
+        KError::ResourceNotFound(_) => KinesisError::ShardNotFound { stream: stream.into(), shard: shard.into() },
+        KError::ExpiredIterator => {
+            KinesisError::IteratorExpired { stream: stream.into(), message: "Iterator expired".into() }
+        }
+        KError::InvalidArgument(message) if at_ms.is_some() && message.contains("timestamp") => {
+            KinesisError::TimestampAhead {
+                op,
+                stream: stream.into(),
+                timestamp_ms: at_ms,
+                service_ms: Some(now),
+                message,
+            }
+        }
+        KError::InvalidArgument(message) | KError::ResourceInUse(message) => {
+            KinesisError::Refused { op, stream: stream.into(), message }
+        }
+    }
+}
+
+impl SimKinesis {
+    /// Waits the way there (latency, a freeze; never returns for a crashed worker), then whether
+    /// the call is throttled.
+    async fn there(&self, op: &'static str, stream: &str) -> Result<(), KinesisError> {
+        let d = lock(&self.world).latency();
+        tokio::time::sleep(d).await;
+        self.wait_network().await;
+        let mut w = lock(&self.world);
+        let p = w.faults.throttle;
+        if w.faults.on && w.rng.chance(p) {
+            w.injected("kinesis throttled");
+            w.event(format!("w{} kinesis {op}: throttled", self.worker));
+            return Err(KinesisError::Throttled {
+                op,
+                stream: stream.into(),
+                message: "Rate exceeded for shard (simulated)".into(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn back(&self) {
+        let d = lock(&self.world).latency();
+        tokio::time::sleep(d).await;
+        self.wait_network().await;
+    }
+
+    async fn wait_network(&self) {
+        loop {
+            let (crashed, cut) = lock(&self.world).net(self.worker);
+            if crashed {
+                return std::future::pending().await;
+            }
+            if cut != Some(Cut::Hang) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl ShardApi for SimKinesis {
+    fn list_shards<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<Vec<ShardDescription>, KinesisError>> {
+        Box::pin(async move {
+            self.there("ListShards", stream).await?;
+            let out = {
+                let mut w = lock(&self.world);
+                let now = w.now_ms();
+                w.kinesis.set_now(now);
+                let mut shards =
+                    w.kinesis.list_shards(stream).map_err(|e| error("ListShards", stream, "", e, now, None))?;
+                let p = w.faults.listing_omits;
+                if w.faults.on && shards.len() > 1 && w.rng.chance(p) {
+                    let i = w.rng.below(shards.len() as u64) as usize;
+                    let gone = shards.remove(i);
+                    w.injected("listing omits a shard");
+                    w.event(format!("w{} kinesis ListShards leaves out {}", self.worker, gone.shard_id));
+                }
+                w.event(format!("w{} kinesis ListShards: {} shards", self.worker, shards.len()));
+                shards
+                    .into_iter()
+                    .map(|s| ShardDescription {
+                        shard_id: s.shard_id,
+                        parent_shard_id: s.parent,
+                        adjacent_parent_shard_id: s.adjacent_parent,
+                        starting_hash_key: s.start_hash.to_string(),
+                        ending_hash_key: s.end_hash.to_string(),
+                        starting_sequence_number: s.start_seq,
+                        closed: s.end_seq.is_some(),
+                    })
+                    .collect()
+            };
+            self.back().await;
+            Ok(out)
+        })
+    }
+
+    fn created_ms<'a>(&'a self, _stream: &'a str) -> BoxFuture<'a, Result<Option<i64>, KinesisError>> {
+        Box::pin(async move { Ok(Some(lock(&self.world).epoch_ms - 3_600_000)) })
+    }
+
+    fn shard_iterator<'a>(
+        &'a self,
+        stream: &'a str,
+        shard: &'a str,
+        pos: StartAt<'a>,
+    ) -> BoxFuture<'a, Result<String, KinesisError>> {
+        Box::pin(async move {
+            self.there("GetShardIterator", stream).await?;
+            let (kind, at_ms) = match pos {
+                StartAt::Checkpoint(CheckpointPosition::TrimHorizon) => (IteratorType::TrimHorizon, None),
+                StartAt::Checkpoint(CheckpointPosition::AtTimestamp { millis }) => {
+                    (IteratorType::AtTimestamp(*millis), Some(*millis))
+                }
+                StartAt::Checkpoint(CheckpointPosition::AfterSequence { sequence, .. }) => {
+                    (IteratorType::AtSequence(sequence.clone()), None)
+                }
+                StartAt::AfterFetched(sequence) => (IteratorType::AfterSequence(sequence.to_string()), None),
+            };
+            let r = {
+                let mut w = lock(&self.world);
+                let now = w.now_ms();
+                w.kinesis.set_now(now);
+                let parents: Vec<String> = w
+                    .kinesis
+                    .list_shards(stream)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|s| s.shard_id == shard)
+                    .map(|s| s.parent.into_iter().chain(s.adjacent_parent).collect())
+                    .unwrap_or_default();
+                w.iterator_asked(self.worker, shard, &parents);
+                let r = w.kinesis.get_shard_iterator(stream, shard, kind.clone());
+                w.event(format!(
+                    "w{} kinesis GetShardIterator {shard} {kind:?}: {}",
+                    self.worker,
+                    if r.is_ok() { "ok" } else { "error" }
+                ));
+                r.map_err(|e| error("GetShardIterator", stream, shard, e, now, at_ms))
+            };
+            self.back().await;
+            r
+        })
+    }
+
+    fn get_records<'a>(
+        &'a self,
+        stream: &'a str,
+        shard: &'a Arc<str>,
+        iterator: &'a str,
+        limit: i32,
+    ) -> BoxFuture<'a, Result<Batch, KinesisError>> {
+        Box::pin(async move {
+            self.there("GetRecords", stream).await?;
+            let r = {
+                let mut w = lock(&self.world);
+                let now = w.now_ms();
+                w.kinesis.set_now(now);
+                let r = w.kinesis.get_records(iterator, limit.max(1) as usize);
+                match &r {
+                    Ok(out) if !out.records.is_empty() || out.next_iterator.is_none() => w.event(format!(
+                        "w{} kinesis GetRecords {shard}: {} records{}",
+                        self.worker,
+                        out.records.len(),
+                        if out.next_iterator.is_none() { ", shard end" } else { "" }
+                    )),
+                    Ok(_) => {}
+                    Err(e) => w.event(format!("w{} kinesis GetRecords {shard}: {e:?}", self.worker)),
+                }
+                r.map_err(|e| error("GetRecords", stream, shard, e, now, None)).map(|out| Batch {
+                    records: out
+                        .records
+                        .into_iter()
+                        .map(|r| Record {
+                            shard_id: shard.clone(),
+                            sequence: r.sequence.into(),
+                            sub_sequence: 0,
+                            partition_key: r.partition_key.into(),
+                            arrival_ms: r.arrival_ms,
+                            data: Bytes::from(r.data),
+                        })
+                        .collect(),
+                    next_iterator: out.next_iterator,
+                    millis_behind_latest: Some(out.millis_behind_latest),
+                    children: out.child_shards,
+                })
+            };
+            self.back().await;
+            r
+        })
+    }
+}

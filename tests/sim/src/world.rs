@@ -1,0 +1,325 @@
+//! The simulated world every worker of a run shares: the models of ZooKeeper and Kinesis, the
+//! network between each worker and them, the seed's random stream, the trace, and the checks of
+//! the invariants made as the run goes.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use squall::coord::{Checkpoint, CheckpointPosition, sequence_cmp};
+use squall_test_support::kinesismodel::KinesisModel;
+use squall_test_support::zkmodel::ZkModel;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+/// SplitMix64: the run's one random stream (every choice the simulator makes).
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next_u64() % n }
+    }
+    /// `lo..=hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo + 1)
+    }
+    pub fn chance(&mut self, p: f64) -> bool {
+        ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
+/// The events of a run: hashed as they come (the run's fingerprint), the last ones kept to be
+/// printed when a check fails.
+pub struct Trace {
+    hasher: DefaultHasher,
+    tail: VecDeque<String>,
+    pub events: u64,
+    /// Print every event as it comes (`SQUALL_SIM_TRACE=1`).
+    pub echo: bool,
+}
+
+/// How many of the last events a failing run prints.
+pub const TRACE_TAIL: usize = 300;
+
+impl Trace {
+    fn new() -> Self {
+        // DefaultHasher::new() has fixed keys: the same events give the same hash in every process.
+        let echo = std::env::var("SQUALL_SIM_TRACE").is_ok_and(|v| v == "1");
+        Trace { hasher: DefaultHasher::new(), tail: VecDeque::new(), events: 0, echo }
+    }
+    pub fn hash(&self) -> u64 {
+        self.hasher.finish()
+    }
+    pub fn tail(&self) -> Vec<String> {
+        self.tail.iter().cloned().collect()
+    }
+}
+
+/// How a cut worker's calls end while the cut lasts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// Cut from ZooKeeper only: its calls fail with ConnectionLoss; Kinesis answers.
+    ZkFails,
+    /// Frozen off both: every call (and watch) waits for the end of the cut, then goes on;
+    /// answers in flight arrive late.
+    Hang,
+}
+
+/// One worker's place in the network.
+#[derive(Debug, Default)]
+pub struct Net {
+    pub crashed: bool,
+    /// (kind, since ms, until ms).
+    pub cut: Option<(Cut, i64, i64)>,
+}
+
+/// The server's and client's view of one session.
+pub struct SimSession {
+    pub worker: u32,
+    pub timeout_ms: i64,
+    pub state: watch::Sender<zk::SessionState>,
+    /// Closed by its client (dropped): gone, no expiry due.
+    pub closed: bool,
+}
+
+/// The faults a run injects, drawn from its seed.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Faults {
+    /// A ZooKeeper request fails without reaching the server.
+    pub zk_lost_before: f64,
+    /// A ZooKeeper request is applied, and its answer lost.
+    pub zk_lost_after: f64,
+    /// A Kinesis call is throttled.
+    pub throttle: f64,
+    /// A ListShards answer leaves out one shard.
+    pub listing_omits: f64,
+    /// Whether faults are on (off once the fault phase is over).
+    pub on: bool,
+}
+
+/// A record the producers put: key `k`, its `n`th record.
+pub type RecordId = (String, u64);
+
+/// What the checks keep.
+#[derive(Default)]
+pub struct Checks {
+    pub violations: Vec<String>,
+    /// Records put, per key: how many (their `n` are `0..count`).
+    pub put: BTreeMap<String, u64>,
+    /// Per key: every `n` delivered at least once.
+    pub delivered: BTreeMap<String, BTreeSet<u64>>,
+    pub deliveries: u64,
+    /// The last accepted checkpoint per checkpoint path.
+    pub checkpoints: BTreeMap<String, Checkpoint>,
+    pub checkpoint_writes: u64,
+    pub fenced_writes: u64,
+}
+
+pub struct World {
+    pub rng: Rng,
+    pub zk: ZkModel,
+    pub kinesis: KinesisModel,
+    pub trace: Trace,
+    pub faults: Faults,
+    pub net: BTreeMap<u32, Net>,
+    pub sessions: BTreeMap<i64, SimSession>,
+    pub checks: Checks,
+    /// The simulated wall clock at the start (ms since the epoch) and tokio's (paused) instant then.
+    pub epoch_ms: i64,
+    pub start: Instant,
+    /// The ZooKeeper root and the stream's paths (for the checks).
+    pub stream_path: String,
+    pub stream: String,
+    /// Counters of injected faults, by kind (the report's scenario mix).
+    pub injected: BTreeMap<&'static str, u64>,
+    pid_tag: String,
+}
+
+pub type Shared = Arc<Mutex<World>>;
+
+impl World {
+    pub fn new(seed: u64, epoch_ms: i64, stream_path: String, stream: String) -> Self {
+        World {
+            rng: Rng::new(seed),
+            zk: ZkModel::new(),
+            kinesis: KinesisModel::new(),
+            trace: Trace::new(),
+            faults: Faults::default(),
+            net: BTreeMap::new(),
+            sessions: BTreeMap::new(),
+            checks: Checks::default(),
+            epoch_ms,
+            start: Instant::now(),
+            stream_path,
+            stream,
+            injected: BTreeMap::new(),
+            pid_tag: format!("-{}-", std::process::id()),
+        }
+    }
+
+    /// Simulated milliseconds since the epoch (the services' clock).
+    pub fn now_ms(&self) -> i64 {
+        self.epoch_ms + self.start.elapsed().as_millis() as i64
+    }
+
+    /// Records an event in the trace.
+    pub fn event(&mut self, what: impl Into<String>) {
+        // Worker ids name the process (host-pid-suffix): the same in every run of a seed but
+        // for the pid, which the trace leaves out.
+        let what = what.into().replace(&self.pid_tag, "-PID-");
+        let line = format!("{:>9} {what}", self.start.elapsed().as_millis());
+        line.hash(&mut self.trace.hasher);
+        self.trace.events += 1;
+        if self.trace.echo {
+            println!("{line}");
+        }
+        self.trace.tail.push_back(line);
+        if self.trace.tail.len() > TRACE_TAIL {
+            self.trace.tail.pop_front();
+        }
+    }
+
+    /// Records a broken invariant (and the event).
+    pub fn violation(&mut self, what: String) {
+        self.event(format!("VIOLATION {what}"));
+        if self.checks.violations.len() < 50 {
+            self.checks.violations.push(what);
+        }
+    }
+
+    pub fn injected(&mut self, kind: &'static str) {
+        *self.injected.entry(kind).or_default() += 1;
+    }
+
+    /// A latency of one leg of a call, 1-20 ms (long tail to 200 ms).
+    pub fn latency(&mut self) -> Duration {
+        let ms = if self.rng.chance(0.02) { self.rng.range(20, 200) } else { self.rng.range(1, 20) };
+        Duration::from_millis(ms)
+    }
+
+    pub fn net(&self, worker: u32) -> (bool, Option<Cut>) {
+        let n = self.net.get(&worker);
+        let now = self.now_ms();
+        let cut = n.and_then(|n| n.cut).filter(|(_, _, until)| now < *until).map(|(c, _, _)| c);
+        (n.is_some_and(|n| n.crashed), cut)
+    }
+
+    // ----- checks made as the run goes -----
+
+    /// A delivery to a sink bolt of `worker`: per key, no record before an earlier one of its key.
+    pub fn deliver(&mut self, worker: u32, key: &str, n: u64, shard: &str, sequence: &str) {
+        self.checks.deliveries += 1;
+        let seen = self.checks.delivered.entry(key.to_string()).or_default();
+        let first = seen.insert(n);
+        // Per-key order within a shard's lineage: the first delivery of n comes after a delivery
+        // of every earlier record of its key.
+        let missing = (n > 0 && first).then(|| (0..n).rev().find(|m| !seen.contains(m))).flatten();
+        self.event(format!("w{worker} deliver {key}:{n} {shard} {sequence}{}", if first { "" } else { " again" }));
+        if let Some(m) = missing {
+            self.violation(format!(
+                "per-key order: w{worker} delivered {key}:{n} (shard {shard}, sequence {sequence}) before {key}:{m}"
+            ));
+        }
+    }
+
+    fn is_checkpoint(&self, path: &str) -> Option<String> {
+        path.strip_prefix(&self.stream_path)?.strip_prefix("/checkpoints/").map(str::to_string)
+    }
+
+    /// A write the server accepted on `path` (set, create, or part of a multi whose lease check was
+    /// `lease`): checkpoints never move back, and are written only under the shard's lowest lease.
+    pub fn accepted_write(&mut self, worker: u32, path: &str, data: &[u8], lease: Option<&str>) {
+        let Some(shard) = self.is_checkpoint(path) else { return };
+        let Ok(cp) = serde_json::from_slice::<Checkpoint>(data) else {
+            self.violation(format!("w{worker} wrote an unreadable checkpoint at {path}"));
+            return;
+        };
+        self.checks.checkpoint_writes += 1;
+        self.event(format!("w{worker} checkpoint {shard} {} finished={}", position(&cp.position), cp.finished));
+        if let Some(prev) = self.checks.checkpoints.get(path)
+            && moved_back(&prev.position, &cp.position, prev.finished, cp.finished)
+        {
+            let what = format!(
+                "checkpoint of {shard} moved back: {} (finished {}) -> {} (finished {}), by w{worker}",
+                position(&prev.position),
+                prev.finished,
+                position(&cp.position),
+                cp.finished
+            );
+            self.violation(what);
+        }
+        if let Some(lease) = lease {
+            let dir = format!("{}/owners/{shard}", self.stream_path);
+            let holder = self
+                .zk
+                .list_children_any(&dir)
+                .into_iter()
+                .min_by_key(|n| n.rsplit('-').next().and_then(|s| s.parse::<u64>().ok()).unwrap_or(u64::MAX));
+            let mine = lease.rsplit('/').next().unwrap_or(lease);
+            if holder.as_deref() != Some(mine) {
+                self.violation(format!(
+                    "w{worker} wrote the checkpoint of {shard} under lease {mine}, which does not hold it (holder: {holder:?})"
+                ));
+            }
+        }
+        self.checks.checkpoints.insert(path.to_string(), cp);
+    }
+
+    /// A shard iterator asked for `shard`: every parent must have finished first.
+    pub fn iterator_asked(&mut self, worker: u32, shard: &str, parents: &[String]) {
+        for p in parents {
+            let cp_path = format!("{}/checkpoints/{p}", self.stream_path);
+            let marker = format!("{}/finished/{p}", self.stream_path);
+            let finished = self.zk.exists_any(&marker)
+                || self
+                    .zk
+                    .data_any(&cp_path)
+                    .and_then(|d| serde_json::from_slice::<Checkpoint>(&d).ok())
+                    .is_some_and(|c| c.finished);
+            if !finished {
+                self.violation(format!("w{worker} read child {shard} before its parent {p} finished"));
+            }
+        }
+    }
+}
+
+fn position(p: &CheckpointPosition) -> String {
+    match p {
+        CheckpointPosition::AfterSequence { sequence, sub_sequence } => format!("after {sequence}/{sub_sequence}"),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Whether a checkpoint going from `a` to `b` moved back.
+fn moved_back(a: &CheckpointPosition, b: &CheckpointPosition, a_fin: bool, b_fin: bool) -> bool {
+    if a_fin && !b_fin {
+        return true;
+    }
+    match (a, b) {
+        (
+            CheckpointPosition::AfterSequence { sequence: sa, sub_sequence: ua },
+            CheckpointPosition::AfterSequence { sequence: sb, sub_sequence: ub },
+        ) => sequence_cmp(sa, sb).then(ua.cmp(ub)).is_gt(),
+        (CheckpointPosition::AfterSequence { .. }, _) => true,
+        _ => false,
+    }
+}
+
+/// Locks the world (a poisoned lock is a failed check elsewhere: go on with it).
+pub fn lock(w: &Shared) -> MutexGuard<'_, World> {
+    w.lock().unwrap_or_else(|p| p.into_inner())
+}
