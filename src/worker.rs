@@ -288,7 +288,7 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
-    let mut events = Some(store.watch(&[WatchOn::State, WatchOn::Drain]).await.map_err(|e| anyhow::anyhow!("{e}"))?);
+    let mut events = Some(watch_lifecycle(&store).await.map_err(|e| anyhow::anyhow!("{e}"))?);
     let mut sessions = session.subscribe();
     let mut generation = session.current().generation;
     let mut publish = tokio::time::interval(Duration::from_secs(2));
@@ -710,6 +710,16 @@ async fn open_store(session: &SharedSession, args: &WorkerArgs) -> anyhow::Resul
         .map_err(|e| anyhow::anyhow!("worker of topology {}: {e}", args.topology))
 }
 
+/// Watches the lifecycle state and the drain node; a lost answer is retried (5 tries, 100 ms to
+/// 2 s apart), so one lost request does not stop a worker's start.
+async fn watch_lifecycle(store: &ZkStore) -> Result<tokio::sync::mpsc::Receiver<ChangeEvent>, CoordError> {
+    use backon::Retryable as _;
+    (|| store.watch(&[WatchOn::State, WatchOn::Drain]))
+        .retry(crate::coord::session::short_backoff())
+        .when(CoordError::is_transient)
+        .await
+}
+
 async fn reopen(
     session: std::sync::Arc<crate::coord::ZkSession>,
     args: &WorkerArgs,
@@ -861,8 +871,18 @@ async fn finish_drain(store: &ZkStore, worker_id: &str, deployment: &str) {
 /// Reads the lifecycle state, starting a new deployment (ACTIVE, fresh id) when there is none or
 /// the last one was killed or drained.
 pub async fn ensure_deployment(store: &ZkStore) -> anyhow::Result<TopologyState> {
-    for _ in 0..10 {
-        let current = store.read_state().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut lost = 0;
+    for _ in 0..20 {
+        let current = match store.read_state().await {
+            Ok(c) => c,
+            // A lost answer: read again (a create whose answer was lost is found then).
+            Err(e) if e.is_transient() && lost < 8 => {
+                lost += 1;
+                tokio::time::sleep(Duration::from_millis(200 * lost)).await;
+                continue;
+            }
+            Err(e) => return Err(anyhow::anyhow!("{e}")),
+        };
         let expected = match &current {
             Some(v) if !matches!(v.value.state, Lifecycle::Killed | Lifecycle::Drained) => return Ok(v.value.clone()),
             Some(v) => Some(v.version),
@@ -877,6 +897,10 @@ pub async fn ensure_deployment(store: &ZkStore) -> anyhow::Result<TopologyState>
         match store.write_state(&fresh, expected).await {
             Ok(_) => return Ok(fresh),
             Err(CoordError::VersionConflict { .. }) => continue, // another worker started it; re-read
+            Err(e) if e.is_transient() && lost < 8 => {
+                lost += 1;
+                tokio::time::sleep(Duration::from_millis(200 * lost)).await;
+            }
             Err(e) => return Err(anyhow::anyhow!("{e}")),
         }
     }

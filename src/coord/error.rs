@@ -145,6 +145,12 @@ impl CoordError {
         }
     }
 
+    /// A ZooKeeper error worth retrying after a back-off (a lost connection or answer, a
+    /// timeout, throttling): the request may or may not have been applied.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, CoordError::Zk { source, .. } if is_transient(source))
+    }
+
     /// Maps a client error on `path` during `op`, turning the well-known ones into their own variants.
     pub(crate) fn zk(path: &str, op: &'static str, source: zk::Error) -> Self {
         match source {

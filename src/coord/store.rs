@@ -161,8 +161,11 @@ impl ZkStore {
         }
         // `exists` needs no permission: check now that this session may read the layout, so
         // missing or wrong credentials fail here, naming the path, rather than later.
+        // A lost answer (ConnectionLoss) is retried like the mkdirs above: one lost request must
+        // not stop a worker's start (the simulator's seed 88 did, six times in a row).
         let tasks = self.paths.tasks();
-        self.client().list_children(tasks).await.map_err(|e| CoordError::zk(tasks, "list", e))?;
+        let list = || async { self.client().list_children(tasks).await };
+        list.retry(short_backoff()).when(is_transient).await.map_err(|e| CoordError::zk(tasks, "list", e))?;
         Ok(())
     }
 

@@ -180,8 +180,12 @@ impl Fleet {
             .await;
             let mut w = lock(&world);
             let crashed = w.net(id).0;
-            if !crashed {
-                w.event(format!("w{id} exited: {}", r.map(|()| "ok".to_string()).unwrap_or_else(|e| format!("{e:#}"))));
+            match r {
+                _ if crashed => {}
+                Ok(()) => w.event(format!("w{id} exited: ok")),
+                // Nothing in a run gives a worker cause to give up (ZooKeeper's give-up time is
+                // longer than the run): an exit with an error is a fault it did not survive.
+                Err(e) => w.violation(format!("w{id} exited with an error: {e:#}")),
             }
         });
         self.handles.insert(id, handle);
@@ -189,9 +193,10 @@ impl Fleet {
         id
     }
 
+    /// Workers that run (neither crashed nor exited).
     fn live(&self) -> Vec<u32> {
         let w = lock(&self.world);
-        self.handles.keys().copied().filter(|id| !w.net(*id).0).collect()
+        self.handles.iter().filter(|(id, h)| !w.net(**id).0 && !h.is_finished()).map(|(id, _)| *id).collect()
     }
 
     fn crash(&mut self, id: u32) {
