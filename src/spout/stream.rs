@@ -678,7 +678,7 @@ impl StreamCoordinator {
                 Err(e) => self.warn(&format!("removing finished shard {shard} failed; retrying later: {e}")),
             }
         }
-        let records: Vec<ShardRecord> = listed
+        let mut records: Vec<ShardRecord> = listed
             .iter()
             .map(|d| ShardRecord {
                 shard_id: d.shard_id.clone(),
@@ -689,6 +689,28 @@ impl StreamCoordinator {
                 closed: d.closed,
             })
             .collect();
+        // A shard of the stored list that this listing leaves out stays in the list until it is
+        // collected above (finished, and missing from two listings some time apart). A listing
+        // that omits a shard once is not proof that it left the stream, and a list without it
+        // would make its children readable at once (`readable`: a parent absent from the list
+        // does not hold its children back), before it was read to its end (the simulator's seed
+        // 215: a merge's parent left out of one listing, its child read before it finished).
+        if let Some(prev) = &l.list {
+            let kept: Vec<ShardRecord> = prev
+                .value
+                .shards
+                .iter()
+                .filter(|s| !ids.contains(s.shard_id.as_str()) && l.checkpointed.contains(&s.shard_id))
+                .cloned()
+                .collect();
+            for s in &kept {
+                if !l.finished.contains(&s.shard_id) {
+                    tracing::info!(shard = %s.shard_id, "shard missing from ListShards but not finished: kept in the shard list");
+                }
+            }
+            records.extend(kept);
+            records.sort_by(|a, b| a.shard_id.cmp(&b.shard_id));
+        }
         let mut list = ShardList::new(records, now_ms());
         list.stream_created_ms = stored_created.or(created);
         let unchanged = l
