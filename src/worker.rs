@@ -96,6 +96,11 @@ pub struct WorkerArgs {
     /// Max tracked tuples in flight per spout task.
     #[arg(long, env = "SQUALL_MAX_SPOUT_PENDING", default_value_t = 1000)]
     pub max_spout_pending: usize,
+    /// How long an idle spout task sleeps before it asks for tuples again, in microseconds
+    /// (Storm's `topology.sleep.spout.wait.strategy.time.ms`): longer costs less CPU when idle
+    /// and adds up to that much latency.
+    #[arg(long, env = "SQUALL_SPOUT_IDLE_SLEEP_US", default_value_t = 1000)]
+    pub spout_idle_sleep_us: u64,
     /// JSON file with further spout settings (a `KinesisSpoutConfig`; flags override names,
     /// endpoints and ZooKeeper settings).
     #[arg(long, env = "SQUALL_SPOUT_CONFIG")]
@@ -201,6 +206,7 @@ impl WorkerArgs {
         let cfg = TopologyConfig {
             message_timeout_ms: self.message_timeout_ms,
             max_spout_pending: self.max_spout_pending,
+            idle_sleep_us: self.spout_idle_sleep_us,
             ..TopologyConfig::default()
         };
         cfg.validate().map_err(|e| anyhow::anyhow!("{e}"))?;

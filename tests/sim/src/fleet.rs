@@ -167,6 +167,9 @@ impl Fleet {
             format!("--spout-tasks={}", self.scenario.spout_tasks),
             "--message-timeout-ms=10000".into(),
             "--initial-position=trim-horizon".into(),
+            // Idle spouts poll every 10 ms instead of every 1: a tenth of the wake-ups, which
+            // are most of a run's CPU.
+            "--spout-idle-sleep-us=10000".into(),
         ])
         .worker;
         let world = self.world.clone();
