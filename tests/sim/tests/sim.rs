@@ -7,9 +7,11 @@
 //! - `SQUALL_SIM_BUDGET_S`: the wall-clock budget of the seed sweep (default 60 s), from
 //!   `SQUALL_SIM_FIRST_SEED` (default 1) on; `SQUALL_SIM_JOBS` runs at once (default 2).
 //! - `SQUALL_SIM_TRACE=1`: print every event as it happens (with `SQUALL_SIM_SEED`).
+//! - `SQUALL_SIM_STOP_AT_FIRST=1`: end the sweep at the first seed that fails.
 
 use std::io::Write as _;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -154,13 +156,17 @@ fn seeds_hold_every_invariant() {
     let first = env_u64("SQUALL_SIM_FIRST_SEED", 1);
     let jobs = env_u64("SQUALL_SIM_JOBS", 2).max(1);
     let started = Instant::now();
+    // SQUALL_SIM_STOP_AT_FIRST=1: stop once a seed failed (scripts/sim-breaks times the find).
+    let stop_first = std::env::var("SQUALL_SIM_STOP_AT_FIRST").is_ok_and(|v| v == "1");
+    let found = AtomicBool::new(false);
+    let found = &found;
     let next = Arc::new(Mutex::new(first));
     let results = Arc::new(Mutex::new(Vec::<(Outcome, Duration)>::new()));
     std::thread::scope(|scope| {
         for _ in 0..jobs {
             let (next, results) = (next.clone(), results.clone());
             scope.spawn(move || {
-                while started.elapsed() < budget {
+                while started.elapsed() < budget && !(stop_first && found.load(Ordering::Relaxed)) {
                     let seed = {
                         let mut n = next.lock().unwrap();
                         *n += 1;
@@ -168,6 +174,9 @@ fn seeds_hold_every_invariant() {
                     };
                     let t = Instant::now();
                     let o = run_child(seed);
+                    if !o.violations.is_empty() {
+                        found.store(true, Ordering::Relaxed);
+                    }
                     results.lock().unwrap().push((o, t.elapsed()));
                 }
             });
