@@ -74,6 +74,11 @@ pub trait ShardApi: Send + Sync + fmt::Debug + 'static {
         iterator: &'a str,
         limit: i32,
     ) -> BoxFuture<'a, Result<Batch, KinesisError>>;
+    /// A lower bound of the service's clock now, as the `Date` headers of its answers tell
+    /// ([`kinesis::clock`]); `None` when it does not say.
+    fn service_now_lower(&self) -> Option<i64> {
+        None
+    }
 }
 
 fn apis() -> &'static Mutex<BTreeMap<String, Arc<dyn ShardApi>>> {
@@ -138,7 +143,7 @@ impl ShardSource {
     pub fn service_now_lower(&self) -> Option<i64> {
         match self {
             ShardSource::Kinesis { endpoint, .. } => kinesis::clock::service_now_lower(endpoint),
-            ShardSource::Api { .. } => None,
+            ShardSource::Api { api, .. } => api.service_now_lower(),
         }
     }
 
@@ -161,9 +166,16 @@ impl ShardSource {
     /// second. About 23 calls; for the rare case that needs it (LATEST when this worker's clock is
     /// off).
     pub async fn sharpen_service_clock(&self) {
-        let ShardSource::Kinesis { client, stream, .. } = self else { return };
         for _ in 0..23 {
-            let _ = client.list_shards().stream_name(stream).max_results(1).send().await;
+            match self {
+                ShardSource::Kinesis { client, stream, .. } => {
+                    let _ = client.list_shards().stream_name(stream).max_results(1).send().await;
+                }
+                ShardSource::Api { api, stream } if api.service_now_lower().is_some() => {
+                    let _ = api.list_shards(stream).await;
+                }
+                ShardSource::Api { .. } => return,
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

@@ -33,6 +33,10 @@ pub struct Scenario {
     pub joins: bool,
     /// The workers' wall clock minus the services' (ms).
     pub skew_ms: i64,
+    /// `--initial-position`: trim-horizon, latest, or at-timestamp:MILLIS (the services' clock).
+    pub initial: String,
+    /// AT_TIMESTAMP: records put before this simulated ms (since the start) may be skipped.
+    pub at_ms: Option<u64>,
 }
 
 impl Scenario {
@@ -61,7 +65,25 @@ impl Scenario {
             reshards: rng.chance(0.5),
             joins: rng.chance(0.4),
             skew_ms: if rng.chance(0.3) { rng.range(0, 4000) as i64 - 2000 } else { 0 },
+            initial: String::new(),
+            at_ms: None,
         }
+        .with_initial_position(rng)
+    }
+
+    /// LATEST starts at the topology's first start (the checks learn when from its znode);
+    /// AT_TIMESTAMP at a time 2-4 s in.
+    fn with_initial_position(mut self, rng: &mut Rng) -> Self {
+        let r = rng.below(10);
+        (self.initial, self.at_ms) = if r < 6 {
+            ("trim-horizon".into(), None)
+        } else if r < 8 {
+            ("latest".into(), None)
+        } else {
+            let at = rng.range(2_000, 4_000);
+            (format!("at-timestamp:{}", EPOCH_MS + at as i64), Some(at))
+        };
+        self
     }
 }
 
@@ -95,6 +117,8 @@ const FAULTS_UNTIL_MS: u64 = 28_000;
 /// much simulated time (liveness).
 const SETTLE_MS: u64 = 120_000;
 const SESSION_TIMEOUT_MS: u64 = 4_000;
+/// The services' clock at the start of every run.
+const EPOCH_MS: i64 = 1_790_000_000_000;
 
 /// The sink of every worker: checks each delivery.
 struct Sink {
@@ -166,7 +190,7 @@ impl Fleet {
             format!("--endpoint=sim://api/{endpoint}"),
             format!("--spout-tasks={}", self.scenario.spout_tasks),
             "--message-timeout-ms=10000".into(),
-            "--initial-position=trim-horizon".into(),
+            format!("--initial-position={}", self.scenario.initial),
             // Idle spouts poll every 10 ms instead of every 1: a tenth of the wake-ups, which
             // are most of a run's CPU.
             "--spout-idle-sleep-us=10000".into(),
@@ -238,7 +262,7 @@ async fn run(seed: u64) -> Outcome {
     let mut rng = Rng::new(seed);
     let scenario = Scenario::draw(&mut rng);
     let name = format!("sim{seed}");
-    let epoch_ms = 1_790_000_000_000;
+    let epoch_ms = EPOCH_MS;
     let world: Shared =
         Arc::new(Mutex::new(World::new(seed, epoch_ms, "/squall/topologies/sim/streams/s".into(), "s".into())));
     let start = lock(&world).start;
@@ -247,6 +271,11 @@ async fn run(seed: u64) -> Outcome {
     {
         let mut w = lock(&world);
         w.faults = scenario.faults.clone();
+        (w.checks.required_from_ms, w.checks.latest_slack_ms) = match (scenario.initial.as_str(), scenario.at_ms) {
+            ("latest", _) => (None, 200),
+            (_, Some(at)) => (Some(at), 0),
+            _ => (Some(0), 0),
+        };
         w.kinesis.set_now(epoch_ms);
         w.kinesis.create_stream("s", scenario.shards).expect("stream");
         w.zk.set_now(epoch_ms);
@@ -291,6 +320,8 @@ async fn run(seed: u64) -> Outcome {
                     let count = w.checks.put.entry(key.clone()).or_default();
                     let i = *count;
                     *count += 1;
+                    let t = start.elapsed().as_millis() as u64;
+                    w.checks.put_at.entry(key.clone()).or_default().push(t);
                     let put = w.kinesis.put_record("s", &key, format!("{key}:{i}").as_bytes(), None);
                     match put {
                         Ok((shard, seq)) => w.event(format!("put {key}:{i} -> {shard} {seq}")),
@@ -336,7 +367,10 @@ async fn run(seed: u64) -> Outcome {
     loop {
         let done = {
             let w = lock(&world);
-            w.checks.put.iter().all(|(k, count)| w.checks.delivered.get(k).is_some_and(|d| d.len() as u64 >= *count))
+            w.checks.put.iter().all(|(k, count)| {
+                let from = w.checks.optional(k);
+                (from..*count).all(|n| w.checks.delivered.get(k).is_some_and(|d| d.contains(&n)))
+            })
         };
         if done || start.elapsed() >= deadline {
             break;
@@ -352,7 +386,7 @@ async fn run(seed: u64) -> Outcome {
     let mut records = 0;
     for (k, count) in &w.checks.put {
         records += count;
-        for n in 0..*count {
+        for n in w.checks.optional(k)..*count {
             if !w.checks.delivered.get(k).is_some_and(|d| d.contains(&n)) {
                 lost.push(format!("{k}:{n}"));
             }

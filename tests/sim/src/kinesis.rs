@@ -56,6 +56,10 @@ impl SimKinesis {
         tokio::time::sleep(d).await;
         self.wait_network().await;
         let mut w = lock(&self.world);
+        // The answer's Date header: the service's clock, to the second.
+        let date = w.now_ms() / 1000 * 1000;
+        let lower = w.date_lower.entry(self.worker).or_insert(date);
+        *lower = (*lower).max(date);
         let p = w.faults.throttle;
         if w.faults.on && w.rng.chance(p) {
             w.injected("kinesis throttled");
@@ -123,6 +127,10 @@ impl ShardApi for SimKinesis {
             self.back().await;
             Ok(out)
         })
+    }
+
+    fn service_now_lower(&self) -> Option<i64> {
+        lock(&self.world).date_lower.get(&self.worker).copied()
     }
 
     fn created_ms<'a>(&'a self, _stream: &'a str) -> BoxFuture<'a, Result<Option<i64>, KinesisError>> {

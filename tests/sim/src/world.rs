@@ -120,6 +120,14 @@ pub struct Checks {
     pub violations: Vec<String>,
     /// Records put, per key: how many (their `n` are `0..count`).
     pub put: BTreeMap<String, u64>,
+    /// Per key: when each of its records was put (ms since the start).
+    pub put_at: BTreeMap<String, Vec<u64>>,
+    /// Records put before this (ms since the start) may be skipped by the initial position:
+    /// AT_TIMESTAMP's time; for LATEST, set when the topology's first start is recorded.
+    pub required_from_ms: Option<u64>,
+    /// LATEST: a record put up to this long after the first start may be skipped (the start is
+    /// the worker's clock capped at the service's, which it knows to within about 50 ms).
+    pub latest_slack_ms: u64,
     /// Per key: every `n` delivered at least once.
     pub delivered: BTreeMap<String, BTreeSet<u64>>,
     pub deliveries: u64,
@@ -127,6 +135,19 @@ pub struct Checks {
     pub checkpoints: BTreeMap<String, Checkpoint>,
     pub checkpoint_writes: u64,
     pub fenced_writes: u64,
+}
+
+impl Checks {
+    /// How many of `key`'s first records the initial position may skip: neither required nor
+    /// ordered by the checks.
+    pub fn optional(&self, key: &str) -> u64 {
+        let Some(at) = self.put_at.get(key) else { return 0 };
+        match self.required_from_ms {
+            Some(from) => at.iter().take_while(|t| **t < from).count() as u64,
+            // LATEST before the first start: nothing is required yet.
+            None => at.len() as u64,
+        }
+    }
 }
 
 pub struct World {
@@ -146,6 +167,9 @@ pub struct World {
     pub stream: String,
     /// Counters of injected faults, by kind (the report's scenario mix).
     pub injected: BTreeMap<&'static str, u64>,
+    /// Per worker: the latest `Date` its Kinesis answers carried (the service's clock, whole
+    /// seconds).
+    pub date_lower: BTreeMap<u32, i64>,
     pid_tag: String,
 }
 
@@ -167,6 +191,7 @@ impl World {
             stream_path,
             stream,
             injected: BTreeMap::new(),
+            date_lower: BTreeMap::new(),
             pid_tag: format!("-{}-", std::process::id()),
         }
     }
@@ -223,11 +248,12 @@ impl World {
     /// A delivery to a sink bolt of `worker`: per key, no record before an earlier one of its key.
     pub fn deliver(&mut self, worker: u32, key: &str, n: u64, shard: &str, sequence: &str) {
         self.checks.deliveries += 1;
+        let from = self.checks.optional(key);
         let seen = self.checks.delivered.entry(key.to_string()).or_default();
         let first = seen.insert(n);
         // Per-key order within a shard's lineage: the first delivery of n comes after a delivery
         // of every earlier record of its key.
-        let missing = (n > 0 && first).then(|| (0..n).rev().find(|m| !seen.contains(m))).flatten();
+        let missing = (n > from && first).then(|| (from..n).rev().find(|m| !seen.contains(m))).flatten();
         self.event(format!("w{worker} deliver {key}:{n} {shard} {sequence}{}", if first { "" } else { " again" }));
         if let Some(m) = missing {
             self.violation(format!(
@@ -243,6 +269,11 @@ impl World {
     /// A write the server accepted on `path` (set, create, or part of a multi whose lease check was
     /// `lease`): checkpoints never move back, and are written only under the shard's lowest lease.
     pub fn accepted_write(&mut self, worker: u32, path: &str, data: &[u8], lease: Option<&str>) {
+        if self.checks.required_from_ms.is_none() && path == format!("{}/first_start", self.stream_path) {
+            let at = self.start.elapsed().as_millis() as u64 + self.checks.latest_slack_ms;
+            self.checks.required_from_ms = Some(at);
+            self.event(format!("w{worker} first start recorded: records put from {at} ms on are required"));
+        }
         let Some(shard) = self.is_checkpoint(path) else { return };
         let Ok(cp) = serde_json::from_slice::<Checkpoint>(data) else {
             self.violation(format!("w{worker} wrote an unreadable checkpoint at {path}"));
