@@ -12,7 +12,7 @@ export SQUALL_ZK ?= 127.0.0.1:$(SQUALL_ZK_PORT)
 export SQUALL_STATE_ENDPOINT ?= $(if $(filter 1,$(SQUALL_USE_DOCKER)),$(SQUALL_KINESIS_ENDPOINT),http://127.0.0.1:$(SQUALL_DYNAMODB_PORT))
 CARGO ?= cargo
 
-.PHONY: all up down lint check build test it chaos soak breaks demo bench clean
+.PHONY: all up down lint check build test it chaos soak breaks sim sim-breaks demo bench clean
 
 all: build
 
@@ -105,6 +105,23 @@ soak:
 breaks:
 	./localstack/up
 	./scripts/break-test --all
+
+# The deterministic simulator (tests/sim, no services): a fleet of workers on simulated time over
+# models of ZooKeeper and Kinesis, faults from a seed. `make sim SEED=N` replays one seed (its trace
+# hash, its last events); `make sim` sweeps seeds for BUDGET seconds (default 600) from FIRST (default:
+# the clock, new seeds each run) with JOBS at once (default: every core). `make test` runs 60 s of
+# it from seed 1. Nightly: `make sim BUDGET=3600`. `make sim-breaks` shows each coordination break
+# of scripts/breaks/ found by a seed that replays (scripts/sim-breaks, ~40 min).
+sim:
+	@if [ -n "$(SEED)" ]; then \
+	  SQUALL_SIM_SEED=$(SEED) $(CARGO) test -p squall-sim --test sim seeds_hold_every_invariant -- --nocapture; \
+	else \
+	  SQUALL_SIM_BUDGET_S=$(or $(BUDGET),600) SQUALL_SIM_FIRST_SEED=$(or $(FIRST),$$(date +%s)) \
+	  SQUALL_SIM_JOBS=$(or $(JOBS),$$(nproc)) $(CARGO) test -p squall-sim --test sim seeds_hold_every_invariant -- --nocapture; \
+	fi
+
+sim-breaks:
+	./scripts/sim-breaks
 
 demo:
 	./localstack/up
