@@ -14,6 +14,8 @@
 //! - [`store`] – [`ZkStore`], all ZooKeeper I/O for one topology and stream, over a shared session.
 //! - [`watch`] – [`ChangeEvent`] and [`SessionWatch`].
 //! - [`admin`] – [`Admin`], topology-level access for the CLI.
+//! - [`zkapi`] – [`zkapi::ZkClient`], the one seam to a ZooKeeper server: the real client, or the
+//!   simulator's model (`sim://NAME` connect strings).
 //! - [`error`] – [`CoordError`].
 //!
 //! # Safety argument in one paragraph
