@@ -836,19 +836,13 @@ impl StreamCoordinator {
         if self.cfg.initial_position != InitialPosition::Latest {
             return 0;
         }
-        let mut now = now_ms();
-        let (mut at, mut skew) = crate::kinesis::clock::latest_start_ms(now, self.source.service_now_lower());
-        if skew.is_some() {
-            // Off by more than a Date header tells: sharpen the bound to about 50 ms first,
-            // so LATEST reads no more than that from before the first start.
+        if self.source.service_now_lower().is_some() {
+            // Sharpen the service's clock bound to about 50 ms first, so LATEST reads no more
+            // than that from before the first start (about 23 small calls, once per topology).
             self.source.sharpen_service_clock().await;
-            now = now_ms();
-            let lower = self.source.service_now_lower();
-            (at, skew) = match lower {
-                Some(s) => (s, Some(now - s)),
-                None => (now, None),
-            };
         }
+        let now = now_ms();
+        let (at, skew) = crate::kinesis::clock::latest_start_ms(now, self.source.service_now_lower());
         if let Some(skew) = skew {
             let (dir, by) = if skew > 0 { ("ahead of", skew) } else { ("behind", -skew) };
             tracing::warn!(stream = %self.cfg.stream, worker_clock_ms = now, service_clock_ms = at, skew_ms = skew,
