@@ -70,19 +70,19 @@ pub fn service_now_lower(endpoint: &str) -> Option<i64> {
 }
 
 /// The time to persist LATEST as, given this worker's clock `now` and a lower bound of the
-/// service's clock `service_lower`: `now`, unless the two differ by more than a `Date` header
-/// can tell (the worker's clock is ahead by more than its 1 s resolution, or behind the bound),
-/// then the service's bound. With the skew (worker minus service bound) when it took the service's.
+/// service's clock `service_lower` (the spout sharpens it to about 50 ms first): the service's
+/// bound whenever there is one, and the skew (worker minus bound) when the two differ by more than
+/// a `Date` header can tell (1 s), to be warned about; `now` when there is no bound.
 ///
-/// A bound is at most 1 s (plus the answer's travel time) before the service's true time, so
-/// taking it reads at most that much from before the first start (the spout sharpens it to about
-/// 50 ms first), and never skips a record written after it; a worker ahead by less than the
-/// resolution keeps its own time, which the service may refuse for that long (the reader
-/// retries).
+/// The bound is never later than the service's true time, so nothing written after the first
+/// start is skipped, whatever this worker's clock says; at most the bound's error (about 50 ms
+/// once sharpened) is read from before it. A worker's own time, even one ahead by less than the
+/// header's resolution, would skip what was written in the moment it is ahead (the simulator's
+/// seed 650: a worker 525 ms ahead skipped the records of the first 525 ms).
 pub fn latest_start_ms(now: i64, service_lower: Option<i64>) -> (i64, Option<i64>) {
     match service_lower {
-        Some(s) if now - s > DATE_RESOLUTION_MS || s > now => (s, Some(now - s)),
-        _ => (now, None),
+        Some(s) => (s, ((now - s).abs() > DATE_RESOLUTION_MS).then_some(now - s)),
+        None => (now, None),
     }
 }
 
@@ -134,10 +134,14 @@ mod tests {
     }
 
     #[test]
-    fn latest_takes_the_service_time_only_when_the_worker_clock_is_clearly_off() {
-        // in step within the header's resolution: the worker's own time
-        assert_eq!(latest_start_ms(10_000, Some(9_300)), (10_000, None));
+    fn latest_takes_the_service_time_and_says_when_the_worker_clock_is_clearly_off() {
+        // in step within the header's resolution: the service's bound, nothing to say
+        assert_eq!(latest_start_ms(10_000, Some(9_300)), (9_300, None));
         assert_eq!(latest_start_ms(10_000, Some(10_000)), (10_000, None));
+        // ahead by less than the resolution: still the service's bound (the worker's own time
+        // would skip what was written in the 525 ms it is ahead)
+        assert_eq!(latest_start_ms(10_525, Some(10_000)), (10_000, None));
+        // no answer from the service yet: the worker's own time
         assert_eq!(latest_start_ms(10_000, None), (10_000, None));
         // 60 s ahead: the service's
         assert_eq!(latest_start_ms(70_000, Some(10_000)), (10_000, Some(60_000)));

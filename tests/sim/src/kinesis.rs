@@ -56,10 +56,13 @@ impl SimKinesis {
         tokio::time::sleep(d).await;
         self.wait_network().await;
         let mut w = lock(&self.world);
-        // The answer's Date header: the service's clock, to the second.
+        // The answer's Date header (the service's clock, to the second), kept as the product's
+        // Kinesis client keeps it (`kinesis::clock`): the largest offset of a header from the
+        // worker's own clock when it came.
         let date = w.now_ms() / 1000 * 1000;
-        let lower = w.date_lower.entry(self.worker).or_insert(date);
-        *lower = (*lower).max(date);
+        let offset = date - squall::coord::now_ms();
+        let best = w.date_offset.entry(self.worker).or_insert(offset);
+        *best = (*best).max(offset);
         let p = w.faults.throttle;
         if w.faults.on && w.rng.chance(p) {
             w.injected("kinesis throttled");
@@ -130,7 +133,8 @@ impl ShardApi for SimKinesis {
     }
 
     fn service_now_lower(&self) -> Option<i64> {
-        lock(&self.world).date_lower.get(&self.worker).copied()
+        let offset = lock(&self.world).date_offset.get(&self.worker).copied()?;
+        Some(squall::coord::now_ms() + offset)
     }
 
     fn created_ms<'a>(&'a self, _stream: &'a str) -> BoxFuture<'a, Result<Option<i64>, KinesisError>> {

@@ -167,9 +167,9 @@ pub struct World {
     pub stream: String,
     /// Counters of injected faults, by kind (the report's scenario mix).
     pub injected: BTreeMap<&'static str, u64>,
-    /// Per worker: the latest `Date` its Kinesis answers carried (the service's clock, whole
-    /// seconds).
-    pub date_lower: BTreeMap<u32, i64>,
+    /// Per worker: the largest offset of a `Date` its Kinesis answers carried (the service's
+    /// clock, whole seconds) from the worker's clock when the answer came.
+    pub date_offset: BTreeMap<u32, i64>,
     pid_tag: String,
 }
 
@@ -191,7 +191,7 @@ impl World {
             stream_path,
             stream,
             injected: BTreeMap::new(),
-            date_lower: BTreeMap::new(),
+            date_offset: BTreeMap::new(),
             pid_tag: format!("-{}-", std::process::id()),
         }
     }
