@@ -356,8 +356,9 @@ impl AtLeastOnceCount {
             let pk = format!("{}/{key}", self.scope);
             let (scope, key, n) = (self.scope.clone(), key.clone(), hs.len());
             async move {
-                store
-                    .client()
+                // the baseline speaks DynamoDB's ADD directly (its prepare refused anything else)
+                let Some(client) = store.client() else { return false };
+                client
                     .update_item()
                     .table_name(store.table())
                     .key("pk", AttributeValue::S(pk))
@@ -385,6 +386,12 @@ impl AtLeastOnceCount {
 impl Bolt for AtLeastOnceCount {
     async fn prepare(&mut self, ctx: &TaskContext) -> Result<(), ComponentError> {
         let store = StateStore::open(&self.ep).await.map_err(|e| ComponentError::retryable(e.to_string()))?;
+        if store.client().is_none() {
+            return Err(ComponentError::fatal(format!(
+                "--at-least-once counts with DynamoDB's ADD: the state endpoint {} is not DynamoDB",
+                self.ep.endpoint
+            )));
+        }
         self.store = Some(store);
         self.scope = squall::state::scope(ctx.topology_name(), ctx.component_id());
         Ok(())

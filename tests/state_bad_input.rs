@@ -88,6 +88,7 @@ async fn unreadable_stored_state_is_never_overwritten() {
     for (key, attrs) in &poisoned {
         let mut put = store
             .client()
+            .expect("a DynamoDB table")
             .put_item()
             .table_name(&table)
             .item("pk", AttributeValue::S(st::item_key(&cluster.topology, key)))

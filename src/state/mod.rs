@@ -116,7 +116,8 @@ pub use bolt::{
 pub use dedup::{Dedup, ProductionId, RecordId, Verdict};
 pub use fire::{FIRE_FIELDS, FirerConfig, OnFire, WindowFirer};
 pub use store::{
-    MAX_ITEM_BYTES, StateEndpoint, StateError, StateStore, StoredItem, TIMER_INDEX, TimerAt, WriteOutcome,
+    MAX_ITEM_BYTES, NewItem, ScopeItem, StateApi, StateEndpoint, StateError, StateStore, StoredItem, TIMER_INDEX,
+    TimerAt, WriteOutcome, register_state_api,
 };
 pub use window::{Tumbling, Window, WindowAggregate};
 

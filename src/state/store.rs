@@ -3,7 +3,10 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
+
+use futures::future::BoxFuture;
 
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::Client;
@@ -62,7 +65,11 @@ impl StateEndpoint {
                 self.table
             )));
         }
-        if self.endpoint != "aws" && !(self.endpoint.starts_with("http://") || self.endpoint.starts_with("https://")) {
+        if self.endpoint != "aws"
+            && !(self.endpoint.starts_with("http://")
+                || self.endpoint.starts_with("https://")
+                || self.endpoint.starts_with(SIM_SCHEME))
+        {
             return Err(StateError::Config(format!(
                 "state endpoint `{}` is invalid: use http(s)://host:port (dynalite, LocalStack) or `aws` (set \
                  --state-endpoint)",
@@ -219,16 +226,231 @@ pub enum WriteOutcome {
     Conflict,
 }
 
+/// The state table's operations, as the exactly-once bolt and the window firer use them: the one
+/// seam between keyed state and DynamoDB. [`StateStore`] reaches the real table through it (the
+/// AWS SDK), or, for an endpoint `sim://NAME`, the implementation registered under `NAME`
+/// ([`register_state_api`]: the simulator's model of the table).
+pub trait StateApi: Send + Sync + 'static {
+    /// Creates the table when it does not exist (with [`TIMER_INDEX`]) and waits until it is
+    /// ACTIVE.
+    fn ensure_table(&self) -> BoxFuture<'_, Result<(), StateError>>;
+    /// Makes sure the table has [`TIMER_INDEX`].
+    fn ensure_timer_index(&self) -> BoxFuture<'_, Result<(), StateError>>;
+    /// Strongly consistent reads of up to [`MAX_BATCH_GET`] items; absent keys are absent.
+    fn get_many<'a>(&'a self, pks: &'a [String]) -> BoxFuture<'a, Result<HashMap<String, StoredItem>, StateError>>;
+    /// Writes an item (replacing it) if its version is still `item.expected` (`None`: it must not
+    /// exist); version `expected + 1`, in [`TIMER_INDEX`] with a timer.
+    fn put<'a>(&'a self, item: NewItem<'a>) -> BoxFuture<'a, Result<WriteOutcome, StateError>>;
+    /// Up to `limit` timers of `partition` due at `upto` or before, earliest first, from the
+    /// index (eventually consistent).
+    fn due_timers<'a>(
+        &'a self,
+        partition: &'a str,
+        upto: i64,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(String, i64)>, StateError>>;
+    /// Sets `fired` (at `fired_ms`, by `by`) and raises the version, if it is still `expected`.
+    fn freeze<'a>(
+        &'a self,
+        pk: &'a str,
+        expected: u64,
+        by: &'a str,
+        fired_ms: i64,
+    ) -> BoxFuture<'a, Result<WriteOutcome, StateError>>;
+    /// Takes a fired item's timer out of the index; nothing when it is not fired.
+    fn clear_timer<'a>(&'a self, pk: &'a str) -> BoxFuture<'a, Result<(), StateError>>;
+    /// Every item of `scope`: key, version and state.
+    fn scan_scope<'a>(&'a self, scope: &'a str) -> BoxFuture<'a, Result<Vec<ScopeItem>, StateError>>;
+}
+
+/// An item of a scope as a scan reads it: key, version, state.
+pub type ScopeItem = (String, u64, Vec<u8>);
+
+/// One item to write ([`StateApi::put`]).
+#[derive(Debug, Clone)]
+pub struct NewItem<'a> {
+    pub pk: &'a str,
+    pub scope: &'a str,
+    pub key: &'a str,
+    pub expected: Option<u64>,
+    pub state: Vec<u8>,
+    pub dedup: Vec<u8>,
+    pub timer: Option<&'a TimerAt>,
+    /// The writer's clock (`updated_ms`, for operators).
+    pub updated_ms: i64,
+}
+
+/// The scheme of state endpoints that name a registered [`StateApi`].
+pub const SIM_SCHEME: &str = "sim://";
+
+type Registry = std::sync::Mutex<std::collections::BTreeMap<String, Arc<dyn StateApi>>>;
+
+fn state_apis() -> &'static Registry {
+    static APIS: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+    APIS.get_or_init(Default::default)
+}
+
+/// Makes the state endpoint `sim://NAME` reach `api` (the simulator's model of the table).
+pub fn register_state_api(name: &str, api: Arc<dyn StateApi>) {
+    state_apis().lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), api);
+}
+
 /// The state table.
 #[derive(Clone)]
 pub struct StateStore {
-    client: Client,
+    api: Arc<dyn StateApi>,
     table: String,
+    /// The DynamoDB client, when the table is DynamoDB's.
+    client: Option<Client>,
 }
 
 impl fmt::Debug for StateStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StateStore").field("table", &self.table).finish_non_exhaustive()
+    }
+}
+
+impl StateStore {
+    /// The table through `client`.
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        let table = table.into();
+        let api = Arc::new(Dynamo { client: client.clone(), table: table.clone() });
+        Self { api, table, client: Some(client) }
+    }
+
+    /// Connects to `ep` and makes sure the table exists (created with on-demand billing when
+    /// missing; several workers may race to create it).
+    pub async fn open(ep: &StateEndpoint) -> Result<Self, StateError> {
+        let store = match ep.endpoint.strip_prefix(SIM_SCHEME) {
+            Some(name) => {
+                let api =
+                    state_apis().lock().unwrap_or_else(|p| p.into_inner()).get(name).cloned().ok_or_else(|| {
+                        StateError::Config(format!(
+                            "state endpoint `{}` names no registered model (only the simulator registers them)",
+                            ep.endpoint
+                        ))
+                    })?;
+                Self { api, table: ep.table.clone(), client: None }
+            }
+            None => Self::new(ep.client().await?, ep.table.clone()),
+        };
+        store.ensure_table().await?;
+        Ok(store)
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The DynamoDB client (`None` for a registered model).
+    pub fn client(&self) -> Option<&Client> {
+        self.client.as_ref()
+    }
+
+    /// Creates the table when it does not exist (with [`TIMER_INDEX`]) and waits until it is
+    /// ACTIVE (up to 60 s).
+    pub async fn ensure_table(&self) -> Result<(), StateError> {
+        self.api.ensure_table().await
+    }
+
+    /// Makes sure the table has [`TIMER_INDEX`] (timers need it): a table created before timers
+    /// existed gets it with UpdateTable, and this waits while DynamoDB builds it (up to 15 min).
+    /// dynalite cannot add an index to a table: the error then says to use a new table.
+    pub async fn ensure_timer_index(&self) -> Result<(), StateError> {
+        self.api.ensure_timer_index().await
+    }
+
+    /// Reads up to [`MAX_BATCH_GET`] items with strongly consistent reads; absent keys are absent
+    /// from the answer.
+    pub async fn get_many(&self, pks: &[String]) -> Result<HashMap<String, StoredItem>, StateError> {
+        self.api.get_many(pks).await
+    }
+
+    /// Writes a key's item if its version is still `expected` (`None`: the item must not exist).
+    /// The new item has version `expected + 1`; with a `timer`, it is in [`TIMER_INDEX`].
+    #[allow(clippy::too_many_arguments)]
+    pub async fn put(
+        &self,
+        pk: &str,
+        scope: &str,
+        key: &str,
+        expected: Option<u64>,
+        state: Vec<u8>,
+        dedup: Vec<u8>,
+        timer: Option<&TimerAt>,
+    ) -> Result<WriteOutcome, StateError> {
+        let updated_ms = crate::coord::now_ms();
+        self.api.put(NewItem { pk, scope, key, expected, state, dedup, timer, updated_ms }).await
+    }
+
+    /// Up to `limit` timers of `partition` due at `upto` or before, earliest first: item key and
+    /// fire time. The index is eventually consistent: read the items strongly before using them.
+    pub async fn due_timers(&self, partition: &str, upto: i64, limit: usize) -> Result<Vec<(String, i64)>, StateError> {
+        self.api.due_timers(partition, upto, limit).await
+    }
+
+    /// Freezes a key's item for firing: sets `fired` and raises the version, if the version is
+    /// still `expected` (a later write of the key conflicts then, and sees it fired). The timer
+    /// stays in [`TIMER_INDEX`] until [`StateStore::clear_timer`], so a firing not confirmed is
+    /// found again.
+    pub async fn freeze(&self, pk: &str, expected: u64, by: &str) -> Result<WriteOutcome, StateError> {
+        self.api.freeze(pk, expected, by, crate::coord::now_ms()).await
+    }
+
+    /// Takes a fired key's timer out of [`TIMER_INDEX`] (its firing was delivered). Idempotent.
+    pub async fn clear_timer(&self, pk: &str) -> Result<(), StateError> {
+        self.api.clear_timer(pk).await
+    }
+
+    /// Every item of `scope` (a topology's component): key, version and state bytes. A full
+    /// scan, for audits and tools, not for the data path.
+    pub async fn scan_scope(&self, scope: &str) -> Result<Vec<(String, u64, Vec<u8>)>, StateError> {
+        self.api.scan_scope(scope).await
+    }
+}
+
+/// The table in DynamoDB, through the AWS SDK.
+struct Dynamo {
+    client: Client,
+    table: String,
+}
+
+impl StateApi for Dynamo {
+    fn ensure_table(&self) -> BoxFuture<'_, Result<(), StateError>> {
+        Box::pin(Dynamo::ensure_table(self))
+    }
+    fn ensure_timer_index(&self) -> BoxFuture<'_, Result<(), StateError>> {
+        Box::pin(Dynamo::ensure_timer_index(self))
+    }
+    fn get_many<'a>(&'a self, pks: &'a [String]) -> BoxFuture<'a, Result<HashMap<String, StoredItem>, StateError>> {
+        Box::pin(Dynamo::get_many(self, pks))
+    }
+    fn put<'a>(&'a self, item: NewItem<'a>) -> BoxFuture<'a, Result<WriteOutcome, StateError>> {
+        Box::pin(Dynamo::put(self, item))
+    }
+    fn due_timers<'a>(
+        &'a self,
+        partition: &'a str,
+        upto: i64,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(String, i64)>, StateError>> {
+        Box::pin(Dynamo::due_timers(self, partition, upto, limit))
+    }
+    fn freeze<'a>(
+        &'a self,
+        pk: &'a str,
+        expected: u64,
+        by: &'a str,
+        fired_ms: i64,
+    ) -> BoxFuture<'a, Result<WriteOutcome, StateError>> {
+        Box::pin(Dynamo::freeze(self, pk, expected, by, fired_ms))
+    }
+    fn clear_timer<'a>(&'a self, pk: &'a str) -> BoxFuture<'a, Result<(), StateError>> {
+        Box::pin(Dynamo::clear_timer(self, pk))
+    }
+    fn scan_scope<'a>(&'a self, scope: &'a str) -> BoxFuture<'a, Result<Vec<ScopeItem>, StateError>> {
+        Box::pin(Dynamo::scan_scope(self, scope))
     }
 }
 
@@ -239,30 +461,7 @@ fn attr_bytes(item: &HashMap<String, AttributeValue>, name: &str) -> Vec<u8> {
     }
 }
 
-impl StateStore {
-    /// The table through `client`.
-    pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self { client, table: table.into() }
-    }
-
-    /// Connects to `ep` and makes sure the table exists (created with on-demand billing when
-    /// missing; several workers may race to create it).
-    pub async fn open(ep: &StateEndpoint) -> Result<Self, StateError> {
-        let store = Self::new(ep.client().await?, ep.table.clone());
-        store.ensure_table().await?;
-        Ok(store)
-    }
-
-    /// The table name.
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-
-    /// The client.
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
+impl Dynamo {
     /// Creates the table when it does not exist (with [`TIMER_INDEX`]) and waits until it is
     /// ACTIVE (up to 60 s).
     pub async fn ensure_table(&self) -> Result<(), StateError> {
@@ -505,17 +704,8 @@ impl StateStore {
 
     /// Writes a key's item if its version is still `expected` (`None`: the item must not exist).
     /// The new item has version `expected + 1`; with a `timer`, it is in [`TIMER_INDEX`].
-    #[allow(clippy::too_many_arguments)]
-    pub async fn put(
-        &self,
-        pk: &str,
-        scope: &str,
-        key: &str,
-        expected: Option<u64>,
-        state: Vec<u8>,
-        dedup: Vec<u8>,
-        timer: Option<&TimerAt>,
-    ) -> Result<WriteOutcome, StateError> {
+    async fn put(&self, item: NewItem<'_>) -> Result<WriteOutcome, StateError> {
+        let NewItem { pk, scope, key, expected, state, dedup, timer, updated_ms } = item;
         let version = expected.map_or(1, |v| v + 1);
         let mut req = self
             .client
@@ -527,7 +717,7 @@ impl StateStore {
             .item("ver", AttributeValue::N(version.to_string()))
             .item("state", AttributeValue::B(state.into()))
             .item("dedup", AttributeValue::B(dedup.into()))
-            .item("updated_ms", AttributeValue::N(crate::coord::now_ms().to_string()));
+            .item("updated_ms", AttributeValue::N(updated_ms.to_string()));
         if let Some(t) = timer {
             req = req
                 .item("tpart", AttributeValue::S(t.partition.clone()))
@@ -587,7 +777,7 @@ impl StateStore {
     /// still `expected` (a later write of the key conflicts then, and sees it fired). The timer
     /// stays in [`TIMER_INDEX`] until [`StateStore::clear_timer`], so a firing not confirmed is
     /// found again.
-    pub async fn freeze(&self, pk: &str, expected: u64, by: &str) -> Result<WriteOutcome, StateError> {
+    async fn freeze(&self, pk: &str, expected: u64, by: &str, fired_ms: i64) -> Result<WriteOutcome, StateError> {
         let r = self
             .client
             .update_item()
@@ -597,7 +787,7 @@ impl StateStore {
             .condition_expression("ver = :v")
             .expression_attribute_values(":t", AttributeValue::Bool(true))
             .expression_attribute_values(":b", AttributeValue::S(by.to_string()))
-            .expression_attribute_values(":f", AttributeValue::N(crate::coord::now_ms().to_string()))
+            .expression_attribute_values(":f", AttributeValue::N(fired_ms.to_string()))
             .expression_attribute_values(":n", AttributeValue::N((expected + 1).to_string()))
             .expression_attribute_values(":v", AttributeValue::N(expected.to_string()))
             .send()

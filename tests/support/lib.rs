@@ -20,6 +20,7 @@ pub mod reliability;
 pub mod stages;
 pub mod stallproxy;
 pub mod state;
+pub mod statemodel;
 pub mod tcpproxy;
 pub mod workers;
 pub mod zkmodel;

@@ -179,6 +179,7 @@ pub async fn wait_counts(
 pub async fn raw_item(store: &StateStore, pk: &str) -> Option<std::collections::HashMap<String, AttributeValue>> {
     store
         .client()
+        .expect("a DynamoDB table")
         .get_item()
         .table_name(store.table())
         .key("pk", AttributeValue::S(pk.to_string()))
@@ -196,7 +197,9 @@ pub fn item_key(topology: &str, key: &str) -> String {
 
 /// Deletes the table (clean-up, best effort).
 pub async fn delete_table(store: &StateStore) {
-    let _ = store.client().delete_table().table_name(store.table()).send().await;
+    if let Some(client) = store.client() {
+        let _ = client.delete_table().table_name(store.table()).send().await;
+    }
 }
 
 /// Puts `n` records with partition key `key`, one by one; returns their sequence numbers.

@@ -460,6 +460,11 @@ impl ZkModel {
         self.nodes.get(path).map(|n| n.children.iter().cloned().collect()).unwrap_or_default()
     }
 
+    /// A node's ephemeral owner (0: persistent), when it exists (an observer's read).
+    pub fn owner_any(&self, path: &str) -> Option<i64> {
+        self.nodes.get(path).map(|n| n.stat.ephemeral_owner)
+    }
+
     /// Whether a node exists (an observer's read).
     pub fn exists_any(&self, path: &str) -> bool {
         self.nodes.contains_key(path)

@@ -8,11 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
+use squall::state::{ExactlyOnce, KeyedState, StateConfig, StateEndpoint};
 use squall::topology::{Bolt, BoltOutput, ComponentError, Tuple};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
 use crate::kinesis::SimKinesis;
+use crate::state::SimState;
 use crate::world::{Cut, Faults, Net, Rng, Shared, World, lock};
 use crate::zk::{SimConnector, tick_sessions};
 
@@ -37,10 +39,26 @@ pub struct Scenario {
     pub initial: String,
     /// AT_TIMESTAMP: records put before this simulated ms (since the start) may be skipped.
     pub at_ms: Option<u64>,
+    /// An exactly-once bolt counts records per key in the state table (with TRIM_HORIZON only:
+    /// its counts must equal the records put).
+    pub exactly_once: bool,
 }
 
 impl Scenario {
-    pub fn draw(rng: &mut Rng) -> Self {
+    /// The scenario of `seed`: `rng` draws what it always drew; the exactly-once workload comes
+    /// from a stream of its own, so adding it left every earlier seed's run as it was.
+    pub fn draw(seed: u64, rng: &mut Rng) -> Self {
+        let mut s = Self::draw_base(rng);
+        let mut extra = Rng::new(seed ^ 0xE0E0_0E0E_5A5A_A5A5);
+        if s.initial == "trim-horizon" && extra.chance(0.5) {
+            s.exactly_once = true;
+            s.faults.state_throttle = if extra.chance(0.5) { 0.03 } else { 0.0 };
+            s.faults.state_lost_after = if extra.chance(0.5) { 0.02 } else { 0.0 };
+        }
+        s
+    }
+
+    fn draw_base(rng: &mut Rng) -> Self {
         let mut faults = Faults { on: true, ..Faults::default() };
         if rng.chance(0.5) {
             faults.zk_lost_before = 0.01;
@@ -67,6 +85,7 @@ impl Scenario {
             skew_ms: if rng.chance(0.3) { rng.range(0, 4000) as i64 - 2000 } else { 0 },
             initial: String::new(),
             at_ms: None,
+            exactly_once: false,
         }
         .with_initial_position(rng)
     }
@@ -119,6 +138,32 @@ const SETTLE_MS: u64 = 120_000;
 const SESSION_TIMEOUT_MS: u64 = 4_000;
 /// The services' clock at the start of every run.
 const EPOCH_MS: i64 = 1_790_000_000_000;
+
+/// The exactly-once workload: records per key, in the state table.
+struct CountByKey;
+
+impl KeyedState for CountByKey {
+    type State = u64;
+    type Out = ();
+
+    fn key(&self, t: &Tuple) -> Result<String, ComponentError> {
+        Ok(t.get_str("partition_key")?.to_string())
+    }
+
+    fn apply(&mut self, _key: &str, n: &mut u64, _t: &Tuple, _out: &mut Vec<()>) -> Result<(), ComponentError> {
+        *n += 1;
+        Ok(())
+    }
+}
+
+/// Per key: the count the state table holds (items of every scope; the run has one).
+fn counts(w: &World) -> BTreeMap<String, u64> {
+    w.state
+        .items()
+        .into_iter()
+        .map(|(_, _, key, item)| (key, serde_json::from_slice(&item.state).unwrap_or(0)))
+        .collect()
+}
 
 /// The sink of every worker: checks each delivery.
 struct Sink {
@@ -178,6 +223,14 @@ impl Fleet {
             Arc::new(SimConnector { world: self.world.clone(), worker: id }),
         );
         squall::spout::register_shard_api(&endpoint, Arc::new(SimKinesis { world: self.world.clone(), worker: id }));
+        squall::state::register_state_api(&endpoint, Arc::new(SimState { world: self.world.clone(), worker: id }));
+        let eo = self.scenario.exactly_once.then(|| {
+            StateConfig::new(StateEndpoint {
+                endpoint: format!("sim://{endpoint}"),
+                region: "us-east-1".into(),
+                table: "sim".into(),
+            })
+        });
         lock(&self.world).net.insert(id, Net::default());
         let args = Cli::parse_from([
             "sim".to_string(),
@@ -203,6 +256,10 @@ impl Fleet {
             let r = squall::run(args, move |b, spout| {
                 b.set_bolt("sink", 2, move |_| Sink { world: sink_world.clone(), worker: id })
                     .fields_grouping(spout, &["partition_key"]);
+                if let Some(cfg) = eo {
+                    b.set_bolt("eo", 2, move |_| ExactlyOnce::new(cfg.clone(), CountByKey))
+                        .fields_grouping(spout, &["partition_key"]);
+                }
             })
             .await;
             let mut w = lock(&world);
@@ -260,7 +317,7 @@ pub fn run_seed(seed: u64) -> Outcome {
 
 async fn run(seed: u64) -> Outcome {
     let mut rng = Rng::new(seed);
-    let scenario = Scenario::draw(&mut rng);
+    let scenario = Scenario::draw(seed, &mut rng);
     let name = format!("sim{seed}");
     let epoch_ms = EPOCH_MS;
     let world: Shared =
@@ -367,9 +424,11 @@ async fn run(seed: u64) -> Outcome {
     loop {
         let done = {
             let w = lock(&world);
+            let counted = counts(&w);
             w.checks.put.iter().all(|(k, count)| {
                 let from = w.checks.optional(k);
                 (from..*count).all(|n| w.checks.delivered.get(k).is_some_and(|d| d.contains(&n)))
+                    && (!scenario.exactly_once || counted.get(k) == Some(count))
             })
         };
         if done || start.elapsed() >= deadline {
@@ -400,6 +459,20 @@ async fn run(seed: u64) -> Outcome {
             lost.iter().take(8).cloned().collect::<Vec<_>>().join(", ")
         );
         w.violation(what);
+    }
+    if scenario.exactly_once {
+        let counted = counts(&w);
+        let wrong: Vec<String> = w
+            .checks
+            .put
+            .iter()
+            .filter(|(k, n)| counted.get(*k).copied().unwrap_or(0) != **n)
+            .map(|(k, n)| format!("{k}: {} counted for {n} put", counted.get(k).copied().unwrap_or(0)))
+            .collect();
+        if !wrong.is_empty() {
+            let what = format!("exactly-once counts wrong for {} keys: {}", wrong.len(), wrong.join(", "));
+            w.violation(what);
+        }
     }
     let deliveries = w.checks.deliveries;
     w.event(format!("end: {records} records, {deliveries} deliveries"));

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use squall::coord::{Checkpoint, CheckpointPosition, sequence_cmp};
 use squall_test_support::kinesismodel::KinesisModel;
+use squall_test_support::statemodel::StateModel;
 use squall_test_support::zkmodel::ZkModel;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -107,6 +108,12 @@ pub struct Faults {
     pub throttle: f64,
     /// A ListShards answer leaves out one shard.
     pub listing_omits: f64,
+    /// A state table call is throttled.
+    #[serde(default)]
+    pub state_throttle: f64,
+    /// A state table call is applied, and its answer lost.
+    #[serde(default)]
+    pub state_lost_after: f64,
     /// Whether faults are on (off once the fault phase is over).
     pub on: bool,
 }
@@ -135,6 +142,10 @@ pub struct Checks {
     pub checkpoints: BTreeMap<String, Checkpoint>,
     pub checkpoint_writes: u64,
     pub fenced_writes: u64,
+    /// Per shard: the worker whose session holds its lowest lease.
+    pub lease_holder: BTreeMap<String, u32>,
+    /// When a worker stopped holding a shard's lease (released, or its session ended).
+    pub lease_lost: BTreeMap<(String, u32), i64>,
 }
 
 impl Checks {
@@ -154,6 +165,7 @@ pub struct World {
     pub rng: Rng,
     pub zk: ZkModel,
     pub kinesis: KinesisModel,
+    pub state: StateModel,
     pub trace: Trace,
     pub faults: Faults,
     pub net: BTreeMap<u32, Net>,
@@ -181,6 +193,7 @@ impl World {
             rng: Rng::new(seed),
             zk: ZkModel::new(),
             kinesis: KinesisModel::new(),
+            state: StateModel::new(),
             trace: Trace::new(),
             faults: Faults::default(),
             net: BTreeMap::new(),
@@ -245,8 +258,55 @@ impl World {
 
     // ----- checks made as the run goes -----
 
-    /// A delivery to a sink bolt of `worker`: per key, no record before an earlier one of its key.
+    /// Recomputes who holds each shard's lease (after a change under `owners/`, or a session's
+    /// end): the worker of the session that owns the lowest lease node.
+    pub fn refresh_holders(&mut self) {
+        let dir = format!("{}/owners", self.stream_path);
+        let now = self.now_ms();
+        for shard in self.zk.list_children_any(&dir) {
+            let sdir = format!("{dir}/{shard}");
+            let lowest = self
+                .zk
+                .list_children_any(&sdir)
+                .into_iter()
+                .min_by_key(|n| n.rsplit('-').next().and_then(|s| s.parse::<u64>().ok()).unwrap_or(u64::MAX));
+            let holder = lowest
+                .and_then(|n| self.zk.owner_any(&format!("{sdir}/{n}")))
+                .and_then(|session| self.sessions.get(&session).map(|s| s.worker));
+            let before = self.checks.lease_holder.get(&shard).copied();
+            if before != holder {
+                if let Some(p) = before {
+                    self.checks.lease_lost.insert((shard.clone(), p), now);
+                }
+                match holder {
+                    Some(h) => {
+                        self.checks.lease_holder.insert(shard.clone(), h);
+                        self.checks.lease_lost.remove(&(shard.clone(), h));
+                    }
+                    None => {
+                        self.checks.lease_holder.remove(&shard);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A delivery to a sink bolt of `worker`: per key, no record before an earlier one of its key;
+    /// and only from a shard whose lease the worker holds (a zombie hands nothing on).
     pub fn deliver(&mut self, worker: u32, key: &str, n: u64, shard: &str, sequence: &str) {
+        let now = self.now_ms();
+        if self.checks.lease_holder.get(shard) != Some(&worker) {
+            let since = self.checks.lease_lost.get(&(shard.to_string(), worker)).map(|t| now - t);
+            // A record in flight when the lease went is handed on at the same simulated instant
+            // (processing takes no simulated time); 100 ms is slack for the engine's own timers.
+            if since.is_none_or(|ms| ms > 100) {
+                let what = match since {
+                    Some(ms) => format!("{ms} ms after it lost the shard's lease"),
+                    None => "a shard whose lease it never held".to_string(),
+                };
+                self.violation(format!("zombie: w{worker} handed on {key}:{n} of {shard} {what}"));
+            }
+        }
         self.checks.deliveries += 1;
         let from = self.checks.optional(key);
         let seen = self.checks.delivered.entry(key.to_string()).or_default();

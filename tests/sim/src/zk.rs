@@ -96,6 +96,9 @@ impl SimZk {
                 return Err(zk::Error::ConnectionLoss);
             }
             let r = op(&mut w, self.session);
+            if what.contains("/owners/") || what.starts_with("multi") {
+                w.refresh_holders();
+            }
             let said = match &r {
                 Ok(_) => "ok".to_string(),
                 Err(e) => format!("{e:?}"),
@@ -148,6 +151,7 @@ impl Drop for SimZk {
         }
         if w.zk.session_alive(self.session) {
             w.zk.end_session(self.session);
+            w.refresh_holders();
             let (worker, session) = (self.worker, self.session);
             w.event(format!("w{worker} zk session {session:#x} closed"));
         }
@@ -365,6 +369,7 @@ pub fn tick_sessions(w: &mut World) {
         let silent = now - silent_since;
         if w.zk.session_alive(id) && silent >= timeout {
             w.zk.end_session(id);
+            w.refresh_holders();
             w.event(format!("zk server expired session {id:#x} of w{worker}"));
         }
         let s = &w.sessions[&id];
