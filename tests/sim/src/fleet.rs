@@ -42,6 +42,9 @@ pub struct Scenario {
     /// An exactly-once bolt counts records per key in the state table (with TRIM_HORIZON only:
     /// its counts must equal the records put).
     pub exactly_once: bool,
+    /// The streams the topology reads: `s`, or `s` and `t` (with TRIM_HORIZON only). Both have
+    /// the same shard ids and the same keys: exactly-once state must tell their records apart.
+    pub streams: Vec<String>,
 }
 
 impl Scenario {
@@ -54,6 +57,9 @@ impl Scenario {
             s.exactly_once = true;
             s.faults.state_throttle = if extra.chance(0.5) { 0.03 } else { 0.0 };
             s.faults.state_lost_after = if extra.chance(0.5) { 0.02 } else { 0.0 };
+        }
+        if s.initial == "trim-horizon" && extra.chance(0.4) {
+            s.streams.push("t".into());
         }
         s
     }
@@ -86,6 +92,7 @@ impl Scenario {
             initial: String::new(),
             at_ms: None,
             exactly_once: false,
+            streams: vec!["s".into()],
         }
         .with_initial_position(rng)
     }
@@ -156,6 +163,16 @@ impl KeyedState for CountByKey {
     }
 }
 
+/// Per key: the records put with it, over every stream (what exactly-once must count).
+fn expected_counts(w: &World) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (id, n) in &w.checks.put {
+        let key = id.split_once('/').map_or(id.as_str(), |(_, k)| k);
+        *out.entry(key.to_string()).or_default() += n;
+    }
+    out
+}
+
 /// Per key: the count the state table holds (items of every scope; the run has one).
 fn counts(w: &World) -> BTreeMap<String, u64> {
     w.state
@@ -180,11 +197,12 @@ impl Bolt for Sink {
             .and_then(|(k, n)| Some((k.to_string(), n.parse::<u64>().ok()?)))
             .ok_or_else(|| ComponentError::fatal(format!("not a simulator record: {text:?}")))?;
         let (shard, sequence) = (t.get_str("shard_id")?.to_string(), t.get_str("sequence_number")?.to_string());
+        let stream = t.get_str("stream")?.to_string();
         let crashed = {
             let mut w = lock(&self.world);
             let crashed = w.net(self.worker).0;
             if !crashed {
-                w.deliver(self.worker, &key, n, &shard, &sequence);
+                w.deliver(self.worker, &stream, &key, n, &shard, &sequence);
             }
             crashed
         };
@@ -235,7 +253,7 @@ impl Fleet {
         let args = Cli::parse_from([
             "sim".to_string(),
             "--topology=sim".into(),
-            "--stream=s".into(),
+            format!("--stream={}", self.scenario.streams.join(",")),
             format!("--zk=sim://{endpoint}"),
             "--zk-root=/squall".into(),
             format!("--zk-session-timeout-ms={SESSION_TIMEOUT_MS}"),
@@ -321,7 +339,7 @@ async fn run(seed: u64) -> Outcome {
     let name = format!("sim{seed}");
     let epoch_ms = EPOCH_MS;
     let world: Shared =
-        Arc::new(Mutex::new(World::new(seed, epoch_ms, "/squall/topologies/sim/streams/s".into(), "s".into())));
+        Arc::new(Mutex::new(World::new(seed, epoch_ms, "/squall/topologies/sim".into(), scenario.streams.clone())));
     let start = lock(&world).start;
     let skew = scenario.skew_ms;
     squall::coord::set_thread_clock(Some(Arc::new(move || epoch_ms + skew + start.elapsed().as_millis() as i64)));
@@ -334,7 +352,9 @@ async fn run(seed: u64) -> Outcome {
             _ => (Some(0), 0),
         };
         w.kinesis.set_now(epoch_ms);
-        w.kinesis.create_stream("s", scenario.shards).expect("stream");
+        for stream in &scenario.streams {
+            w.kinesis.create_stream(stream, scenario.shards).expect("stream");
+        }
         w.zk.set_now(epoch_ms);
         w.event(format!("seed {seed}: {scenario:?}"));
     }
@@ -361,7 +381,7 @@ async fn run(seed: u64) -> Outcome {
     // The producers.
     let producer = {
         let world = world.clone();
-        let (keys, rate) = (scenario.keys, scenario.rate);
+        let (keys, rate, streams) = (scenario.keys, scenario.rate, scenario.streams.clone());
         tokio::spawn(async move {
             let mut carry = 0u64;
             while start.elapsed() < Duration::from_millis(PRODUCE_MS) {
@@ -374,14 +394,17 @@ async fn run(seed: u64) -> Outcome {
                 w.kinesis.set_now(now);
                 for _ in 0..n {
                     let key = format!("k{}", w.rng.below(u64::from(keys)));
-                    let count = w.checks.put.entry(key.clone()).or_default();
+                    let stream = streams[w.rng.below(streams.len() as u64) as usize].clone();
+                    // the checks number records per stream and key
+                    let id = format!("{stream}/{key}");
+                    let count = w.checks.put.entry(id.clone()).or_default();
                     let i = *count;
                     *count += 1;
                     let t = start.elapsed().as_millis() as u64;
-                    w.checks.put_at.entry(key.clone()).or_default().push(t);
-                    let put = w.kinesis.put_record("s", &key, format!("{key}:{i}").as_bytes(), None);
+                    w.checks.put_at.entry(id.clone()).or_default().push(t);
+                    let put = w.kinesis.put_record(&stream, &key, format!("{key}:{i}").as_bytes(), None);
                     match put {
-                        Ok((shard, seq)) => w.event(format!("put {key}:{i} -> {shard} {seq}")),
+                        Ok((shard, seq)) => w.event(format!("put {id}:{i} -> {shard} {seq}")),
                         Err(e) => w.violation(format!("the model refused a put: {e:?}")),
                     }
                 }
@@ -424,12 +447,11 @@ async fn run(seed: u64) -> Outcome {
     loop {
         let done = {
             let w = lock(&world);
-            let counted = counts(&w);
+            let (counted, expected) = (counts(&w), expected_counts(&w));
             w.checks.put.iter().all(|(k, count)| {
                 let from = w.checks.optional(k);
                 (from..*count).all(|n| w.checks.delivered.get(k).is_some_and(|d| d.contains(&n)))
-                    && (!scenario.exactly_once || counted.get(k) == Some(count))
-            })
+            }) && (!scenario.exactly_once || expected.iter().all(|(k, n)| counted.get(k) == Some(n)))
         };
         if done || start.elapsed() >= deadline {
             break;
@@ -461,10 +483,8 @@ async fn run(seed: u64) -> Outcome {
         w.violation(what);
     }
     if scenario.exactly_once {
-        let counted = counts(&w);
-        let wrong: Vec<String> = w
-            .checks
-            .put
+        let (counted, expected) = (counts(&w), expected_counts(&w));
+        let wrong: Vec<String> = expected
             .iter()
             .filter(|(k, n)| counted.get(*k).copied().unwrap_or(0) != **n)
             .map(|(k, n)| format!("{k}: {} counted for {n} put", counted.get(k).copied().unwrap_or(0)))
@@ -563,23 +583,30 @@ fn inject(fleet: &mut Fleet) {
         "reshard" => {
             let now = w.now_ms();
             w.kinesis.set_now(now);
-            let open: Vec<_> =
-                w.kinesis.list_shards("s").unwrap_or_default().into_iter().filter(|s| s.end_seq.is_none()).collect();
+            let streams = w.streams.clone();
+            let stream = streams[w.rng.below(streams.len() as u64) as usize].clone();
+            let open: Vec<_> = w
+                .kinesis
+                .list_shards(&stream)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|s| s.end_seq.is_none())
+                .collect();
             if open.len() >= 2 && w.rng.chance(0.4) {
                 // Merge two adjacent open shards.
                 let mut sorted = open.clone();
                 sorted.sort_by_key(|s| s.start_hash);
                 let i = w.rng.below(sorted.len() as u64 - 1) as usize;
                 let (a, b) = (sorted[i].shard_id.clone(), sorted[i + 1].shard_id.clone());
-                let r = w.kinesis.merge_shards("s", &a, &b);
+                let r = w.kinesis.merge_shards(&stream, &a, &b);
                 w.injected("merge");
-                w.event(format!("FAULT merge {a} + {b}: {r:?}"));
+                w.event(format!("FAULT merge {stream}/{a} + {b}: {r:?}"));
             } else if open.len() < 8 {
                 let sh = open[w.rng.below(open.len() as u64) as usize].clone();
                 let mid = sh.start_hash / 2 + sh.end_hash / 2;
-                let r = w.kinesis.split_shard("s", &sh.shard_id, mid);
+                let r = w.kinesis.split_shard(&stream, &sh.shard_id, mid);
                 w.injected("split");
-                w.event(format!("FAULT split {} at {mid}: {r:?}", sh.shard_id));
+                w.event(format!("FAULT split {stream}/{} at {mid}: {r:?}", sh.shard_id));
             }
         }
         _ => {}

@@ -171,7 +171,7 @@ impl ShardApi for SimKinesis {
                     .find(|s| s.shard_id == shard)
                     .map(|s| s.parent.into_iter().chain(s.adjacent_parent).collect())
                     .unwrap_or_default();
-                w.iterator_asked(self.worker, shard, &parents);
+                w.iterator_asked(self.worker, stream, shard, &parents);
                 let r = w.kinesis.get_shard_iterator(stream, shard, kind.clone());
                 w.event(format!(
                     "w{} kinesis GetShardIterator {shard} {kind:?}: {}",

@@ -174,9 +174,10 @@ pub struct World {
     /// The simulated wall clock at the start (ms since the epoch) and tokio's (paused) instant then.
     pub epoch_ms: i64,
     pub start: Instant,
-    /// The ZooKeeper root and the stream's paths (for the checks).
-    pub stream_path: String,
-    pub stream: String,
+    /// The topology's znode (its streams are under `streams/`), for the checks.
+    pub topo_path: String,
+    /// The streams the topology reads (the first is the primary).
+    pub streams: Vec<String>,
     /// Counters of injected faults, by kind (the report's scenario mix).
     pub injected: BTreeMap<&'static str, u64>,
     /// Per worker: the largest offset of a `Date` its Kinesis answers carried (the service's
@@ -188,7 +189,7 @@ pub struct World {
 pub type Shared = Arc<Mutex<World>>;
 
 impl World {
-    pub fn new(seed: u64, epoch_ms: i64, stream_path: String, stream: String) -> Self {
+    pub fn new(seed: u64, epoch_ms: i64, topo_path: String, streams: Vec<String>) -> Self {
         World {
             rng: Rng::new(seed),
             zk: ZkModel::new(),
@@ -201,12 +202,17 @@ impl World {
             checks: Checks::default(),
             epoch_ms,
             start: Instant::now(),
-            stream_path,
-            stream,
+            topo_path,
+            streams,
             injected: BTreeMap::new(),
             date_offset: BTreeMap::new(),
             pid_tag: format!("-{}-", std::process::id()),
         }
+    }
+
+    /// A stream's znode.
+    pub fn stream_path(&self, stream: &str) -> String {
+        format!("{}/streams/{stream}", self.topo_path)
     }
 
     /// Simulated milliseconds since the epoch (the services' clock).
@@ -261,10 +267,17 @@ impl World {
     /// Recomputes who holds each shard's lease (after a change under `owners/`, or a session's
     /// end): the worker of the session that owns the lowest lease node.
     pub fn refresh_holders(&mut self) {
-        let dir = format!("{}/owners", self.stream_path);
+        for stream in self.streams.clone() {
+            self.refresh_holders_of(&stream);
+        }
+    }
+
+    fn refresh_holders_of(&mut self, stream: &str) {
+        let dir = format!("{}/owners", self.stream_path(stream));
         let now = self.now_ms();
-        for shard in self.zk.list_children_any(&dir) {
-            let sdir = format!("{dir}/{shard}");
+        for shard_id in self.zk.list_children_any(&dir) {
+            let shard = format!("{stream}/{shard_id}");
+            let sdir = format!("{dir}/{shard_id}");
             let lowest = self
                 .zk
                 .list_children_any(&sdir)
@@ -293,10 +306,13 @@ impl World {
 
     /// A delivery to a sink bolt of `worker`: per key, no record before an earlier one of its key;
     /// and only from a shard whose lease the worker holds (a zombie hands nothing on).
-    pub fn deliver(&mut self, worker: u32, key: &str, n: u64, shard: &str, sequence: &str) {
+    pub fn deliver(&mut self, worker: u32, stream: &str, key: &str, n: u64, shard: &str, sequence: &str) {
         let now = self.now_ms();
-        if self.checks.lease_holder.get(shard) != Some(&worker) {
-            let since = self.checks.lease_lost.get(&(shard.to_string(), worker)).map(|t| now - t);
+        let held = format!("{stream}/{shard}");
+        // per-key order is per stream: keys are `{stream}/{key}` in the checks
+        let key = &format!("{stream}/{key}");
+        if self.checks.lease_holder.get(&held) != Some(&worker) {
+            let since = self.checks.lease_lost.get(&(held.clone(), worker)).map(|t| now - t);
             // A record in flight when the lease went is handed on at the same simulated instant
             // (processing takes no simulated time); 100 ms is slack for the engine's own timers.
             if since.is_none_or(|ms| ms > 100) {
@@ -322,30 +338,39 @@ impl World {
         }
     }
 
-    fn is_checkpoint(&self, path: &str) -> Option<String> {
-        path.strip_prefix(&self.stream_path)?.strip_prefix("/checkpoints/").map(str::to_string)
+    /// `(stream, shard)` of a checkpoint znode's path.
+    fn is_checkpoint(&self, path: &str) -> Option<(String, String)> {
+        let rest = path.strip_prefix(&self.topo_path)?.strip_prefix("/streams/")?;
+        let (stream, shard) = rest.split_once("/checkpoints/")?;
+        (!shard.contains('/')).then(|| (stream.to_string(), shard.to_string()))
     }
 
     /// A write the server accepted on `path` (set, create, or part of a multi whose lease check was
     /// `lease`): checkpoints never move back, and are written only under the shard's lowest lease.
     pub fn accepted_write(&mut self, worker: u32, path: &str, data: &[u8], lease: Option<&str>) {
-        if self.checks.required_from_ms.is_none() && path == format!("{}/first_start", self.stream_path) {
+        if self.checks.required_from_ms.is_none()
+            && path == format!("{}/first_start", self.stream_path(&self.streams[0]))
+        {
             let at = self.start.elapsed().as_millis() as u64 + self.checks.latest_slack_ms;
             self.checks.required_from_ms = Some(at);
             self.event(format!("w{worker} first start recorded: records put from {at} ms on are required"));
         }
-        let Some(shard) = self.is_checkpoint(path) else { return };
+        let Some((stream, shard)) = self.is_checkpoint(path) else { return };
         let Ok(cp) = serde_json::from_slice::<Checkpoint>(data) else {
             self.violation(format!("w{worker} wrote an unreadable checkpoint at {path}"));
             return;
         };
         self.checks.checkpoint_writes += 1;
-        self.event(format!("w{worker} checkpoint {shard} {} finished={}", position(&cp.position), cp.finished));
+        self.event(format!(
+            "w{worker} checkpoint {stream}/{shard} {} finished={}",
+            position(&cp.position),
+            cp.finished
+        ));
         if let Some(prev) = self.checks.checkpoints.get(path)
             && moved_back(&prev.position, &cp.position, prev.finished, cp.finished)
         {
             let what = format!(
-                "checkpoint of {shard} moved back: {} (finished {}) -> {} (finished {}), by w{worker}",
+                "checkpoint of {stream}/{shard} moved back: {} (finished {}) -> {} (finished {}), by w{worker}",
                 position(&prev.position),
                 prev.finished,
                 position(&cp.position),
@@ -354,7 +379,7 @@ impl World {
             self.violation(what);
         }
         if let Some(lease) = lease {
-            let dir = format!("{}/owners/{shard}", self.stream_path);
+            let dir = format!("{}/owners/{shard}", self.stream_path(&stream));
             let holder = self
                 .zk
                 .list_children_any(&dir)
@@ -363,7 +388,7 @@ impl World {
             let mine = lease.rsplit('/').next().unwrap_or(lease);
             if holder.as_deref() != Some(mine) {
                 self.violation(format!(
-                    "w{worker} wrote the checkpoint of {shard} under lease {mine}, which does not hold it (holder: {holder:?})"
+                    "w{worker} wrote the checkpoint of {stream}/{shard} under lease {mine}, which does not hold it (holder: {holder:?})"
                 ));
             }
         }
@@ -371,10 +396,11 @@ impl World {
     }
 
     /// A shard iterator asked for `shard`: every parent must have finished first.
-    pub fn iterator_asked(&mut self, worker: u32, shard: &str, parents: &[String]) {
+    pub fn iterator_asked(&mut self, worker: u32, stream: &str, shard: &str, parents: &[String]) {
+        let sp = self.stream_path(stream);
         for p in parents {
-            let cp_path = format!("{}/checkpoints/{p}", self.stream_path);
-            let marker = format!("{}/finished/{p}", self.stream_path);
+            let cp_path = format!("{sp}/checkpoints/{p}");
+            let marker = format!("{sp}/finished/{p}");
             let finished = self.zk.exists_any(&marker)
                 || self
                     .zk
@@ -382,7 +408,7 @@ impl World {
                     .and_then(|d| serde_json::from_slice::<Checkpoint>(&d).ok())
                     .is_some_and(|c| c.finished);
             if !finished {
-                self.violation(format!("w{worker} read child {shard} before its parent {p} finished"));
+                self.violation(format!("w{worker} read child {stream}/{shard} before its parent {p} finished"));
             }
         }
     }
