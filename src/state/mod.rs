@@ -81,6 +81,10 @@
 //! retries).
 //!
 //! # Table schema
+//! [`StateStore`] reaches the table through [`StateApi`], its eight operations: DynamoDB through
+//! the AWS SDK, or, for a state endpoint `sim://NAME`, the model the simulator registered
+//! ([`register_state_api`]).
+//!
 //! One table (`--state-table`, created on first start with on-demand billing), partition key
 //! `pk` (S), no sort key, one sparse index (below). One item per key and component:
 //!
