@@ -1,6 +1,7 @@
 //! Garbage collection of shards trimmed past retention. kinesis-local never trims closed shards,
-//! so the workers reach Kinesis through the fault proxy, which can leave named shards out of
-//! ListShards answers. Two workers read a 2-shard stream; a shard is split, its parent is read to
+//! so the workers reach Kinesis through the fault proxy, which can hide named shards as trimmed
+//! ones are: left out of ListShards answers, and ResourceNotFound to GetShardIterator (which the
+//! leader asks before it collects a shard the listings leave out). Two workers read a 2-shard stream; a shard is split, its parent is read to
 //! its end and finished (finished marker, read-log `finish`) and its children are read; then the
 //! proxy hides the parent. The test shows that the hiding reached the leader (the proxy rewrote
 //! ListShards answers) and then that the leader removed `checkpoints/{parent}` and

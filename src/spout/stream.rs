@@ -676,6 +676,21 @@ impl StreamCoordinator {
                 }
                 continue;
             }
+            // Listings that leave a shard out, even several some time apart, are no proof that it
+            // left the stream (the simulator's seed 687: two listings 10 s apart omitted a
+            // finished parent, it was collected and came back in the next listing as a new shard,
+            // read again from TRIM_HORIZON). Kinesis answers GetShardIterator on a shard trimmed
+            // past retention with ResourceNotFound: only that collects it.
+            match self.shard_gone(&shard).await {
+                Some(true) => {}
+                Some(false) => {
+                    tracing::info!(shard = %shard, "finished shard missing from ListShards is still in the stream \
+                        (GetShardIterator answered): kept");
+                    l.absent.remove(&shard);
+                    continue;
+                }
+                None => continue,
+            }
             match store.forget_shard(&shard).await {
                 Ok(()) => {
                     tracing::info!(shard = %shard, "shard finished and left the stream: its checkpoint and marker removed");
@@ -706,12 +721,22 @@ impl StreamCoordinator {
         for p in orphans {
             let (since, listings) = l.parents_absent.entry(p.clone()).or_insert((Instant::now(), 0));
             *listings += 1;
-            if gc_confirmed(*since, *listings, discovery_every) {
-                tracing::info!(shard = %p, "a parent missing from every listing for a while: taken for gone (trimmed)");
-                l.parents_absent.remove(&p);
-                l.gone.insert(p);
-            } else {
+            if !gc_confirmed(*since, *listings, discovery_every) {
                 unconfirmed.push(p);
+                continue;
+            }
+            match self.shard_gone(&p).await {
+                Some(true) => {
+                    tracing::info!(shard = %p, "a parent missing from the listings has left the stream (trimmed)");
+                    l.parents_absent.remove(&p);
+                    l.gone.insert(p);
+                }
+                Some(false) => {
+                    // still there: the next listing should name it
+                    l.parents_absent.remove(&p);
+                    unconfirmed.push(p);
+                }
+                None => unconfirmed.push(p),
             }
         }
         if !unconfirmed.is_empty() {
@@ -851,6 +876,23 @@ impl StreamCoordinator {
                  this worker's {now}. Check the workers' clocks (NTP, chrony)");
         }
         at
+    }
+
+    /// Whether `shard` has left the stream, asked of Kinesis directly: GetShardIterator at
+    /// TRIM_HORIZON answers ResourceNotFound for a shard trimmed past retention (`Some(true)`),
+    /// an iterator for one still there (`Some(false)`); `None` when the call failed otherwise.
+    async fn shard_gone(&self, shard: &str) -> Option<bool> {
+        use crate::coord::CheckpointPosition;
+        use crate::kinesis::KinesisError;
+        let at = CheckpointPosition::TrimHorizon;
+        match self.source.shard_iterator(shard, super::source::StartAt::Checkpoint(&at)).await {
+            Ok(_) => Some(false),
+            Err(KinesisError::StreamNotFound { .. } | KinesisError::ShardNotFound { .. }) => Some(true),
+            Err(e) => {
+                tracing::debug!(shard, error = %e, "asking whether a shard left the stream failed; asked again later");
+                None
+            }
+        }
     }
 
     /// Computes the sticky assignment and writes it when it differs from the current one.

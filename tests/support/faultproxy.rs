@@ -96,6 +96,8 @@ pub struct Counters {
     pub client_errors: AtomicU64,
     /// ListShards answers from which hidden shards were removed.
     pub hidden_listings: AtomicU64,
+    /// GetShardIterator requests on a hidden shard, answered ResourceNotFound.
+    pub hidden_iterators: AtomicU64,
     /// PutRecords answers with injected per-record failures.
     pub partial_calls: AtomicU64,
     /// Index entries listed in Query answers after the index no longer had them (stale reads).
@@ -467,6 +469,22 @@ async fn serve(mut client: TcpStream, sh: &Shared) -> std::io::Result<()> {
             let mut log = sh.log.lock().unwrap();
             if log.len() < LOG_CAP {
                 log.push((sh.started.elapsed(), op.clone(), injected));
+            }
+        }
+        // A hidden shard is a trimmed one: GetShardIterator on it answers ResourceNotFound, as
+        // Kinesis does for a shard past retention.
+        if op == "GetShardIterator" {
+            let hidden = sh.hidden.lock().unwrap().clone();
+            let asked = serde_json::from_slice::<serde_json::Value>(&req.body)
+                .ok()
+                .and_then(|v| v.get("ShardId").and_then(|s| s.as_str()).map(str::to_string));
+            if let Some(id) = asked.filter(|id| hidden.contains(id)) {
+                sh.counters.hidden_iterators.fetch_add(1, Ordering::Relaxed);
+                let body = format!(
+                    r#"{{"__type":"ResourceNotFoundException","message":"Shard {id} does not exist (hidden by the fault proxy: trimmed)"}}"#
+                );
+                client.write_all(&response("400 Bad Request", &body)).await?;
+                continue;
             }
         }
         match fault {
