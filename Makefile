@@ -109,7 +109,7 @@ breaks:
 # The deterministic simulator (tests/sim, no services): a fleet of workers on simulated time over
 # models of ZooKeeper and Kinesis, faults from a seed. `make sim SEED=N` replays one seed (its trace
 # hash, its last events); `make sim` sweeps seeds for BUDGET seconds (default 600) from FIRST (default:
-# the clock, new seeds each run) with JOBS at once (default: every core). `make test` runs 60 s of
+# the clock, new seeds each run) with JOBS at once (default: every core). `make test` runs 150 s of
 # it from seed 1. Nightly: `make sim BUDGET=3600`. `make sim-breaks` shows each coordination break
 # of scripts/breaks/ found by a seed that replays (scripts/sim-breaks, ~40 min).
 sim:
