@@ -601,6 +601,11 @@ impl StreamCoordinator {
         let stored = store.client().check_stat(store.paths().shards()).await.ok().flatten().map(|s| s.version);
         if stored != l.list.as_ref().map(|v| v.version) {
             (l.list, l.list_broken) = load_list(store).await?;
+            // A list read from ZooKeeper (an operator's edit, or this leader's own write whose
+            // answer was lost) needs an assignment like one written here: before, a lost answer
+            // to the first list's create left the topology without an assignment for good (the
+            // simulator's seed 102557: nothing read for 146 s).
+            l.recompute = true;
         }
         let stored_created = l.list.as_ref().and_then(|v| v.value.stream_created_ms);
         if let (Some(was), Some(now)) = (stored_created, created)
