@@ -239,6 +239,7 @@ const FOUND: &[(u64, &str)] = &[
     (343, "latest-closed-finished: a resumed LATEST first start finishing a shard closed after it"),
     (584, "exact-dedup: exactly-once counting replays again"),
     (687, "gc-without-asking: a shard collected on listings alone, read again when it came back"),
+    (102557, "list-read-no-assign: a shard list read back (its create's answer lost) assigned nothing"),
 ];
 
 /// Every seed of [`FOUND`] holds every invariant on today's code.
