@@ -12,7 +12,7 @@ use squall::kinesis::{KinesisError, ShardDescription};
 use squall::spout::{Batch, Record, ShardApi, StartAt};
 use squall_test_support::kinesismodel::{IteratorType, KError};
 
-use crate::world::{Cut, Shared, lock};
+use crate::world::{Shared, lock, wait_network};
 
 /// One worker's Kinesis.
 #[derive(Debug)]
@@ -54,7 +54,7 @@ impl SimKinesis {
     async fn there(&self, op: &'static str, stream: &str) -> Result<(), KinesisError> {
         let d = lock(&self.world).latency();
         tokio::time::sleep(d).await;
-        self.wait_network().await;
+        wait_network(&self.world, self.worker).await;
         let mut w = lock(&self.world);
         // The answer's Date header (the service's clock, to the second), kept as the product's
         // Kinesis client keeps it (`kinesis::clock`): the largest offset of a header from the
@@ -79,20 +79,7 @@ impl SimKinesis {
     async fn back(&self) {
         let d = lock(&self.world).latency();
         tokio::time::sleep(d).await;
-        self.wait_network().await;
-    }
-
-    async fn wait_network(&self) {
-        loop {
-            let (crashed, cut) = lock(&self.world).net(self.worker);
-            if crashed {
-                return std::future::pending().await;
-            }
-            if cut != Some(Cut::Hang) {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        wait_network(&self.world, self.worker).await;
     }
 }
 

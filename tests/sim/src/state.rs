@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use squall::state::{NewItem, ScopeItem, StateApi, StateError, StoredItem, WriteOutcome};
 
-use crate::world::{Cut, Shared, World, lock};
+use crate::world::{Shared, World, lock, wait_network};
 
 /// One worker's state table.
 pub struct SimState {
@@ -18,19 +18,6 @@ pub struct SimState {
 }
 
 impl SimState {
-    async fn wait_network(&self) {
-        loop {
-            let (crashed, cut) = lock(&self.world).net(self.worker);
-            if crashed {
-                return std::future::pending().await;
-            }
-            if cut != Some(Cut::Hang) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
     /// One call: there, `op` on the model (unless throttled), back; a lost answer after the
     /// model applied it fails the call as a timeout would.
     async fn call<T: Send>(
@@ -41,7 +28,7 @@ impl SimState {
     ) -> Result<T, StateError> {
         let d = lock(&self.world).latency();
         tokio::time::sleep(d).await;
-        self.wait_network().await;
+        wait_network(&self.world, self.worker).await;
         let (result, lost) = {
             let mut w = lock(&self.world);
             let (throttle, lose) = (w.faults.state_throttle, w.faults.state_lost_after);
@@ -77,7 +64,7 @@ impl SimState {
         }
         let d = lock(&self.world).latency();
         tokio::time::sleep(d).await;
-        self.wait_network().await;
+        wait_network(&self.world, self.worker).await;
         Ok(result)
     }
 }

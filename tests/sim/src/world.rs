@@ -436,6 +436,21 @@ fn moved_back(a: &CheckpointPosition, b: &CheckpointPosition, a_fin: bool, b_fin
     }
 }
 
+/// Waits out `worker`'s freeze (its calls to Kinesis and the state table hang until it ends);
+/// never returns for a crashed worker. A cut from ZooKeeper alone does not stop these calls.
+pub async fn wait_network(world: &Shared, worker: u32) {
+    loop {
+        let (crashed, cut) = lock(world).net(worker);
+        if crashed {
+            return std::future::pending().await;
+        }
+        if cut != Some(Cut::Hang) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Locks the world (a poisoned lock is a failed check elsewhere: go on with it).
 pub fn lock(w: &Shared) -> MutexGuard<'_, World> {
     w.lock().unwrap_or_else(|p| p.into_inner())
