@@ -209,6 +209,25 @@ fn seeds_hold_every_invariant() {
         worker_min / wall.as_secs_f64() * 60.0,
         sim_min,
     );
+    // The runs held because the faults happened: a sweep of 50 seeds or more injected every kind.
+    if results.len() >= 50 {
+        let kinds = [
+            "crash",
+            "freeze",
+            "partition from zk",
+            "join",
+            "split",
+            "merge",
+            "kinesis throttled",
+            "listing omits a shard",
+            "zk lost before",
+            "zk lost after",
+            "dynamodb throttled",
+            "dynamodb answer lost",
+        ];
+        let missing: Vec<&str> = kinds.iter().copied().filter(|k| mix.get(*k).copied().unwrap_or(0) == 0).collect();
+        assert!(missing.is_empty(), "{} seeds injected none of: {missing:?} ({mix:?})", results.len());
+    }
     let failed: Vec<&Outcome> = results.iter().map(|(o, _)| o).filter(|o| !o.violations.is_empty()).collect();
     let text: String = failed.iter().map(|o| report(o)).collect();
     assert!(failed.is_empty(), "{} of {} seeds broke an invariant:\n{text}", failed.len(), results.len());
