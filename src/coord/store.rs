@@ -202,7 +202,9 @@ impl ZkStore {
         self.session.state()
     }
 
-    /// Drops this reference (the session closes when it was the last one).
+    /// Drops this reference (the session closes when it was the last one). The close is sent by
+    /// the client's background task: another session may still see this one's ephemeral nodes
+    /// for a moment. Use [`Self::close_gracefully`] when they must be gone on return.
     pub fn close(self) {
         drop(self);
     }
