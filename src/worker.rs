@@ -281,8 +281,11 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
     // session (see the new-generation arm of the loop below).
     session.hold_new_sessions();
     metrics.set_session(session.clone());
-    let mut store = open_store(&session, &args).await?;
-    let state = ensure_deployment(&store).await?;
+    // Followed from here on: a session that expires while the worker starts is replaced before
+    // the lifecycle loop runs, and the loop sees the replacement.
+    let mut sessions = session.subscribe();
+    let (mut store, mut generation, state) = open_lifecycle(&mut sessions, &args).await?;
+    session.admit(generation);
     tracing::info!(topology = %args.topology, state = ?state.state, deployment = %state.deployment_id, "deployment");
     topo_cfg.start_active = state.state != Lifecycle::Inactive;
     let deployment = state.deployment_id.clone();
@@ -294,9 +297,16 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
-    let mut events = Some(watch_lifecycle(&store).await.map_err(|e| anyhow::anyhow!("{e}"))?);
-    let mut sessions = session.subscribe();
-    let mut generation = session.current().generation;
+    let mut events = match watch_lifecycle(&store).await {
+        Ok(events) => Some(events),
+        // The session expired after the deployment was read: the loop below watches again on the
+        // next one (its new-generation arm), as after any expiry.
+        Err(e) if e.is_session_lost() => {
+            tracing::warn!(error = %e, "the worker's ZooKeeper session was lost while it started; waiting for the new one");
+            None
+        }
+        Err(e) => anyhow::bail!("worker of topology {}: {e}", args.topology),
+    };
     let mut publish = tokio::time::interval(Duration::from_secs(2));
     publish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut published: Option<(WorkerStatus, tokio::time::Instant)> = None;
@@ -707,13 +717,40 @@ async fn recv_opt(rx: &mut Option<tokio::sync::mpsc::Receiver<ChangeEvent>>) -> 
     }
 }
 
-async fn open_store(session: &SharedSession, args: &WorkerArgs) -> anyhow::Result<ZkStore> {
-    let Some(s) = session.current().session else {
-        anyhow::bail!("no ZooKeeper session for topology {}", args.topology);
-    };
-    ZkStore::open(s, &args.zk_root, &args.topology, args.primary_stream())
-        .await
-        .map_err(|e| anyhow::anyhow!("worker of topology {}: {e}", args.topology))
+/// Opens the worker's store on the current session and settles the deployment: the store, the
+/// session generation it is on, and the lifecycle state. A session that expires meanwhile (a
+/// worker paused while it started) is not an error: the next generation is used, as the lifecycle
+/// loop does after any expiry. `sessions` is marked seen up to the generation returned.
+async fn open_lifecycle(
+    sessions: &mut tokio::sync::watch::Receiver<crate::coord::SessionView>,
+    args: &WorkerArgs,
+) -> anyhow::Result<(ZkStore, u64, TopologyState)> {
+    let topology = &args.topology;
+    loop {
+        let view = sessions.borrow_and_update().clone();
+        if let Health::Failed(msg) = &view.health {
+            anyhow::bail!("worker of topology {topology}: {msg}");
+        }
+        if let Some(s) = view.session {
+            let opened = async {
+                let store = ZkStore::open(s, &args.zk_root, topology, args.primary_stream()).await?;
+                let state = ensure_deployment(&store).await?;
+                anyhow::Ok((store, state))
+            }
+            .await;
+            match opened {
+                Ok((store, state)) => return Ok((store, view.generation, state)),
+                Err(e) if e.downcast_ref::<CoordError>().is_some_and(CoordError::is_session_lost) => {
+                    tracing::warn!(error = %e, generation = view.generation,
+                        "the worker's ZooKeeper session was lost while it started; waiting for the new one");
+                }
+                Err(e) => anyhow::bail!("worker of topology {topology}: {e}"),
+            }
+        }
+        if sessions.changed().await.is_err() {
+            anyhow::bail!("worker of topology {topology}: its ZooKeeper session was closed while it started");
+        }
+    }
 }
 
 /// Watches the lifecycle state and the drain node; a lost answer is retried (5 tries, 100 ms to
@@ -887,7 +924,7 @@ pub async fn ensure_deployment(store: &ZkStore) -> anyhow::Result<TopologyState>
                 tokio::time::sleep(Duration::from_millis(200 * lost)).await;
                 continue;
             }
-            Err(e) => return Err(anyhow::anyhow!("{e}")),
+            Err(e) => return Err(e.into()),
         };
         let expected = match &current {
             Some(v) if !matches!(v.value.state, Lifecycle::Killed | Lifecycle::Drained) => return Ok(v.value.clone()),
@@ -907,7 +944,7 @@ pub async fn ensure_deployment(store: &ZkStore) -> anyhow::Result<TopologyState>
                 lost += 1;
                 tokio::time::sleep(Duration::from_millis(200 * lost)).await;
             }
-            Err(e) => return Err(anyhow::anyhow!("{e}")),
+            Err(e) => return Err(e.into()),
         }
     }
     anyhow::bail!("could not settle the topology state: too many concurrent writers")

@@ -89,6 +89,13 @@ fn run_child(seed: u64) -> Outcome {
         .output()
         .expect("running a simulation child");
     let stdout = String::from_utf8_lossy(&out.stdout);
+    if std::env::var("SQUALL_SIM_TRACE").is_ok_and(|v| v == "1") {
+        // The child echoed every event (and, with SQUALL_SIM_LOG, the product's log lines).
+        for line in stdout.lines().filter(|l| !l.contains(RESULT)) {
+            println!("{line}");
+        }
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    }
     let found =
         stdout.lines().find_map(|l| l.split_once(RESULT).map(|(_, j)| j)).and_then(|j| serde_json::from_str(j).ok());
     found.unwrap_or_else(|| {
@@ -259,6 +266,8 @@ const FOUND: &[(u64, &str)] = &[
     (584, "exact-dedup: exactly-once counting replays again"),
     (687, "gc-without-asking: a shard collected on listings alone, read again when it came back"),
     (102557, "list-read-no-assign: a shard list read back (its create's answer lost) assigned nothing"),
+    (100482, "start-session-expiry: a worker frozen while it started exited when its session had expired"),
+    (101158, "start-session-expiry: a worker cut from ZooKeeper while it started exited when its session had expired"),
 ];
 
 /// Every seed of [`FOUND`] holds every invariant on today's code.
