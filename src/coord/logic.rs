@@ -42,6 +42,10 @@ pub fn readable(list: &ShardList, finished_set: &BTreeSet<String>) -> Vec<String
 ///   shard was closed by a split or a merge, so its hash range lives on in children whose
 ///   records arrived after it closed. The union of the children's hash ranges must cover the
 ///   parent's (a listing that returned one child of a split is a gap too);
+/// - otherwise, when the newest shards of the list (those it names no child of) do not cover
+///   the whole hash key space: a listing left out a shard that is neither finished nor named as
+///   anyone's parent (an open shard missing from the first listing), whose records no task
+///   would read and no watermark would hold back;
 /// - a readable shard without a starting position (`positioned`: shards with a checkpoint).
 ///
 /// An assignment written over such a list would leave those records unassigned, and its tasks
@@ -59,7 +63,7 @@ pub fn lineage_gaps(list: &ShardList, finished: &BTreeSet<String>, positioned: &
         let children: Vec<&super::model::ShardRecord> =
             list.shards.iter().filter(|c| c.parents().any(|p| p == parent.shard_id)).collect();
         let covered = match (range(parent), children.iter().map(|c| range(c)).collect::<Option<Vec<_>>>()) {
-            (Some(p), Some(mut kids)) => covers(p, &mut kids),
+            (Some(p), Some(mut kids)) => first_uncovered(p, &mut kids).is_none(),
             // Hash keys that do not parse (never from Kinesis): at least one child.
             _ => !children.is_empty(),
         };
@@ -76,6 +80,17 @@ pub fn lineage_gaps(list: &ShardList, finished: &BTreeSet<String>, positioned: &
             });
         }
     }
+    if gaps.is_empty() && !list.shards.is_empty() {
+        let named_parents: BTreeSet<&str> = list.shards.iter().flat_map(|s| s.parents()).collect();
+        let newest: Option<Vec<(u128, u128)>> =
+            list.shards.iter().filter(|s| !named_parents.contains(s.shard_id.as_str())).map(range).collect();
+        if let Some(from) = newest.and_then(|mut n| first_uncovered((0, u128::MAX), &mut n)) {
+            gaps.push(format!(
+                "the shard list's newest shards do not cover the hash key space from hash key {from}: a listing \
+                 left out an open shard"
+            ));
+        }
+    }
     for s in readable(list, finished) {
         if !positioned.contains(&s) {
             gaps.push(format!("shard {s} is readable but its starting position is not persisted yet"));
@@ -84,8 +99,9 @@ pub fn lineage_gaps(list: &ShardList, finished: &BTreeSet<String>, positioned: &
     gaps
 }
 
-/// Whether the ranges `kids` (inclusive) cover the inclusive range `parent`.
-fn covers(parent: (u128, u128), kids: &mut [(u128, u128)]) -> bool {
+/// The lowest hash key of the inclusive range `parent` that none of the inclusive ranges `kids`
+/// covers; `None` when they cover it all.
+fn first_uncovered(parent: (u128, u128), kids: &mut [(u128, u128)]) -> Option<u128> {
     kids.sort_unstable();
     let mut next = parent.0; // the lowest hash key not covered yet
     for &(start, end) in kids.iter() {
@@ -93,11 +109,11 @@ fn covers(parent: (u128, u128), kids: &mut [(u128, u128)]) -> bool {
             break;
         }
         if end >= parent.1 {
-            return true;
+            return None;
         }
         next = next.max(end + 1);
     }
-    false
+    Some(next)
 }
 
 /// Orders task node names by their sequence number (then by name).
@@ -627,6 +643,33 @@ mod tests {
         // a parent trimmed from the list: nothing to check
         let trimmed = ShardList::new(vec![ranged("s4", &["s0", "s1"], 0, u128::MAX, false)], 0);
         assert!(lineage_gaps(&trimmed, &set(&["s0", "s1"]), &set(&["s4"])).is_empty());
+    }
+
+    #[test]
+    fn a_first_listing_without_an_open_shard_is_a_gap() {
+        // found by the simulator (seed 13): a first ListShards left out an open shard; the
+        // assignment over the others let the committed watermark pass its records
+        let third = u128::MAX / 3;
+        let listed = ShardList::new(
+            vec![ranged("s0", &[], 0, third, false), ranged("s2", &[], 2 * third + 1, u128::MAX, false)],
+            0,
+        );
+        let all = set(&["s0", "s1", "s2"]);
+        let gaps = lineage_gaps(&listed, &set(&[]), &all);
+        assert_eq!(
+            gaps,
+            [format!(
+                "the shard list's newest shards do not cover the hash key space from hash key {}: a listing left \
+                 out an open shard",
+                third + 1
+            )]
+        );
+        let mut whole = listed.clone();
+        whole.shards.push(ranged("s1", &[], third + 1, 2 * third, false));
+        assert!(lineage_gaps(&whole, &set(&[]), &all).is_empty());
+        // the last shard missing: the gap starts after the first
+        let first_only = ShardList::new(vec![ranged("s0", &[], 0, third, false)], 0);
+        assert!(lineage_gaps(&first_only, &set(&[]), &all)[0].contains(&format!("from hash key {}", third + 1)));
     }
 
     /// A resharding history over the whole hash key space: each step splits an open shard at a

@@ -45,6 +45,10 @@ pub struct Scenario {
     /// The streams the topology reads: `s`, or `s` and `t` (with TRIM_HORIZON only). Both have
     /// the same shard ids and the same keys: exactly-once state must tell their records apart.
     pub streams: Vec<String>,
+    /// `committed_watermark_interval_ms` (0: off): the spout tasks report their committed
+    /// watermarks and the leader publishes the stream's, which the checks hold against the
+    /// records not delivered yet.
+    pub committed_interval_ms: u64,
 }
 
 impl Scenario {
@@ -60,6 +64,11 @@ impl Scenario {
         }
         if s.initial == "trim-horizon" && extra.chance(0.4) {
             s.streams.push("t".into());
+        }
+        // Features added later draw from streams of their own too.
+        let mut later = Rng::new(seed ^ 0x3C3C_C3C3_9696_6969);
+        if later.chance(0.5) {
+            s.committed_interval_ms = [200, 500, 1000][later.below(3) as usize];
         }
         s
     }
@@ -93,6 +102,7 @@ impl Scenario {
             at_ms: None,
             exactly_once: false,
             streams: vec!["s".into()],
+            committed_interval_ms: 0,
         }
         .with_initial_position(rng)
     }
@@ -127,6 +137,9 @@ pub struct Outcome {
     pub deliveries: u64,
     pub checkpoint_writes: u64,
     pub fenced_writes: u64,
+    /// Committed watermarks checked against the records not delivered.
+    #[serde(default)]
+    pub committed_checks: u64,
     pub injected: BTreeMap<String, u64>,
     pub scenario: String,
     pub violations: Vec<String>,
@@ -229,6 +242,8 @@ struct Fleet {
     next_id: u32,
     /// Simulated ms of workers that ended.
     worker_ms: u64,
+    /// The workers' `--spout-config` file, if the scenario needs one (removed at the end).
+    spout_config: Option<std::path::PathBuf>,
 }
 
 impl Fleet {
@@ -250,7 +265,7 @@ impl Fleet {
             })
         });
         lock(&self.world).net.insert(id, Net::default());
-        let args = Cli::parse_from([
+        let mut flags = vec![
             "sim".to_string(),
             "--topology=sim".into(),
             format!("--stream={}", self.scenario.streams.join(",")),
@@ -265,8 +280,11 @@ impl Fleet {
             // Idle spouts poll every 10 ms instead of every 1: a tenth of the wake-ups, which
             // are most of a run's CPU.
             "--spout-idle-sleep-us=10000".into(),
-        ])
-        .worker;
+        ];
+        if let Some(path) = &self.spout_config {
+            flags.push(format!("--spout-config={}", path.display()));
+        }
+        let args = Cli::parse_from(flags).worker;
         let world = self.world.clone();
         let sink_world = self.world.clone();
         lock(&world).event(format!("w{id} starts"));
@@ -366,7 +384,14 @@ async fn run(seed: u64) -> Outcome {
         started: BTreeMap::new(),
         next_id: 1,
         worker_ms: 0,
+        spout_config: None,
     };
+    if scenario.committed_interval_ms > 0 {
+        let path = std::env::temp_dir().join(format!("squall-sim-{}-{seed}.json", std::process::id()));
+        let cfg = serde_json::json!({ "committed_watermark_interval_ms": scenario.committed_interval_ms });
+        std::fs::write(&path, cfg.to_string()).expect("writing the workers' spout configuration");
+        fleet.spout_config = Some(path);
+    }
 
     // The server's session clock.
     let ticker = {
@@ -402,6 +427,8 @@ async fn run(seed: u64) -> Outcome {
                     *count += 1;
                     let t = start.elapsed().as_millis() as u64;
                     w.checks.put_at.entry(id.clone()).or_default().push(t);
+                    w.checks.undelivered.entry(stream.clone()).or_default().insert((now, id.clone(), i));
+                    w.checks.arrival.entry(id.clone()).or_default().push(now);
                     let put = w.kinesis.put_record(&stream, &key, format!("{key}:{i}").as_bytes(), None);
                     match put {
                         Ok((shard, seq)) => w.event(format!("put {id}:{i} -> {shard} {seq}")),
@@ -510,12 +537,16 @@ async fn run(seed: u64) -> Outcome {
         deliveries: w.checks.deliveries,
         checkpoint_writes: w.checks.checkpoint_writes,
         fenced_writes: w.checks.fenced_writes,
+        committed_checks: w.checks.committed_checks,
         injected: w.injected.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         scenario: format!("{scenario:?}"),
         violations: w.checks.violations.clone(),
         tail: w.trace.tail(),
     };
     drop(w);
+    if let Some(path) = &fleet.spout_config {
+        let _ = std::fs::remove_file(path);
+    }
     squall::coord::set_thread_clock(None);
     out
 }

@@ -7,7 +7,9 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use squall::coord::{Checkpoint, CheckpointPosition, sequence_cmp};
+use squall::coord::{
+    Assignment, Checkpoint, CheckpointPosition, PublishedWatermark, WatermarkReport, committed_watermark, sequence_cmp,
+};
 use squall_test_support::kinesismodel::KinesisModel;
 use squall_test_support::statemodel::StateModel;
 use squall_test_support::zkmodel::ZkModel;
@@ -146,6 +148,16 @@ pub struct Checks {
     pub lease_holder: BTreeMap<String, u32>,
     /// When a worker stopped holding a shard's lease (released, or its session ended).
     pub lease_lost: BTreeMap<(String, u32), i64>,
+    /// Per key: each record's arrival time (the service's clock, ms), by its `n`.
+    pub arrival: BTreeMap<String, Vec<i64>>,
+    /// Per stream: records put and not delivered yet, by arrival time (the service's clock, ms),
+    /// `(arrival, "{stream}/{key}", n)`.
+    pub undelivered: BTreeMap<String, BTreeSet<(i64, String, u64)>>,
+    /// Per stream: the highest committed watermark checked (computed from the tasks' reports, or
+    /// published by the leader).
+    pub committed_checked: BTreeMap<String, i64>,
+    /// Committed watermarks checked against the records not delivered.
+    pub committed_checks: u64,
 }
 
 impl Checks {
@@ -327,6 +339,12 @@ impl World {
         let from = self.checks.optional(key);
         let seen = self.checks.delivered.entry(key.to_string()).or_default();
         let first = seen.insert(n);
+        if first
+            && let Some(arrival) = self.checks.arrival.get(key).and_then(|a| a.get(n as usize))
+            && let Some(u) = self.checks.undelivered.get_mut(stream)
+        {
+            u.remove(&(*arrival, key.clone(), n));
+        }
         // Per-key order within a shard's lineage: the first delivery of n comes after a delivery
         // of every earlier record of its key.
         let missing = (n > from && first).then(|| (from..n).rev().find(|m| !seen.contains(m))).flatten();
@@ -345,6 +363,63 @@ impl World {
         (!shard.contains('/')).then(|| (stream.to_string(), shard.to_string()))
     }
 
+    /// The stream of a task's watermark report or of the leader's published committed watermark.
+    fn is_watermark(&self, path: &str) -> Option<String> {
+        let rest = path.strip_prefix(&self.topo_path)?.strip_prefix("/streams/")?;
+        let (stream, rest) = rest.split_once('/')?;
+        (rest == "committed" || rest.starts_with("watermarks/")).then(|| stream.to_string())
+    }
+
+    /// The committed watermark never passes a record not acked: every record of `stream` that
+    /// arrived before the committed watermark, computed from the tasks' reports as
+    /// `ZkStore::committed_watermark` does and as the leader published it, has been delivered
+    /// (a record's tuple tree completes only after the sink executed it). Records the initial
+    /// position may skip excepted.
+    fn check_committed(&mut self, worker: u32, stream: &str) {
+        let sp = self.stream_path(stream);
+        let computed = self
+            .zk
+            .data_any(&format!("{sp}/assignment"))
+            .and_then(|d| serde_json::from_slice::<Assignment>(&d).ok())
+            .and_then(|a| {
+                let dir = format!("{sp}/watermarks");
+                let reports: BTreeMap<String, WatermarkReport> = self
+                    .zk
+                    .list_children_any(&dir)
+                    .into_iter()
+                    .filter_map(|t| {
+                        let r = serde_json::from_slice(&self.zk.data_any(&format!("{dir}/{t}"))?).ok()?;
+                        Some((t, r))
+                    })
+                    .collect();
+                committed_watermark(&a, &reports).ok()
+            });
+        let published = self
+            .zk
+            .data_any(&format!("{sp}/committed"))
+            .and_then(|d| serde_json::from_slice::<PublishedWatermark>(&d).ok())
+            .and_then(|p| p.watermark_ms);
+        for (what, w) in [("computed from the tasks' reports", computed), ("published by the leader", published)] {
+            let Some(w) = w else { continue };
+            if self.checks.committed_checked.get(stream).is_some_and(|c| *c >= w) {
+                continue;
+            }
+            self.checks.committed_checked.insert(stream.to_string(), w);
+            self.checks.committed_checks += 1;
+            let passed = self.checks.undelivered.get(stream).and_then(|u| {
+                u.iter().take_while(|(a, _, _)| *a < w).find(|(_, k, n)| *n >= self.checks.optional(k)).cloned()
+            });
+            if let Some((arrival, key, n)) = passed {
+                self.violation(format!(
+                    "committed watermark of {stream} {what} ({} ms, after w{worker}'s write) passes {key}:{n}, \
+                     which arrived at {} ms and was never delivered",
+                    w - self.epoch_ms,
+                    arrival - self.epoch_ms
+                ));
+            }
+        }
+    }
+
     /// A write the server accepted on `path` (set, create, or part of a multi whose lease check was
     /// `lease`): checkpoints never move back, and are written only under the shard's lowest lease.
     pub fn accepted_write(&mut self, worker: u32, path: &str, data: &[u8], lease: Option<&str>) {
@@ -354,6 +429,9 @@ impl World {
             let at = self.start.elapsed().as_millis() as u64 + self.checks.latest_slack_ms;
             self.checks.required_from_ms = Some(at);
             self.event(format!("w{worker} first start recorded: records put from {at} ms on are required"));
+        }
+        if let Some(stream) = self.is_watermark(path) {
+            self.check_committed(worker, &stream);
         }
         let Some((stream, shard)) = self.is_checkpoint(path) else { return };
         let Ok(cp) = serde_json::from_slice::<Checkpoint>(data) else {

@@ -149,12 +149,13 @@ fn seeds_hold_every_invariant() {
             println!("{l}");
         }
         println!(
-            "seed {seed}: trace hash {}, {} events, {} s simulated, {} records, {} deliveries, injected {:?}",
+            "seed {seed}: trace hash {}, {} events, {} s simulated, {} records, {} deliveries, {} committed watermarks checked, injected {:?}",
             o.trace_hash,
             o.events,
             o.sim_ms / 1000,
             o.records,
             o.deliveries,
+            o.committed_checks,
             o.injected
         );
         assert!(o.violations.is_empty(), "{}", report(&o));
@@ -208,13 +209,14 @@ fn seeds_hold_every_invariant() {
         }
     }
     println!(
-        "simulator: {} seeds ({first}..={}) in {:.1} s wall, {jobs} at once: {:.1} seeds/min, {:.0} simulated worker-minutes per wall minute ({:.1} fleet-minutes simulated); faults injected: {mix:?}",
+        "simulator: {} seeds ({first}..={}) in {:.1} s wall, {jobs} at once: {:.1} seeds/min, {:.0} simulated worker-minutes per wall minute ({:.1} fleet-minutes simulated); {} committed watermarks checked; faults injected: {mix:?}",
         results.len(),
         results.last().map_or(first, |(o, _)| o.seed),
         wall.as_secs_f64(),
         results.len() as f64 / wall.as_secs_f64() * 60.0,
         worker_min / wall.as_secs_f64() * 60.0,
         sim_min,
+        results.iter().map(|(o, _)| o.committed_checks).sum::<u64>(),
     );
     // The runs held because the faults happened: a sweep of 50 seeds or more injected every kind.
     if results.len() >= 50 {
@@ -234,6 +236,8 @@ fn seeds_hold_every_invariant() {
         ];
         let missing: Vec<&str> = kinds.iter().copied().filter(|k| mix.get(*k).copied().unwrap_or(0) == 0).collect();
         assert!(missing.is_empty(), "{} seeds injected none of: {missing:?} ({mix:?})", results.len());
+        let committed: u64 = results.iter().map(|(o, _)| o.committed_checks).sum();
+        assert!(committed > 0, "{} seeds checked no committed watermark", results.len());
     }
     let failed: Vec<&Outcome> = results.iter().map(|(o, _)| o).filter(|o| !o.violations.is_empty()).collect();
     let text: String = failed.iter().map(|o| report(o)).collect();
