@@ -263,6 +263,7 @@ const FOUND: &[(u64, &str)] = &[
         "ghost-registration, zombie-new-session: a ghost task given shards nobody reads; an old session's reader handing on after the new session",
     ),
     (41, "latest-worker-clock: LATEST from a worker clock ahead of the service's, its first moments skipped"),
+    (13, "listing-gap-watermark: the committed watermark over a first listing that left out an open shard"),
     (42, "gc-one-listing: a finished shard collected after one listing"),
     (50, "start-lost-answer: a worker's start stopped by one lost ZooKeeper answer"),
     (298, "listing-orphan-parent: a first listing that left out a parent written as it was"),
