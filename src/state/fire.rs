@@ -419,6 +419,31 @@ impl<F: OnFire> WindowFirer<F> {
         let mut complete = true;
         let partitions = self.cfg.state.timer_partitions.max(1) as usize;
         let prefix = format!("{}/", o.scope);
+        // This firer's own firings that were not delivered (failed downstream, or frozen with the
+        // answer lost) are emitted again from their items first, whoever's share their partition
+        // is now: another firer leaves a key frozen by a live firer to it.
+        let own: Vec<String> = self
+            .own_failed
+            .iter()
+            .filter(|pk| !self.in_flight.contains(*pk))
+            .take(room)
+            .map(|pk| pk.to_string())
+            .collect();
+        for chunk in own.chunks(MAX_BATCH_GET) {
+            let items = o.store.get_many(chunk).await?;
+            for pk in chunk {
+                self.own_failed.remove(pk.as_str());
+                let Some(item) = items.get(pk) else { continue };
+                let mine = item.fired && item.fired_by.is_some() && item.fired_by.as_deref() == self.node.as_deref();
+                // not frozen (the freeze did not take effect), or delivered meanwhile: the rounds
+                // below find it if it is still due
+                let Some(timer) = item.timer.as_ref().filter(|_| mine) else { continue };
+                o.m.replayed.incr();
+                if self.emit(o, out, &prefix, pk, timer.fire_at, &item.state)? {
+                    room = room.saturating_sub(1);
+                }
+            }
+        }
         for n in (0..partitions).filter(|n| n % firers.max(1) == me) {
             if room == 0 {
                 complete = false;
@@ -468,16 +493,38 @@ impl<F: OnFire> WindowFirer<F> {
                     }
                 })
                 .await;
+                // A freeze that failed (throttled, an error) leaves its key due for the next round;
+                // the keys this round did freeze are emitted all the same: left unemitted, each
+                // would look like this firer's own delivered firing from then on, and never fire.
                 let mut outcome = std::collections::HashMap::with_capacity(frozen.len());
+                let mut failed: Option<StateError> = None;
                 for (pk, r) in frozen {
-                    outcome.insert(pk, r?);
+                    match r {
+                        Ok(o) => {
+                            outcome.insert(pk, Some(o));
+                        }
+                        Err(e) => {
+                            // Its answer may have been lost after the freeze took effect: if
+                            // the next round finds it frozen by this firer, it emits it then.
+                            self.own_failed.insert(Arc::from(pk.as_str()));
+                            outcome.insert(pk, None);
+                            failed.get_or_insert(e);
+                        }
+                    }
                 }
                 for (pk, fire_at) in chunk {
                     let Some(item) = items.get(pk) else { continue };
                     match outcome.get(pk) {
                         // frozen by this round
-                        Some(WriteOutcome::Written) => {}
-                        Some(WriteOutcome::Conflict) => {
+                        Some(Some(WriteOutcome::Written)) => {
+                            self.own_failed.remove(pk.as_str());
+                        }
+                        // its freeze failed: the next round tries again
+                        Some(None) => {
+                            complete = false;
+                            continue;
+                        }
+                        Some(Some(WriteOutcome::Conflict)) => {
                             // written since the read: the next round reads it again
                             o.m.conflicts.incr();
                             complete = false;
@@ -510,39 +557,12 @@ impl<F: OnFire> WindowFirer<F> {
                             o.m.replayed.incr()
                         }
                     }
-                    let pk: Arc<str> = Arc::from(pk.as_str());
-                    let key = pk.strip_prefix(prefix.as_str()).unwrap_or(&pk).to_string();
-                    let state = match serde_json::from_slice::<F::State>(&item.state) {
-                        Ok(s) => s,
-                        Err(e) => {
-                            if self.unreadable.insert(pk.clone()) {
-                                o.m.errors.incr();
-                                let table = o.store.table();
-                                tracing::error!(key = %key, table = %table, error = %e,
-                                    "timer of key `{key}` in table `{table}` cannot fire: its state does not \
-                                     deserialize into the firer's state type ({e}); it stays pending (read again \
-                                     every minute). Deploy a state type that reads it, or fix the item");
-                            }
-                            continue;
-                        }
-                    };
-                    let produced = self.logic.fire(&key, *fire_at, state);
-                    let mut values = match to_values(&produced) {
-                        Ok(v) => v,
-                        Err(e) => {
-                            o.m.errors.incr();
-                            tracing::error!(key = %key, error = %e, "a fired output does not encode as a tuple");
-                            continue;
-                        }
-                    };
-                    values.push(Value::from(key.as_str()));
-                    values.push(Value::Int(*fire_at));
-                    if let Err(e) = out.emit_tracked(values, pk.clone()) {
-                        return Err(StateError::Config(format!("emitting a fired key: {e}")));
+                    if self.emit(o, out, &prefix, pk, *fire_at, &item.state)? {
+                        room = room.saturating_sub(1);
                     }
-                    o.m.fired.incr();
-                    self.in_flight.insert(pk);
-                    room = room.saturating_sub(1);
+                }
+                if let Some(e) = failed {
+                    return Err(e);
                 }
             }
         }
@@ -551,6 +571,55 @@ impl<F: OnFire> WindowFirer<F> {
             self.rescan = false;
         }
         Ok(())
+    }
+}
+
+impl<F: OnFire> WindowFirer<F> {
+    /// Emits key `pk`'s frozen `state`, firing at `fire_at`, as a tracked tuple; false when it
+    /// cannot (its state does not deserialize: logged once, left pending; or its output does not
+    /// encode).
+    fn emit(
+        &mut self,
+        o: &Open,
+        out: &mut SpoutOutput<Arc<str>>,
+        prefix: &str,
+        pk: &str,
+        fire_at: i64,
+        state: &[u8],
+    ) -> Result<bool, StateError> {
+        let pk: Arc<str> = Arc::from(pk);
+        let key = pk.strip_prefix(prefix).unwrap_or(&pk).to_string();
+        let state = match serde_json::from_slice::<F::State>(state) {
+            Ok(s) => s,
+            Err(e) => {
+                if self.unreadable.insert(pk.clone()) {
+                    o.m.errors.incr();
+                    let table = o.store.table();
+                    tracing::error!(key = %key, table = %table, error = %e,
+                        "timer of key `{key}` in table `{table}` cannot fire: its state does not \
+                         deserialize into the firer's state type ({e}); it stays pending (read again \
+                         every minute). Deploy a state type that reads it, or fix the item");
+                }
+                return Ok(false);
+            }
+        };
+        let produced = self.logic.fire(&key, fire_at, state);
+        let mut values = match to_values(&produced) {
+            Ok(v) => v,
+            Err(e) => {
+                o.m.errors.incr();
+                tracing::error!(key = %key, error = %e, "a fired output does not encode as a tuple");
+                return Ok(false);
+            }
+        };
+        values.push(Value::from(key.as_str()));
+        values.push(Value::Int(fire_at));
+        if let Err(e) = out.emit_tracked(values, pk.clone()) {
+            return Err(StateError::Config(format!("emitting a fired key: {e}")));
+        }
+        o.m.fired.incr();
+        self.in_flight.insert(pk);
+        Ok(true)
     }
 }
 
@@ -567,17 +636,28 @@ impl<F: OnFire> Spout for WindowFirer<F> {
                 ctx.topology_name()
             )));
         }
-        let (zk, more) = Self::connect(&self.cfg, ctx.topology_name())
+        // A lost answer or a throttled call does not stop the worker: each step is tried again
+        // (5 times, 100 ms to 2 s apart) while its error is transient.
+        use backon::Retryable as _;
+        let topology = ctx.topology_name();
+        let (zk, more) = (|| Self::connect(&self.cfg, topology))
+            .retry(crate::coord::session::short_backoff())
+            .when(crate::coord::CoordError::is_transient)
             .await
             .map_err(|e| component_error("window firer: connecting to ZooKeeper", e, false))?;
-        let store = StateStore::open(&self.cfg.state.store)
+        let store = (|| StateStore::open(&self.cfg.state.store))
+            .retry(crate::coord::session::short_backoff())
+            .when(StateError::is_retryable)
             .await
             .map_err(|e| component_error("window firer: opening the state store", &e, e.is_retryable()))?;
-        store
-            .ensure_timer_index()
+        (|| store.ensure_timer_index())
+            .retry(crate::coord::session::short_backoff())
+            .when(StateError::is_retryable)
             .await
             .map_err(|e| component_error("window firer: the state table's timer index", &e, e.is_retryable()))?;
-        if let Some(why) = Self::refusal(&self.cfg, &zk, ctx.topology_name())
+        if let Some(why) = (|| Self::refusal(&self.cfg, &zk, topology))
+            .retry(crate::coord::session::short_backoff())
+            .when(crate::coord::CoordError::is_transient)
             .await
             .map_err(|e| component_error("window firer: reading the topology's stages", e, true))?
         {

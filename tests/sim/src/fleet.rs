@@ -8,7 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
-use squall::state::{ExactlyOnce, KeyedState, StateConfig, StateEndpoint};
+use squall::state::{
+    ExactlyOnce, FIRE_FIELDS, FirerConfig, KeyedState, StateConfig, StateEndpoint, Tumbling, Window, WindowAggregate,
+    WindowFirer,
+};
 use squall::topology::{Bolt, BoltOutput, ComponentError, Tuple};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
@@ -49,6 +52,10 @@ pub struct Scenario {
     /// watermarks and the leader publishes the stream's, which the checks hold against the
     /// records not delivered yet.
     pub committed_interval_ms: u64,
+    /// With exactly-once: count per key and tumbling window of arrival time of this many ms (0:
+    /// per key), and fire each window (a `WindowFirer` spout per worker) once the streams'
+    /// committed watermark passes its end: each window must fire with its exact count.
+    pub window_ms: u64,
 }
 
 impl Scenario {
@@ -69,6 +76,12 @@ impl Scenario {
         let mut later = Rng::new(seed ^ 0x3C3C_C3C3_9696_6969);
         if later.chance(0.5) {
             s.committed_interval_ms = [200, 500, 1000][later.below(3) as usize];
+        }
+        if s.exactly_once && later.chance(0.5) {
+            s.window_ms = [500, 1000, 2000][later.below(3) as usize];
+            if s.committed_interval_ms == 0 {
+                s.committed_interval_ms = 500;
+            }
         }
         s
     }
@@ -103,6 +116,7 @@ impl Scenario {
             exactly_once: false,
             streams: vec!["s".into()],
             committed_interval_ms: 0,
+            window_ms: 0,
         }
         .with_initial_position(rng)
     }
@@ -140,6 +154,9 @@ pub struct Outcome {
     /// Committed watermarks checked against the records not delivered.
     #[serde(default)]
     pub committed_checks: u64,
+    /// Windows fired (each firing, duplicates included).
+    #[serde(default)]
+    pub firings: u64,
     pub injected: BTreeMap<String, u64>,
     pub scenario: String,
     pub violations: Vec<String>,
@@ -172,6 +189,99 @@ impl KeyedState for CountByKey {
 
     fn apply(&mut self, _key: &str, n: &mut u64, _t: &Tuple, _out: &mut Vec<()>) -> Result<(), ComponentError> {
         *n += 1;
+        Ok(())
+    }
+}
+
+/// The windowed workload: records per key and tumbling window of arrival time.
+#[derive(Clone, Default)]
+struct CountPerWindow;
+
+/// A fired window.
+#[derive(serde::Serialize)]
+struct WindowCount {
+    key: String,
+    window_start: i64,
+    count: u64,
+}
+
+impl WindowAggregate for CountPerWindow {
+    type Acc = u64;
+    type Out = WindowCount;
+
+    fn key(&self, t: &Tuple) -> Result<String, ComponentError> {
+        Ok(t.get_str("partition_key")?.to_string())
+    }
+
+    fn add(&mut self, n: &mut u64, _t: &Tuple) -> Result<(), ComponentError> {
+        *n += 1;
+        Ok(())
+    }
+
+    fn result(&mut self, key: &str, window: Window, count: u64) -> WindowCount {
+        WindowCount { key: key.to_string(), window_start: window.start_ms, count }
+    }
+}
+
+/// Per window (`key@start`, start in the services' clock): the records put into it, over every
+/// stream (what each firing must count).
+fn expected_windows(w: &World, size_ms: u64) -> BTreeMap<String, u64> {
+    let size = size_ms as i64;
+    let mut out = BTreeMap::new();
+    for (id, arrivals) in &w.checks.arrival {
+        let key = id.split_once('/').map_or(id.as_str(), |(_, k)| k);
+        for a in arrivals {
+            *out.entry(format!("{key}@{}", a - a.rem_euclid(size))).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// Windows that have not fired with their expected count (every firing of a window must carry
+/// it; a window fired with a count of its own is wrong too).
+fn wrong_windows(w: &World, size_ms: u64) -> Vec<String> {
+    let expected = expected_windows(w, size_ms);
+    let mut wrong = Vec::new();
+    for (window, n) in &expected {
+        match w.checks.fired.get(window) {
+            None => wrong.push(format!("{window} ({n} records) never fired")),
+            Some(counts) if counts.iter().any(|c| c != n) => {
+                wrong.push(format!("{window} fired with {counts:?}, {n} records in it"))
+            }
+            Some(_) => {}
+        }
+    }
+    for (window, counts) in &w.checks.fired {
+        if !expected.contains_key(window) {
+            wrong.push(format!("{window} fired with {counts:?}, but no record is in it"));
+        }
+    }
+    wrong
+}
+
+/// The bolt behind every worker's window firer: records each firing.
+struct FiredSink {
+    world: Shared,
+    worker: u32,
+}
+
+impl Bolt for FiredSink {
+    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let window = format!("{}@{}", t.get_str("key")?, t.get_i64("window_start")?);
+        let count = t.get_i64("count")? as u64;
+        let crashed = {
+            let mut w = lock(&self.world);
+            let crashed = w.net(self.worker).0;
+            if !crashed {
+                w.event(format!("w{} fired {window}: {count}", self.worker));
+                w.checks.firings += 1;
+                w.checks.fired.entry(window).or_default().push(count);
+            }
+            crashed
+        };
+        if crashed {
+            std::future::pending::<()>().await;
+        }
         Ok(())
     }
 }
@@ -287,14 +397,35 @@ impl Fleet {
         let args = Cli::parse_from(flags).worker;
         let world = self.world.clone();
         let sink_world = self.world.clone();
+        let fired_world = self.world.clone();
+        let window_ms = self.scenario.window_ms;
+        let firer_zk = args.spout_config().expect("the workers' spout configuration").zookeeper.to_zk_config();
+        let streams = self.scenario.streams.clone();
         lock(&world).event(format!("w{id} starts"));
         let handle = tokio::task::spawn_local(async move {
             let r = squall::run(args, move |b, spout| {
                 b.set_bolt("sink", 2, move |_| Sink { world: sink_world.clone(), worker: id })
                     .fields_grouping(spout, &["partition_key"]);
-                if let Some(cfg) = eo {
-                    b.set_bolt("eo", 2, move |_| ExactlyOnce::new(cfg.clone(), CountByKey))
-                        .fields_grouping(spout, &["partition_key"]);
+                match eo {
+                    Some(cfg) if window_ms > 0 => {
+                        let windows = Tumbling::new(window_ms, CountPerWindow);
+                        let for_bolt = windows.clone();
+                        let eo_cfg = cfg.clone();
+                        b.set_bolt("eo", 2, move |_| ExactlyOnce::new(eo_cfg.clone(), for_bolt.clone()))
+                            .fields_grouping(spout, &["partition_key"]);
+                        let firer = FirerConfig::new(cfg, "eo", firer_zk, streams[0].clone()).with_streams(streams);
+                        let fields: Vec<&str> =
+                            ["key", "window_start", "count"].into_iter().chain(FIRE_FIELDS).collect();
+                        b.set_spout("fire", 1, move |_| WindowFirer::new(firer.clone(), windows.clone()))
+                            .fields(&fields);
+                        b.set_bolt("fired", 1, move |_| FiredSink { world: fired_world.clone(), worker: id })
+                            .shuffle_grouping("fire");
+                    }
+                    Some(cfg) => {
+                        b.set_bolt("eo", 2, move |_| ExactlyOnce::new(cfg.clone(), CountByKey))
+                            .fields_grouping(spout, &["partition_key"]);
+                    }
+                    None => {}
                 }
             })
             .await;
@@ -478,7 +609,11 @@ async fn run(seed: u64) -> Outcome {
             w.checks.put.iter().all(|(k, count)| {
                 let from = w.checks.optional(k);
                 (from..*count).all(|n| w.checks.delivered.get(k).is_some_and(|d| d.contains(&n)))
-            }) && (!scenario.exactly_once || expected.iter().all(|(k, n)| counted.get(k) == Some(n)))
+            }) && match (scenario.exactly_once, scenario.window_ms) {
+                (false, _) => true,
+                (true, 0) => expected.iter().all(|(k, n)| counted.get(k) == Some(n)),
+                (true, size) => wrong_windows(&w, size).is_empty(),
+            }
         };
         if done || start.elapsed() >= deadline {
             break;
@@ -509,7 +644,18 @@ async fn run(seed: u64) -> Outcome {
         );
         w.violation(what);
     }
-    if scenario.exactly_once {
+    if scenario.window_ms > 0 {
+        let wrong = wrong_windows(&w, scenario.window_ms);
+        if !wrong.is_empty() {
+            let what = format!(
+                "windows wrong: {} of {}: {}",
+                wrong.len(),
+                expected_windows(&w, scenario.window_ms).len(),
+                wrong.iter().take(8).cloned().collect::<Vec<_>>().join("; ")
+            );
+            w.violation(what);
+        }
+    } else if scenario.exactly_once {
         let (counted, expected) = (counts(&w), expected_counts(&w));
         let wrong: Vec<String> = expected
             .iter()
@@ -538,6 +684,7 @@ async fn run(seed: u64) -> Outcome {
         checkpoint_writes: w.checks.checkpoint_writes,
         fenced_writes: w.checks.fenced_writes,
         committed_checks: w.checks.committed_checks,
+        firings: w.checks.firings,
         injected: w.injected.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         scenario: format!("{scenario:?}"),
         violations: w.checks.violations.clone(),

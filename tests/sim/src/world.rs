@@ -158,6 +158,9 @@ pub struct Checks {
     pub committed_checked: BTreeMap<String, i64>,
     /// Committed watermarks checked against the records not delivered.
     pub committed_checks: u64,
+    /// Per window (`key@start`): the count of each firing.
+    pub fired: BTreeMap<String, Vec<u64>>,
+    pub firings: u64,
 }
 
 impl Checks {
