@@ -209,7 +209,7 @@ fn seeds_hold_every_invariant() {
         }
     }
     println!(
-        "simulator: {} seeds ({first}..={}) in {:.1} s wall, {jobs} at once: {:.1} seeds/min, {:.0} simulated worker-minutes per wall minute ({:.1} fleet-minutes simulated); {} committed watermarks checked; faults injected: {mix:?}",
+        "simulator: {} seeds ({first}..={}) in {:.1} s wall, {jobs} at once: {:.1} seeds/min, {:.0} simulated worker-minutes per wall minute ({:.1} fleet-minutes simulated); {} committed watermarks checked, {} windows fired; faults injected: {mix:?}",
         results.len(),
         results.last().map_or(first, |(o, _)| o.seed),
         wall.as_secs_f64(),
@@ -217,6 +217,7 @@ fn seeds_hold_every_invariant() {
         worker_min / wall.as_secs_f64() * 60.0,
         sim_min,
         results.iter().map(|(o, _)| o.committed_checks).sum::<u64>(),
+        results.iter().map(|(o, _)| o.firings).sum::<u64>(),
     );
     // The runs held because the faults happened: a sweep of 50 seeds or more injected every kind.
     if results.len() >= 50 {
@@ -238,6 +239,8 @@ fn seeds_hold_every_invariant() {
         assert!(missing.is_empty(), "{} seeds injected none of: {missing:?} ({mix:?})", results.len());
         let committed: u64 = results.iter().map(|(o, _)| o.committed_checks).sum();
         assert!(committed > 0, "{} seeds checked no committed watermark", results.len());
+        let firings: u64 = results.iter().map(|(o, _)| o.firings).sum();
+        assert!(firings > 0, "{} seeds fired no window", results.len());
     }
     let failed: Vec<&Outcome> = results.iter().map(|(o, _)| o).filter(|o| !o.violations.is_empty()).collect();
     let text: String = failed.iter().map(|o| report(o)).collect();
@@ -258,6 +261,7 @@ const FOUND: &[(u64, &str)] = &[
         10,
         "listing-drops-shard: a shard one listing left out dropped from the shard list, its child read before it finished",
     ),
+    (26, "firer-round-error: a window frozen in a round whose other freeze was throttled never fired"),
     (
         38,
         "ghost-registration, zombie-new-session: a ghost task given shards nobody reads; an old session's reader handing on after the new session",
@@ -266,6 +270,8 @@ const FOUND: &[(u64, &str)] = &[
     (13, "listing-gap-watermark: the committed watermark over a first listing that left out an open shard"),
     (42, "gc-one-listing: a finished shard collected after one listing"),
     (50, "start-lost-answer: a worker's start stopped by one lost ZooKeeper answer"),
+    (56, "firer-own-replay: a freeze whose answer was lost, its partition's share moved, never fired"),
+    (81, "firer-open-retry: a window firer's open stopped by one lost ZooKeeper answer"),
     (298, "listing-orphan-parent: a first listing that left out a parent written as it was"),
     (343, "latest-closed-finished: a resumed LATEST first start finishing a shard closed after it"),
     (584, "exact-dedup: exactly-once counting replays again"),
