@@ -18,14 +18,13 @@ pub use topology::{
     WorkerReport,
 };
 
-/// The topology operations of the CLI that the web UI ([`crate::ui`]) runs too: the same
-/// functions, reporting their messages to a [`Collected`](topology_ops::Collected) instead of
+/// The topology operations of the CLI that the web UI ([`crate::ui`]) and programs (the
+/// simulator's operator) run too: the same functions, reporting their messages to a
+/// [`Progress`](topology_ops::Progress) such as [`Collected`](topology_ops::Collected) instead of
 /// stdout.
-pub(crate) mod topology_ops {
-    pub(crate) use super::topology::{
-        Collected, REBALANCE_GATHER_SECS, StatusReader, drain_topology, kill_topology, reader_survives,
-        rebalance_topology, set_active,
-    };
+pub mod topology_ops {
+    pub use super::topology::{Collected, Progress, drain_topology, kill_topology, rebalance_topology, set_active};
+    pub(crate) use super::topology::{REBALANCE_GATHER_SECS, StatusReader, reader_survives};
 }
 
 use clap::{Parser, Subcommand};

@@ -47,7 +47,7 @@ impl std::str::FromStr for ResetTarget {
 
 /// Where an operation's messages go: the CLI prints them (warnings on stderr), the web UI
 /// ([`crate::ui`]) shows them on its result page.
-pub(crate) trait Progress: Send {
+pub trait Progress: Send {
     /// A line of the operation's outcome (stdout for the CLI).
     fn out(&mut self, line: String);
     /// A warning (stderr for the CLI).
@@ -89,7 +89,7 @@ impl Progress for Print {
 
 /// A collected [`Progress`]: every line, warnings marked.
 #[derive(Debug, Default)]
-pub(crate) struct Collected {
+pub struct Collected {
     /// `(is_warning, line)` in order.
     pub lines: Vec<(bool, String)>,
 }
@@ -156,6 +156,17 @@ fn to(state: Lifecycle, topology: &str) -> impl Fn(&TopologyState) -> anyhow::Re
         if matches!(cur.state, Lifecycle::Killed | Lifecycle::Drained) {
             bail!("topology {topology:?} is {}: start its workers again to deploy it", lifecycle_name(cur.state));
         }
+        // A drain, once requested, runs to DRAINED: the last worker to drain marks it, and only
+        // from DRAINING. Overwritten, the state would never get there, and every worker started
+        // later would join the draining deployment and drain at once (the simulator's seed 68).
+        if cur.state == Lifecycle::Draining && state != Lifecycle::Draining {
+            bail!(
+                "topology {topology:?} is DRAINING (deployment {}): it cannot be {} before it is DRAINED; wait for \
+                 it (`squall drain {topology} --wait SECONDS`), then start its workers again to deploy it",
+                cur.deployment_id,
+                if state == Lifecycle::Active { "activated" } else { "deactivated" }
+            );
+        }
         Ok(TopologyState { state, kill_wait_ms: None, ..cur.clone() })
     }
 }
@@ -208,7 +219,7 @@ pub(super) async fn activate(cli: &Cli, topology: &str, active: bool) -> anyhow:
 }
 
 /// `squall activate` / `squall deactivate`.
-pub(crate) async fn set_active(
+pub async fn set_active(
     cfg: &ZkConfig,
     topology: &str,
     active: bool,
@@ -259,7 +270,7 @@ pub(super) async fn rebalance(cli: &Cli, topology: &str, wait: u64, gather: u64)
 /// replaces each stream's assignment with a [`RebalanceRequest`] naming how many tasks were
 /// registered before, and restores the previous state. The leader gathers the tasks (up to
 /// `gather` s) and assigns from scratch, round-robin.
-pub(crate) async fn rebalance_topology(
+pub async fn rebalance_topology(
     cfg: &ZkConfig,
     topology: &str,
     wait: u64,
@@ -302,7 +313,7 @@ pub(super) async fn kill(cli: &Cli, topology: &str, wait: Option<u64>) -> anyhow
 }
 
 /// `squall kill`: marks the topology KILLED and waits until every worker is gone.
-pub(crate) async fn kill_topology(
+pub async fn kill_topology(
     cfg: &ZkConfig,
     topology: &str,
     wait: Option<u64>,
@@ -349,7 +360,7 @@ pub(super) async fn drain(cli: &Cli, topology: &str, wait: Option<u64>) -> anyho
 }
 
 /// `squall drain`: requests the drain, and with `wait` waits for DRAINED.
-pub(crate) async fn drain_topology(
+pub async fn drain_topology(
     cfg: &ZkConfig,
     topology: &str,
     wait: Option<u64>,
@@ -1061,6 +1072,17 @@ pub(super) async fn status(cli: &Cli, topology: &str, json: bool, watch: Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn activate_and_deactivate_refuse_a_draining_topology_and_name_the_fix() {
+        let cur = |state| TopologyState { state, deployment_id: "d1".into(), updated_at_ms: 1, kill_wait_ms: None };
+        for want in [Lifecycle::Active, Lifecycle::Inactive] {
+            let e = to(want, "t")(&cur(Lifecycle::Draining)).unwrap_err().to_string();
+            assert!(e.contains("\"t\" is DRAINING (deployment d1)") && e.contains("squall drain t --wait"), "{e}");
+            assert_eq!(to(want, "t")(&cur(Lifecycle::Active)).unwrap().state, want);
+            assert_eq!(to(want, "t")(&cur(Lifecycle::Inactive)).unwrap().state, want);
+        }
+    }
 
     fn settled_report(worker_tasks: &[&[&str]], registered: &[&str], owners: &[&str]) -> StatusReport {
         let shards = owners

@@ -56,6 +56,9 @@ pub struct Scenario {
     /// per key), and fire each window (a `WindowFirer` spout per worker) once the streams'
     /// committed watermark passes its end: each window must fire with its exact count.
     pub window_ms: u64,
+    /// An operator deactivates the topology and activates it again (0.5-5 s later), and drains it
+    /// once, at fault times (`squall deactivate|activate|drain`, the CLI's own operations).
+    pub operator: bool,
 }
 
 impl Scenario {
@@ -83,6 +86,7 @@ impl Scenario {
                 s.committed_interval_ms = 500;
             }
         }
+        s.operator = later.chance(0.3);
         s
     }
 
@@ -117,6 +121,7 @@ impl Scenario {
             streams: vec!["s".into()],
             committed_interval_ms: 0,
             window_ms: 0,
+            operator: false,
         }
         .with_initial_position(rng)
     }
@@ -354,6 +359,8 @@ struct Fleet {
     worker_ms: u64,
     /// The workers' `--spout-config` file, if the scenario needs one (removed at the end).
     spout_config: Option<std::path::PathBuf>,
+    /// Whether the operator drained the deployment already (once per run).
+    drained: bool,
 }
 
 impl Fleet {
@@ -516,6 +523,7 @@ async fn run(seed: u64) -> Outcome {
         next_id: 1,
         worker_ms: 0,
         spout_config: None,
+        drained: false,
     };
     if scenario.committed_interval_ms > 0 {
         let path = std::env::temp_dir().join(format!("squall-sim-{}-{seed}.json", std::process::id()));
@@ -618,6 +626,11 @@ async fn run(seed: u64) -> Outcome {
         if done || start.elapsed() >= deadline {
             break;
         }
+        // Workers that left a drained deployment are started again (a supervisor's restart:
+        // they deploy it anew).
+        while fleet.live().len() < scenario.workers as usize {
+            fleet.start_worker();
+        }
         sleep(Duration::from_millis(500)).await;
     }
     let sim_ms = start.elapsed().as_millis() as u64;
@@ -698,6 +711,44 @@ async fn run(seed: u64) -> Outcome {
     out
 }
 
+/// The operator's command (`squall deactivate` then `squall activate` `back_after` ms later, or
+/// `squall drain`), through the CLI's own operations, over a ZooKeeper session of its own that
+/// no fault touches.
+async fn operate(world: Shared, name: String, kind: &'static str, back_after: u64) {
+    use squall::cli::topology_ops::{Collected, drain_topology, set_active};
+    let endpoint = format!("{name}-operator");
+    squall::coord::zkapi::register_connector(&endpoint, Arc::new(SimConnector { world: world.clone(), worker: 0 }));
+    lock(&world).net.insert(0, Net::default());
+    let cfg = squall::coord::ZkConfig::new(format!("sim://{endpoint}"))
+        .with_root("/squall")
+        .with_session_timeout(Duration::from_millis(SESSION_TIMEOUT_MS));
+    let mut out = Collected::default();
+    let steps: Vec<(&str, u64)> = match kind {
+        "drain" => vec![("drain", 0)],
+        _ => vec![("deactivate", 0), ("activate", back_after)],
+    };
+    for (step, after) in steps {
+        sleep(Duration::from_millis(after)).await;
+        // The command is run again until it goes through, as an operator would.
+        for attempt in 1..=10 {
+            let r = match step {
+                "drain" => drain_topology(&cfg, "sim", None, &mut out).await,
+                s => set_active(&cfg, "sim", s == "activate", &mut out).await,
+            };
+            let mut w = lock(&world);
+            match r {
+                Ok(()) => {
+                    w.event(format!("operator: {step} done"));
+                    break;
+                }
+                Err(e) => w.event(format!("operator: {step} failed (attempt {attempt}): {e:#}")),
+            }
+            drop(w);
+            sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
 /// One fault, chosen among the scenario's kinds.
 fn inject(fleet: &mut Fleet) {
     let s = fleet.scenario.clone();
@@ -716,6 +767,12 @@ fn inject(fleet: &mut Fleet) {
     }
     if s.joins {
         kinds.push("join");
+    }
+    if s.operator {
+        kinds.push("deactivate");
+        if !fleet.drained {
+            kinds.push("drain");
+        }
     }
     if kinds.is_empty() {
         return;
@@ -757,6 +814,17 @@ fn inject(fleet: &mut Fleet) {
             w.event("FAULT a worker joins");
             drop(w);
             fleet.start_worker();
+        }
+        "deactivate" | "drain" => {
+            let back_after = w.rng.range(500, 5000);
+            w.injected(kind);
+            w.event(format!("FAULT the operator {kind}s the topology"));
+            drop(w);
+            if kind == "drain" {
+                fleet.drained = true;
+            }
+            let (world, name) = (fleet.world.clone(), fleet.name.clone());
+            tokio::task::spawn_local(async move { operate(world, name, kind, back_after).await });
         }
         "reshard" => {
             let now = w.now_ms();
