@@ -735,15 +735,14 @@ async fn operate(world: Shared, name: String, kind: &'static str, back_after: u6
                 "drain" => drain_topology(&cfg, "sim", None, &mut out).await,
                 s => set_active(&cfg, "sim", s == "activate", &mut out).await,
             };
-            let mut w = lock(&world);
+            let done = r.is_ok();
             match r {
-                Ok(()) => {
-                    w.event(format!("operator: {step} done"));
-                    break;
-                }
-                Err(e) => w.event(format!("operator: {step} failed (attempt {attempt}): {e:#}")),
+                Ok(()) => lock(&world).event(format!("operator: {step} done")),
+                Err(e) => lock(&world).event(format!("operator: {step} failed (attempt {attempt}): {e:#}")),
             }
-            drop(w);
+            if done {
+                break;
+            }
             sleep(Duration::from_millis(500)).await;
         }
     }
