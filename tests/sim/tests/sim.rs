@@ -271,6 +271,7 @@ const FOUND: &[(u64, &str)] = &[
     (42, "gc-one-listing: a finished shard collected after one listing"),
     (50, "start-lost-answer: a worker's start stopped by one lost ZooKeeper answer"),
     (56, "firer-own-replay: a freeze whose answer was lost, its partition's share moved, never fired"),
+    (68, "activate-over-drain: a deactivate and activate during a drain left every later worker draining at once"),
     (81, "firer-open-retry: a window firer's open stopped by one lost ZooKeeper answer"),
     (298, "listing-orphan-parent: a first listing that left out a parent written as it was"),
     (343, "latest-closed-finished: a resumed LATEST first start finishing a shard closed after it"),
