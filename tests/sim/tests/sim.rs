@@ -234,6 +234,8 @@ fn seeds_hold_every_invariant() {
             "zk lost after",
             "dynamodb throttled",
             "dynamodb answer lost",
+            "deactivate",
+            "drain",
         ];
         let missing: Vec<&str> = kinds.iter().copied().filter(|k| mix.get(*k).copied().unwrap_or(0) == 0).collect();
         assert!(missing.is_empty(), "{} seeds injected none of: {missing:?} ({mix:?})", results.len());
