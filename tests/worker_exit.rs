@@ -227,3 +227,44 @@ async fn worker_silenced_from_zookeeper_gives_up_within_the_configured_time() {
     support::zk_delete_tree(&zk, &cluster.zk_root).await;
     s.delete().await;
 }
+
+/// A worker started while its ZooKeeper cannot be reached (the proxy closes every connection)
+/// keeps trying for its give-up time instead of exiting: once ZooKeeper is back it registers and
+/// delivers. (It used to exit non-zero after about one second of connect retries, into its
+/// supervisor's back-off; found by the simulator, a worker started during a partition.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_started_while_zookeeper_is_away_waits_for_it() {
+    let proxy = TcpProxy::start(&support::zk_connect()).await;
+    proxy.cut();
+    let s = TestStream::create("exit-late-zk", 1).await;
+    let dir = scratch("exit-late-zk");
+    let mut cluster = Cluster::new(&s.name, &dir);
+    cluster.session_timeout_ms = 2000;
+    let mut w = spawn_worker(&cluster, "w1", 1, &["--zk", proxy.addr.as_str(), "--zk-give-up-after-ms", "30000"], &[]);
+    let started = Instant::now();
+    // The fault: its connect attempts fail while the proxy is cut (each one logged).
+    wait_for(&cluster, "the worker's first failed connect attempts", GUARD, || async {
+        (w.log_text().matches("connecting to ZooKeeper failed; retrying").count() >= 2).then_some(())
+    })
+    .await;
+    let away = started.elapsed();
+    assert!(w.is_running(), "the worker exited while ZooKeeper was away\n{}", w.log_text());
+    proxy.restore();
+    let back = Instant::now();
+    let zk = support::zk_client().await;
+    wait_for(&cluster, "the worker's task registration", GUARD, || async {
+        (live_tasks(&zk, &cluster).await.len() == 1).then_some(())
+    })
+    .await;
+    let registered = back.elapsed();
+    let hash = list_shards(&s.client, &s.name).await[0].starting_hash_key.clone();
+    let m = put_to_shard(&s.client, &s.name, &hash, "late-", 20, 4).await;
+    let r = cluster.wait_delivered(std::slice::from_ref(&m), GUARD).await;
+    eprintln!(
+        "LATE ZOOKEEPER: away {away:?} (2 failed attempts or more), registered {registered:?} after it came back"
+    );
+    assert_eq!(r.lost, 0, "{r:?}\n{}", w.log_text());
+    assert_eq!(w.stop(Duration::from_secs(30)), Some(0), "{}", w.log_text());
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    s.delete().await;
+}

@@ -154,6 +154,12 @@ impl ZkSession {
     }
 }
 
+/// Whether a failed connect may succeed later: the server could not be reached (not refused
+/// credentials, not bad arguments).
+fn unreachable(e: &CoordError) -> bool {
+    matches!(e, CoordError::Connect { source, .. } if !matches!(source, zk::Error::AuthFailed | zk::Error::BadArguments(_)))
+}
+
 pub(crate) fn short_backoff() -> ExponentialBuilder {
     ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(100))
@@ -365,10 +371,29 @@ pub struct SharedSession {
 }
 
 impl SharedSession {
-    /// Connects the first session (its failure is returned, naming the connect string) and
-    /// starts watching it.
+    /// Connects the first session and starts watching it. A ZooKeeper that cannot be reached is
+    /// tried again (each failure logged with the connect string) for `give_up_after`, as a lost
+    /// session is: a worker started while ZooKeeper is briefly away (a rolling restart) waits for
+    /// it rather than exiting into its supervisor's back-off. Refused credentials or arguments, or
+    /// no session by then, are returned, naming the connect string.
     pub async fn connect(cfg: &ZkConfig, give_up_after: Duration) -> Result<Arc<Self>, CoordError> {
-        let first = ZkSession::connect(cfg).await?;
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(200);
+        let first = loop {
+            let left = give_up_after.saturating_sub(started.elapsed()).max(Duration::from_millis(100));
+            let attempt = tokio::time::timeout(left, ZkSession::connect(cfg)).await.unwrap_or_else(|_| {
+                Err(CoordError::Connect { connect: cfg.connect.clone(), source: zk::Error::Timeout })
+            });
+            match attempt {
+                Ok(session) => break session,
+                Err(e) if started.elapsed() >= give_up_after || !unreachable(&e) => return Err(e),
+                Err(e) => warn!(connect = %cfg.connect, error = %e, retry_in = ?delay,
+                    give_up_in = ?give_up_after.saturating_sub(started.elapsed()),
+                    "connecting to ZooKeeper failed; retrying until the give-up time (--zk-give-up-after-ms)"),
+            }
+            tokio::time::sleep(delay.min(give_up_after.saturating_sub(started.elapsed()))).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+        };
         let (view, _) = watch::channel(SessionView { generation: 1, session: Some(first.clone()), health: Health::Ok });
         let liveness = Arc::new(Liveness::new(first.timeout(), 1));
         let shared = Arc::new(Self {

@@ -264,6 +264,62 @@ fn wrong_windows(w: &World, size_ms: u64) -> Vec<String> {
     wrong
 }
 
+/// Liveness of the coordination once the faults ended: for each stream, an assignment without
+/// error over exactly the tasks registered, loads within one shard of each other, and each
+/// assigned shard that is not finished held by the lease of the task it is assigned to. `Err`
+/// says what is not so yet.
+fn assignment_settled(w: &World) -> Result<(), String> {
+    for (i, stream) in w.streams.iter().enumerate() {
+        let sp = w.stream_path(stream);
+        let tasks_dir = if i == 0 { format!("{}/tasks", w.topo_path) } else { format!("{sp}/source-tasks") };
+        let live: std::collections::BTreeSet<String> = w.zk.list_children_any(&tasks_dir).into_iter().collect();
+        let Some(a) =
+            w.zk.data_any(&format!("{sp}/assignment"))
+                .and_then(|d| serde_json::from_slice::<squall::coord::Assignment>(&d).ok())
+        else {
+            return Err(format!("{stream}: no assignment"));
+        };
+        if let Some(e) = &a.error {
+            return Err(format!("{stream}: assignment generation {} in error: {e}", a.generation));
+        }
+        let listed: std::collections::BTreeSet<String> = a.tasks.keys().cloned().collect();
+        if listed != live {
+            return Err(format!(
+                "{stream}: assignment generation {} lists tasks {listed:?}, registered are {live:?}",
+                a.generation
+            ));
+        }
+        let loads: Vec<usize> = a.tasks.values().map(Vec::len).collect();
+        if loads.iter().max().unwrap_or(&0) - loads.iter().min().unwrap_or(&0) > 1 {
+            return Err(format!("{stream}: assignment generation {} unbalanced: {:?}", a.generation, a.tasks));
+        }
+        for (task, shards) in &a.tasks {
+            for shard in shards {
+                let finished = w.zk.exists_any(&format!("{sp}/finished/{shard}"))
+                    || w.zk
+                        .data_any(&format!("{sp}/checkpoints/{shard}"))
+                        .and_then(|d| serde_json::from_slice::<squall::coord::Checkpoint>(&d).ok())
+                        .is_some_and(|c| c.finished);
+                if finished {
+                    continue;
+                }
+                let owners = format!("{sp}/owners/{shard}");
+                let lowest =
+                    w.zk.list_children_any(&owners)
+                        .into_iter()
+                        .min_by_key(|n| n.rsplit('-').next().and_then(|s| s.parse::<u64>().ok()).unwrap_or(u64::MAX));
+                if !lowest.as_deref().is_some_and(|l| l.starts_with(&format!("lease-{task}-"))) {
+                    return Err(format!(
+                        "{stream}/{shard}: assigned to {task} (generation {}), held by {lowest:?}",
+                        a.generation
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The bolt behind every worker's window firer: records each firing.
 struct FiredSink {
     world: Shared,
@@ -589,6 +645,10 @@ async fn run(seed: u64) -> Outcome {
     while start.elapsed() < Duration::from_millis(FAULTS_UNTIL_MS) {
         let d = lock(&world).rng.range(500, 4000);
         sleep(Duration::from_millis(d)).await;
+        // Workers that left a drained deployment are started again (a supervisor's restart).
+        while fleet.live().len() < scenario.workers as usize {
+            fleet.start_worker();
+        }
         inject(&mut fleet);
     }
     {
@@ -621,7 +681,7 @@ async fn run(seed: u64) -> Outcome {
                 (false, _) => true,
                 (true, 0) => expected.iter().all(|(k, n)| counted.get(k) == Some(n)),
                 (true, size) => wrong_windows(&w, size).is_empty(),
-            }
+            } && assignment_settled(&w).is_ok()
         };
         if done || start.elapsed() >= deadline {
             break;
@@ -654,6 +714,13 @@ async fn run(seed: u64) -> Outcome {
             lost.len(),
             SETTLE_MS / 1000,
             lost.iter().take(8).cloned().collect::<Vec<_>>().join(", ")
+        );
+        w.violation(what);
+    }
+    if let Err(what) = assignment_settled(&w) {
+        let what = format!(
+            "liveness: the coordination did not settle {} s after the producers stopped and the faults ended: {what}",
+            SETTLE_MS / 1000
         );
         w.violation(what);
     }
