@@ -68,8 +68,8 @@ pub struct WorkerArgs {
     /// ZooKeeper session timeout in milliseconds (a crashed worker's shards move after it).
     #[arg(long, env = "SQUALL_ZK_SESSION_TIMEOUT_MS", default_value_t = 10_000)]
     pub zk_session_timeout_ms: u64,
-    /// After its ZooKeeper session expired, how long the worker tries to build a new one before it
-    /// gives up and exits with an error (non-zero), so that its supervisor restarts it.
+    /// How long the worker tries to reach ZooKeeper, at its start and after its session expired,
+    /// before it gives up and exits with an error (non-zero), so that its supervisor restarts it.
     #[arg(long, env = "SQUALL_ZK_GIVE_UP_AFTER_MS", default_value_t = 120_000)]
     pub zk_give_up_after_ms: u64,
     /// ZooKeeper digest-auth user (optional).
