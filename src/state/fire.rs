@@ -640,11 +640,6 @@ impl<F: OnFire> Spout for WindowFirer<F> {
         // (5 times, 100 ms to 2 s apart) while its error is transient.
         use backon::Retryable as _;
         let topology = ctx.topology_name();
-        let (zk, more) = (|| Self::connect(&self.cfg, topology))
-            .retry(crate::coord::session::short_backoff())
-            .when(crate::coord::CoordError::is_transient)
-            .await
-            .map_err(|e| component_error("window firer: connecting to ZooKeeper", e, false))?;
         let store = (|| StateStore::open(&self.cfg.state.store))
             .retry(crate::coord::session::short_backoff())
             .when(StateError::is_retryable)
@@ -655,12 +650,21 @@ impl<F: OnFire> Spout for WindowFirer<F> {
             .when(StateError::is_retryable)
             .await
             .map_err(|e| component_error("window firer: the state table's timer index", &e, e.is_retryable()))?;
-        if let Some(why) = (|| Self::refusal(&self.cfg, &zk, topology))
+        // The session and the check of where this firer runs, together: a session that expires
+        // meanwhile (the worker paused while it opened) is replaced by a new one.
+        let connect_and_check = || async {
+            let (zk, more) = Self::connect(&self.cfg, topology).await?;
+            let refusal = Self::refusal(&self.cfg, &zk, topology).await?;
+            Ok::<_, crate::coord::CoordError>((zk, more, refusal))
+        };
+        let (zk, more, refusal) = connect_and_check
             .retry(crate::coord::session::short_backoff())
-            .when(crate::coord::CoordError::is_transient)
+            .when(|e: &crate::coord::CoordError| e.is_transient() || e.is_session_lost())
             .await
-            .map_err(|e| component_error("window firer: reading the topology's stages", e, true))?
-        {
+            .map_err(|e| {
+                component_error("window firer: connecting to ZooKeeper and reading the topology's stages", e, true)
+            })?;
+        if let Some(why) = refusal {
             return Err(ComponentError::fatal(why));
         }
         let m = Metrics {

@@ -290,14 +290,24 @@ fn found_seeds_hold() {
     if std::env::var(CHILD_ENV).is_ok() || std::env::var("SQUALL_SIM_SEED").is_ok() {
         return;
     }
-    let failed: Vec<String> = std::thread::scope(|s| {
-        let runs: Vec<_> = FOUND.iter().map(|(seed, what)| (s.spawn(move || run_child(*seed)), *what)).collect();
-        runs.into_iter()
-            .map(|(h, what)| (h.join().unwrap(), what))
-            .filter(|(o, _)| !o.violations.is_empty())
-            .map(|(o, what)| format!("(found by: {what})\n{}", report(&o)))
-            .collect()
+    // `SQUALL_SIM_JOBS` seeds at a time (default 2): one process each.
+    let jobs = env_u64("SQUALL_SIM_JOBS", 2).max(1) as usize;
+    let next = Mutex::new(FOUND.iter());
+    let failed = Mutex::new(Vec::<String>::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| {
+                loop {
+                    let Some((seed, what)) = next.lock().unwrap().next() else { return };
+                    let o = run_child(*seed);
+                    if !o.violations.is_empty() {
+                        failed.lock().unwrap().push(format!("(found by: {what})\n{}", report(&o)));
+                    }
+                }
+            });
+        }
     });
+    let failed = failed.into_inner().unwrap();
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
