@@ -104,6 +104,32 @@ async fn finished_shards_that_leave_the_stream_are_collected_and_open_ones_are_n
     );
     eprintln!("parent {p} hidden from {blip} listing(s), then listed again: kept ({:?} later)", seen_again.elapsed());
 
+    // 3b. Listings that keep leaving the finished parent out for 10 s (past the 5 s and two
+    // listings after which a shard the listings leave out is collected) while GetShardIterator
+    // still answers for it (a listing that flaps, not a trimmed shard): the leader asks, and keeps it.
+    let omitted_at = Instant::now();
+    let (listings_before, iterators_before) = (proxy.hidden_listings_of(&p), proxy.requests_of("GetShardIterator"));
+    proxy.omit_from_listings(&[p.as_str()]);
+    while proxy.hidden_listings_of(&p) < listings_before + 3 || omitted_at.elapsed() < Duration::from_secs(10) {
+        assert!(omitted_at.elapsed() < GUARD, "the leader stopped listing shards\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    proxy.omit_from_listings(&[]);
+    let omissions = proxy.hidden_listings_of(&p) - listings_before;
+    let asked = proxy.requests_of("GetShardIterator") - iterators_before;
+    eprintln!(
+        "parent {p} left out of {omissions} listings over {:?} (GetShardIterator asked {asked} times)",
+        omitted_at.elapsed()
+    );
+    assert!(
+        znode_exists(&zk, &format!("{stream_path}/checkpoints/{p}")).await
+            && znode_exists(&zk, &format!("{stream_path}/finished/{p}")).await
+            && listed_shards(&zk, &cluster).await.contains(&p),
+        "the parent was collected while GetShardIterator still answered for it ({omissions} listings left it out)\n{}",
+        cluster.logs()
+    );
+    assert!(asked > 0, "the leader never asked GetShardIterator about the omitted parent\n{}", cluster.logs());
+
     // 3. The parent leaves the stream (as after the retention period): it is collected, all but
     // its `owners/` directory, whose sequence is the shard's lease token (never re-created).
     let hidden_at = Instant::now();

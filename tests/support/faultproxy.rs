@@ -148,6 +148,8 @@ struct Shared {
     upstream: SocketAddr,
     /// Shard ids removed from ListShards answers.
     hidden: std::sync::Mutex<Vec<String>>,
+    /// Left out of ListShards answers only (GetShardIterator still answers for them).
+    omitted: std::sync::Mutex<Vec<String>>,
     /// Per shard id: ListShards answers it was removed from.
     hidden_counts: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
     /// Requests per operation (X-Amz-Target).
@@ -189,6 +191,7 @@ impl FaultProxy {
             enabled: AtomicBool::new(true),
             upstream,
             hidden: std::sync::Mutex::new(Vec::new()),
+            omitted: std::sync::Mutex::new(Vec::new()),
             hidden_counts: std::sync::Mutex::new(Default::default()),
             per_op: std::sync::Mutex::new(Default::default()),
             stale_lag: std::sync::Mutex::new(None),
@@ -232,6 +235,12 @@ impl FaultProxy {
     /// empty slice hides nothing).
     pub fn hide_shards(&self, shard_ids: &[&str]) {
         *self.shared.hidden.lock().unwrap() = shard_ids.iter().map(|s| s.to_string()).collect();
+    }
+
+    /// From now on, ListShards answers leave out these shards, while GetShardIterator still
+    /// answers for them: a listing that flaps, not a trimmed shard (replaces the previous set).
+    pub fn omit_from_listings(&self, shard_ids: &[&str]) {
+        *self.shared.omitted.lock().unwrap() = shard_ids.iter().map(|s| s.to_string()).collect();
     }
 
     /// From now on, Query answers on a secondary index (DynamoDB) keep listing an entry for `lag`
@@ -580,7 +589,8 @@ async fn serve(mut client: TcpStream, sh: &Shared) -> std::io::Result<()> {
             Some((failed, total)) => splice_failures(&resp, failed, *total).unwrap_or(resp),
             None => resp,
         };
-        let hidden = sh.hidden.lock().unwrap().clone();
+        let mut hidden = sh.hidden.lock().unwrap().clone();
+        hidden.extend(sh.omitted.lock().unwrap().iter().cloned());
         let resp = if op == "ListShards" && !hidden.is_empty() {
             match hide(&resp, &hidden) {
                 Some((r, removed)) => {
