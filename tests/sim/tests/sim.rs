@@ -274,6 +274,7 @@ const FOUND: &[(u64, &str)] = &[
     (439, "gc-one-listing"),
     (552, "start-session-expiry"),
     (762, "listing-orphan-parent"),
+    (1620, "firer-open-session"),
     (102557, "list-read-no-assign"),
 ];
 
