@@ -107,11 +107,11 @@ breaks:
 	./scripts/break-test --all
 
 # The deterministic simulator (tests/sim, no services): a fleet of workers on simulated time over
-# models of ZooKeeper and Kinesis, faults from a seed. `make sim SEED=N` replays one seed (its trace
+# models of ZooKeeper, Kinesis and the state table, faults from a seed. `make sim SEED=N` replays one seed (its trace
 # hash, its last events); `make sim` sweeps seeds for BUDGET seconds (default 600) from FIRST (default:
 # the clock, new seeds each run) with JOBS at once (default: every core). `make test` runs 150 s of
-# it from seed 1. Nightly: `make sim BUDGET=3600`. `make sim-breaks` shows each coordination break
-# of scripts/breaks/ found by a seed that replays (scripts/sim-breaks, ~40 min).
+# it from seed 1. Nightly: `make sim BUDGET=3600`. `make sim-breaks` shows each break of
+# scripts/breaks/ the simulator reaches found by a seed that replays (scripts/sim-breaks, ~75 min).
 sim:
 	@if [ -n "$(SEED)" ]; then \
 	  SQUALL_SIM_SEED=$(SEED) $(CARGO) test -p squall-sim --test sim seeds_hold_every_invariant -- --nocapture; \
