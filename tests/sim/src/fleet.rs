@@ -295,19 +295,10 @@ fn assignment_settled(w: &World) -> Result<(), String> {
         }
         for (task, shards) in &a.tasks {
             for shard in shards {
-                let finished = w.zk.exists_any(&format!("{sp}/finished/{shard}"))
-                    || w.zk
-                        .data_any(&format!("{sp}/checkpoints/{shard}"))
-                        .and_then(|d| serde_json::from_slice::<squall::coord::Checkpoint>(&d).ok())
-                        .is_some_and(|c| c.finished);
-                if finished {
+                if w.finished(stream, shard) {
                     continue;
                 }
-                let owners = format!("{sp}/owners/{shard}");
-                let lowest =
-                    w.zk.list_children_any(&owners)
-                        .into_iter()
-                        .min_by_key(|n| n.rsplit('-').next().and_then(|s| s.parse::<u64>().ok()).unwrap_or(u64::MAX));
+                let lowest = w.lowest_lease(&format!("{sp}/owners/{shard}"));
                 if !lowest.as_deref().is_some_and(|l| l.starts_with(&format!("lease-{task}-"))) {
                     return Err(format!(
                         "{stream}/{shard}: assigned to {task} (generation {}), held by {lowest:?}",

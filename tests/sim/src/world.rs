@@ -279,6 +279,25 @@ impl World {
 
     // ----- checks made as the run goes -----
 
+    /// The lowest lease node under a shard's `owners/` directory (the one that holds the shard).
+    pub fn lowest_lease(&self, owners_dir: &str) -> Option<String> {
+        self.zk
+            .list_children_any(owners_dir)
+            .into_iter()
+            .min_by_key(|n| n.rsplit('-').next().and_then(|s| s.parse::<u64>().ok()).unwrap_or(u64::MAX))
+    }
+
+    /// Whether `shard` of `stream` finished: its finished marker, or a finished checkpoint.
+    pub fn finished(&self, stream: &str, shard: &str) -> bool {
+        let sp = self.stream_path(stream);
+        self.zk.exists_any(&format!("{sp}/finished/{shard}"))
+            || self
+                .zk
+                .data_any(&format!("{sp}/checkpoints/{shard}"))
+                .and_then(|d| serde_json::from_slice::<Checkpoint>(&d).ok())
+                .is_some_and(|c| c.finished)
+    }
+
     /// Recomputes who holds each shard's lease (after a change under `owners/`, or a session's
     /// end): the worker of the session that owns the lowest lease node.
     pub fn refresh_holders(&mut self) {
@@ -293,12 +312,8 @@ impl World {
         for shard_id in self.zk.list_children_any(&dir) {
             let shard = format!("{stream}/{shard_id}");
             let sdir = format!("{dir}/{shard_id}");
-            let lowest = self
-                .zk
-                .list_children_any(&sdir)
-                .into_iter()
-                .min_by_key(|n| n.rsplit('-').next().and_then(|s| s.parse::<u64>().ok()).unwrap_or(u64::MAX));
-            let holder = lowest
+            let holder = self
+                .lowest_lease(&sdir)
                 .and_then(|n| self.zk.owner_any(&format!("{sdir}/{n}")))
                 .and_then(|session| self.sessions.get(&session).map(|s| s.worker));
             let before = self.checks.lease_holder.get(&shard).copied();
@@ -461,11 +476,7 @@ impl World {
         }
         if let Some(lease) = lease {
             let dir = format!("{}/owners/{shard}", self.stream_path(&stream));
-            let holder = self
-                .zk
-                .list_children_any(&dir)
-                .into_iter()
-                .min_by_key(|n| n.rsplit('-').next().and_then(|s| s.parse::<u64>().ok()).unwrap_or(u64::MAX));
+            let holder = self.lowest_lease(&dir);
             let mine = lease.rsplit('/').next().unwrap_or(lease);
             if holder.as_deref() != Some(mine) {
                 self.violation(format!(
@@ -478,17 +489,8 @@ impl World {
 
     /// A shard iterator asked for `shard`: every parent must have finished first.
     pub fn iterator_asked(&mut self, worker: u32, stream: &str, shard: &str, parents: &[String]) {
-        let sp = self.stream_path(stream);
         for p in parents {
-            let cp_path = format!("{sp}/checkpoints/{p}");
-            let marker = format!("{sp}/finished/{p}");
-            let finished = self.zk.exists_any(&marker)
-                || self
-                    .zk
-                    .data_any(&cp_path)
-                    .and_then(|d| serde_json::from_slice::<Checkpoint>(&d).ok())
-                    .is_some_and(|c| c.finished);
-            if !finished {
+            if !self.finished(stream, p) {
                 self.violation(format!("w{worker} read child {stream}/{shard} before its parent {p} finished"));
             }
         }
