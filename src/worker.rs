@@ -639,9 +639,15 @@ impl Engines {
     }
 
     /// Drains the first stage (its spouts stop reading); later stages drain once their inputs
-    /// saw every upstream producer's drain marker.
+    /// saw every upstream producer's drain marker. A drain finishes what is in flight, so the
+    /// later stages read on even when the topology was deactivated before it: they are activated
+    /// (a deactivated deployment's intermediate streams are otherwise never read to the drain
+    /// markers, and it stays DRAINING for good, which no `activate` may end).
     async fn drain(&self) -> Result<(), squall_topology::TopologyError> {
         self.drain.send_replace(true);
+        for s in self.stages.iter().skip(1) {
+            let _ = s.running.activate().await;
+        }
         self.stages[0].running.drain().await
     }
 
@@ -680,31 +686,67 @@ impl Engines {
 }
 
 /// Creates the intermediate streams that do not exist yet (another worker may create one at the
-/// same moment: that is fine).
+/// same moment: that is fine). Each call is tried again (5 times, 100 ms to 2 s apart) while its
+/// error is retryable (throttling, a lost connection or answer): a worker does not fail its start
+/// on one refused call.
 async fn ensure_intermediate_streams(
     args: &WorkerArgs,
     stages: &crate::stage::Stages<'_>,
     cfg: &KinesisSpoutConfig,
 ) -> anyhow::Result<()> {
-    let client = cfg.kinesis.client().await?;
-    let endpoint = cfg.kinesis.label();
+    use crate::kinesis::KinesisError;
+    use backon::Retryable as _;
+    enum Api {
+        /// A registered model of Kinesis (`sim://api/NAME`, the simulator's).
+        Model(Arc<dyn crate::spout::ShardApi>),
+        Sdk(aws_sdk_kinesis::Client, String),
+    }
+    let api = match crate::spout::registered_api(&cfg.kinesis.endpoint) {
+        Some(api) => Api::Model(api?),
+        None => Api::Sdk(cfg.kinesis.client().await?, cfg.kinesis.label()),
+    };
+    let backoff = crate::coord::session::short_backoff;
     for b in stages.boundaries() {
         let stream = b.stream_name(&args.topology);
-        match crate::kinesis::describe_stream(&client, &endpoint, &stream).await {
-            Ok(_) => {}
-            Err(crate::kinesis::KinesisError::StreamNotFound { .. }) => {
-                tracing::info!(stream = %stream, shards = b.shards, boundary = %b.name, "creating the intermediate stream");
-                match crate::kinesis::create_stream(&client, &endpoint, &stream, b.shards).await {
-                    Ok(()) => {}
-                    Err(e) => {
-                        // created by another worker meanwhile?
-                        crate::kinesis::wait_active(&client, &endpoint, &stream, Duration::from_secs(60))
-                            .await
-                            .map_err(|_| anyhow::anyhow!("creating intermediate stream {stream}: {e}"))?;
-                    }
+        let exists = || async {
+            let r = match &api {
+                Api::Model(api) => api.list_shards(&stream).await.map(|_| ()),
+                Api::Sdk(client, endpoint) => {
+                    crate::kinesis::describe_stream(client, endpoint, &stream).await.map(|_| ())
                 }
+            };
+            match r {
+                Ok(()) => Ok(true),
+                Err(KinesisError::StreamNotFound { .. }) => Ok(false),
+                Err(e) => Err(e),
             }
-            Err(e) => anyhow::bail!("intermediate stream {stream} of boundary {}: {e}", b.name),
+        };
+        let known = exists
+            .retry(backoff())
+            .when(KinesisError::is_retryable)
+            .await
+            .map_err(|e| anyhow::anyhow!("intermediate stream {stream} of boundary {}: {e}", b.name))?;
+        if known {
+            continue;
+        }
+        tracing::info!(stream = %stream, shards = b.shards, boundary = %b.name, "creating the intermediate stream");
+        let create = || async {
+            match &api {
+                Api::Model(api) => api.create_stream(&stream, b.shards).await,
+                Api::Sdk(client, endpoint) => crate::kinesis::create_stream(client, endpoint, &stream, b.shards).await,
+            }
+        };
+        if let Err(e) = create.retry(backoff()).when(KinesisError::is_retryable).await {
+            // created by another worker meanwhile?
+            let there = match &api {
+                Api::Model(_) => exists.retry(backoff()).when(KinesisError::is_retryable).await.unwrap_or(false),
+                Api::Sdk(client, endpoint) => {
+                    crate::kinesis::wait_active(client, endpoint, &stream, Duration::from_secs(60)).await.is_ok()
+                }
+            };
+            if !there {
+                anyhow::bail!("creating intermediate stream {stream}: {e}");
+            }
         }
     }
     Ok(())

@@ -1,5 +1,6 @@
-//! The two Kinesis calls the sink makes, behind a small trait: the SDK client in production, an
-//! in-memory fake in unit tests.
+//! The two Kinesis calls the sink makes, behind a small trait: the SDK client in production, a
+//! registered [`ShardApi`] (`sim://api/NAME`: the simulator's model of Kinesis), an in-memory fake
+//! in unit tests.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -10,12 +11,13 @@ use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 
 use super::encoder::{OpenShard, SinkRecord};
 use crate::kinesis::KinesisError;
+use crate::spout::ShardApi;
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A per-record failure of a PutRecords call (its `ErrorCode` and `ErrorMessage`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct EntryError {
+pub struct EntryError {
     pub code: String,
     pub message: String,
 }
@@ -28,7 +30,7 @@ pub(crate) type PutOutcome = Result<Vec<Option<EntryError>>, KinesisError>;
 /// [`super::PutGate`] is asked when the call starts; a process frozen in between, SIGSTOP or a long
 /// pause, would otherwise send its request when it resumes, whatever the gate says by then).
 /// False: the attempt is not sent and the call fails (the sink, whose check it is, knows why).
-pub(crate) type TransmitCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+pub type TransmitCheck = Arc<dyn Fn() -> bool + Send + Sync>;
 
 pub(crate) trait Backend: Send + Sync + 'static {
     /// One PutRecords call; `check`, when given, is asked before each attempt is transmitted.
@@ -115,6 +117,43 @@ impl Backend for SdkBackend {
         Box::pin(async move {
             let shards = crate::kinesis::list_shards(&client, &endpoint, &stream).await?;
             Ok(shards
+                .into_iter()
+                .filter(|s| !s.closed)
+                .map(|s| OpenShard {
+                    shard_id: s.shard_id,
+                    starting_hash_key: s.starting_hash_key,
+                    ending_hash_key: s.ending_hash_key,
+                })
+                .collect())
+        })
+    }
+}
+
+/// A registered [`ShardApi`] (`sim://api/NAME`) and the stream it writes.
+pub(crate) struct ApiBackend {
+    pub api: Arc<dyn ShardApi>,
+    pub stream: String,
+}
+
+impl Backend for ApiBackend {
+    fn put_records(&self, records: Vec<SinkRecord>, check: Option<TransmitCheck>) -> BoxFuture<PutOutcome> {
+        let (api, stream) = (self.api.clone(), self.stream.clone());
+        Box::pin(async move {
+            let n = records.len();
+            let mut results = api.put_records(&stream, records, check).await?;
+            results.resize_with(n, || {
+                Some(EntryError { code: "MissingResult".into(), message: "no result for the record".into() })
+            });
+            Ok(results)
+        })
+    }
+
+    fn open_shards(&self) -> BoxFuture<Result<Vec<OpenShard>, KinesisError>> {
+        let (api, stream) = (self.api.clone(), self.stream.clone());
+        Box::pin(async move {
+            Ok(api
+                .list_shards(&stream)
+                .await?
                 .into_iter()
                 .filter(|s| !s.closed)
                 .map(|s| OpenShard {

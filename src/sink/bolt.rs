@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::backend::{Backend, PutOutcome, SdkBackend, TransmitCheck};
+use super::backend::{ApiBackend, Backend, PutOutcome, SdkBackend, TransmitCheck};
 use super::config::KinesisSinkConfig;
 use super::encoder::{OpenShard, SinkEncoder, SinkRecord};
 use super::queue::{Entry, Queue};
@@ -737,15 +737,23 @@ impl<E: SinkEncoder> Bolt for KinesisSink<E> {
             Source::Client(c) => {
                 Arc::new(SdkBackend { client: c.clone(), stream: self.cfg.stream.clone(), endpoint: endpoint.clone() })
             }
-            Source::Endpoint => {
-                let client = self.cfg.kinesis.client().await.map_err(|e| {
-                    ComponentError::fatal_from(
-                        format!("Kinesis sink to stream {:?}: cannot build the client", self.cfg.stream),
-                        e,
-                    )
-                })?;
-                Arc::new(SdkBackend { client, stream: self.cfg.stream.clone(), endpoint: endpoint.clone() })
-            }
+            Source::Endpoint => match crate::spout::registered_api(&self.cfg.kinesis.endpoint) {
+                Some(api) => {
+                    let api = api.map_err(|e| {
+                        ComponentError::fatal_from(format!("Kinesis sink to stream {:?}", self.cfg.stream), e)
+                    })?;
+                    Arc::new(ApiBackend { api, stream: self.cfg.stream.clone() })
+                }
+                None => {
+                    let client = self.cfg.kinesis.client().await.map_err(|e| {
+                        ComponentError::fatal_from(
+                            format!("Kinesis sink to stream {:?}: cannot build the client", self.cfg.stream),
+                            e,
+                        )
+                    })?;
+                    Arc::new(SdkBackend { client, stream: self.cfg.stream.clone(), endpoint: endpoint.clone() })
+                }
+            },
         };
         self.run =
             Some(Running { backend, endpoint, ctx: ctx.clone(), cancel: ctx.cancellation(), m: Metrics::new(ctx) });

@@ -58,8 +58,9 @@
 //! - `config`: [`KinesisSinkConfig`] (serde, validated; [`SinkConfigError`] names the key).
 //! - `encoder`: [`SinkRecord`], [`OpenShard`], the [`SinkEncoder`] trait and [`FieldsEncoder`].
 //! - `queue` (private): per-key FIFOs and the batching rule above, without I/O.
-//! - `backend` (private): the PutRecords and ListShards calls behind a trait (the SDK client, or
-//!   an in-memory fake in unit tests).
+//! - `backend` (private): the PutRecords and ListShards calls behind a trait (the SDK client, a
+//!   registered [`crate::spout::ShardApi`] for `sim://api/NAME` endpoints, or an in-memory fake in
+//!   unit tests).
 //! - `bolt`: [`KinesisSink`] itself: holding inputs, the call in flight, timers, back-off.
 //!
 //! # Example
@@ -84,6 +85,7 @@ mod config;
 mod encoder;
 mod queue;
 
+pub use backend::{EntryError as PutEntryError, TransmitCheck};
 pub use bolt::{KinesisSink, PutGate, metric};
 pub use config::{KinesisSinkConfig, MAX_BYTES_PER_CALL, MAX_RECORD_BYTES, MAX_RECORDS_PER_CALL, SinkConfigError};
 pub use encoder::{FieldsEncoder, OpenShard, SinkEncoder, SinkRecord};

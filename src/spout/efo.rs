@@ -413,7 +413,8 @@ impl ReaderCtx {
             tokio::select! {
                 _ = cancel.cancelled() => return Err(Ended::Gone),
                 _ = self.space.notified() => {}
-                _ = allowed.changed() => {}
+                // (a closed channel would answer at once: the sleep paces the loop then)
+                _ = allowed.changed(), if allowed.has_changed().is_ok() => {}
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
         }
@@ -490,10 +491,11 @@ impl ReaderCtx {
                 Err(Ended::Paused) => {
                     let mut allowed = self.fetch_allowed.clone();
                     tokio::select! {
-                        _ = cancel.cancelled() => return,
-                        _ = allowed.changed() => {}
-                        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                    }
+                            _ = cancel.cancelled() => return,
+                            // (a closed channel would answer at once: the sleep paces the loop then)
+                    _ = allowed.changed(), if allowed.has_changed().is_ok() => {}
+                            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                        }
                     continue;
                 }
                 Err(_) => return,

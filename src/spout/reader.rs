@@ -324,7 +324,8 @@ impl ReaderCtx {
             tokio::select! {
                 _ = cancel.cancelled() => return None,
                 _ = self.space.notified() => {}
-                _ = allowed.changed() => {}
+                // (a closed channel would answer at once: the sleep paces the loop then)
+                _ = allowed.changed(), if allowed.has_changed().is_ok() => {}
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
         }

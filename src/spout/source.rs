@@ -26,6 +26,7 @@ use tracing::{info, warn};
 use super::tracker::Record;
 use crate::coord::{CheckpointPosition, now_ms};
 use crate::kinesis::{self, KinesisError, ShardDescription};
+use crate::sink::{PutEntryError, SinkRecord, TransmitCheck};
 
 /// One GetRecords answer, as the reader needs it.
 #[derive(Debug)]
@@ -79,6 +80,37 @@ pub trait ShardApi: Send + Sync + fmt::Debug + 'static {
     fn service_now_lower(&self) -> Option<i64> {
         None
     }
+    /// One PutRecords call into `stream` (the write path of [`crate::sink::KinesisSink`] and of
+    /// the stage writers): per record, in request order, `None` when it was written, else its
+    /// error code and message; or the error of the whole call. `check`, when given, is asked
+    /// right before the request is transmitted (after any delay on the way): false means the
+    /// request must not be sent, and the call fails. The default refuses: a source that is only
+    /// read (the coordination benchmark's generated stream).
+    fn put_records<'a>(
+        &'a self,
+        stream: &'a str,
+        records: Vec<SinkRecord>,
+        check: Option<TransmitCheck>,
+    ) -> BoxFuture<'a, Result<Vec<Option<PutEntryError>>, KinesisError>> {
+        let _ = (records, check);
+        Box::pin(async move { Err(read_only("PutRecords", stream)) })
+    }
+    /// CreateStream with `shards` shards (an intermediate stream on a stage's first start). The
+    /// default refuses, as [`ShardApi::put_records`] does.
+    fn create_stream<'a>(&'a self, stream: &'a str, shards: i32) -> BoxFuture<'a, Result<(), KinesisError>> {
+        let _ = shards;
+        Box::pin(async move { Err(read_only("CreateStream", stream)) })
+    }
+}
+
+fn read_only(op: &'static str, stream: &str) -> KinesisError {
+    KinesisError::Refused {
+        op,
+        stream: stream.to_string(),
+        message: "this sim:// source is read-only (the coordination benchmark's generated stream); write to a \
+                  Kinesis endpoint or a registered model"
+            .into(),
+    }
 }
 
 fn apis() -> &'static Mutex<BTreeMap<String, Arc<dyn ShardApi>>> {
@@ -99,6 +131,16 @@ pub fn unregister_shard_api(name: &str) {
     apis().lock().unwrap_or_else(|p| p.into_inner()).remove(name);
 }
 
+/// The [`ShardApi`] an endpoint names, if it is `sim://api/NAME`: `None` for any other endpoint,
+/// an error naming the endpoint when nothing is registered under `NAME`.
+pub(crate) fn registered_api(endpoint: &str) -> Option<Result<Arc<dyn ShardApi>, KinesisError>> {
+    let name = endpoint.strip_prefix(API_PREFIX)?;
+    Some(apis().lock().unwrap_or_else(|p| p.into_inner()).get(name).cloned().ok_or_else(|| KinesisError::Config {
+        field: "endpoint".into(),
+        reason: format!("{endpoint} names no registered Kinesis model (only the simulator registers them)"),
+    }))
+}
+
 /// The shard-level API the spout needs.
 #[derive(Clone, Debug)]
 pub(crate) enum ShardSource {
@@ -112,17 +154,8 @@ impl ShardSource {
     /// The source an endpoint names: `sim://api/NAME` (registered), `sim://...` (generated), or a
     /// Kinesis client.
     pub async fn for_endpoint(ep: &kinesis::KinesisEndpoint, stream: &str) -> Result<Self, KinesisError> {
-        if let Some(name) = ep.endpoint.strip_prefix(API_PREFIX) {
-            let api = apis().lock().unwrap_or_else(|p| p.into_inner()).get(name).cloned().ok_or_else(|| {
-                KinesisError::Config {
-                    field: "endpoint".into(),
-                    reason: format!(
-                        "{} names no registered Kinesis model (only the simulator registers them)",
-                        ep.endpoint
-                    ),
-                }
-            })?;
-            return Ok(ShardSource::Api { api, stream: stream.to_string() });
+        if let Some(api) = registered_api(&ep.endpoint) {
+            return Ok(ShardSource::Api { api: api?, stream: stream.to_string() });
         }
         if let Some(spec) = ep.endpoint.strip_prefix(SIM_SCHEME) {
             return Ok(ShardSource::Api { api: Arc::new(SimStream::parse(spec)?), stream: stream.to_string() });

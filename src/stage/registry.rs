@@ -45,6 +45,8 @@ pub fn follow_producers(
                     }
                 }
             };
+            // A closed session channel (the worker's session dropped: it is stopping) ends the
+            // follower: `changed` would return at once from then on, a busy loop.
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 r = listed => {
@@ -52,12 +54,15 @@ pub fn follow_producers(
                         tracing::debug!(stream = %stream, error = %e, "following the producer registry: retrying");
                     }
                 }
-                _ = views.changed() => continue,
+                r = views.changed() => match r {
+                    Ok(()) => continue,
+                    Err(_) => return,
+                },
             }
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-                _ = views.changed() => {}
+                r = views.changed() => if r.is_err() { return },
             }
         }
     });

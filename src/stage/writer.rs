@@ -235,11 +235,36 @@ impl ProducerRegistrar {
         ZkStore::for_producers(s, &self.root, &self.topology, &self.stream).map_err(|e| e.to_string())
     }
 
-    /// Registers one producer (remembered for [`ProducerRegistrar::register_all`]).
+    /// Registers one producer (remembered for [`ProducerRegistrar::register_all`]). While
+    /// ZooKeeper is away (a lost connection or answer, no session, a session lost and not yet
+    /// replaced) it tries again, 100 ms to 2 s apart, for as long as it takes: the worker's
+    /// session gives up after `--zk-give-up-after-ms` and stops the topology, which ends this
+    /// wait (the engine cancels `prepare`). Other errors (a name ZooKeeper refuses, no
+    /// permission) end it at once.
     pub async fn register(&self, producer: u64) -> Result<(), String> {
+        use backon::Retryable as _;
         self.ids.lock().unwrap_or_else(|p| p.into_inner()).push(producer);
-        let store = self.store().await?;
-        store.register_producer(&self.stream, producer, &self.deployment).await.map_err(|e| e.to_string())
+        let once = || async {
+            let store = self.store().await.map_err(|e| (e, true))?;
+            store.register_producer(&self.stream, producer, &self.deployment).await.map_err(|e| {
+                let again = e.is_transient() || e.is_session_lost();
+                (e.to_string(), again)
+            })
+        };
+        let backoff = backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(2))
+            .without_max_times()
+            .with_jitter_seed(crate::random::u64());
+        once.retry(backoff)
+            .when(|(_, again)| *again)
+            .notify(|(e, _), after| {
+                tracing::warn!(stream = %self.stream, producer = format!("{producer:016x}"), error = %e,
+                    retry_in_ms = after.as_millis() as u64,
+                    "registering a boundary writer as a producer of the intermediate stream failed; trying again")
+            })
+            .await
+            .map_err(|(e, _)| e)
     }
 
     /// Registers every producer again (after a new session).

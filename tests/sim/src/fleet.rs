@@ -8,11 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
+use squall::stage::{Boundary, Stages};
 use squall::state::{
     ExactlyOnce, FIRE_FIELDS, FirerConfig, KeyedState, StateConfig, StateEndpoint, Tumbling, Window, WindowAggregate,
-    WindowFirer,
+    WindowFirer, with_production_fields,
 };
-use squall::topology::{Bolt, BoltOutput, ComponentError, Tuple};
+use squall::topology::{Bolt, BoltOutput, ComponentError, Tuple, Value};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
@@ -59,6 +60,17 @@ pub struct Scenario {
     /// An operator deactivates the topology and activates it again (0.5-5 s later), and drains it
     /// once, at fault times (`squall deactivate|activate|drain`, the CLI's own operations).
     pub operator: bool,
+    /// Two stages over an intermediate stream (`sim-mid`, this many shards; 0: one stage). The
+    /// first hands each record on to the boundary writer (at-least-once: `{key, n, stream}`, which
+    /// the second stage's sink checks), or, with exactly-once, counts it and emits a strong
+    /// production `{key, n: 1}` that the second stage sums per key, exactly once again.
+    #[serde(default)]
+    pub mid_shards: u32,
+    /// With exactly-once stages: a third stage. The second re-emits each tally it applies as a
+    /// strong production of its own into `sim-mid2`, which the third sums again (a production
+    /// re-sent keeps the id it was first sent with).
+    #[serde(default)]
+    pub third: bool,
 }
 
 impl Scenario {
@@ -87,6 +99,12 @@ impl Scenario {
             }
         }
         s.operator = later.chance(0.3);
+        let mut staged = Rng::new(seed ^ 0x7B7B_B7B7_2D2D_D2D2);
+        if s.window_ms == 0 && staged.chance(0.3) {
+            s.mid_shards = staged.range(1, 3) as u32;
+            s.faults.put_lost_after = if staged.chance(0.5) { 0.03 } else { 0.0 };
+            s.third = s.exactly_once && staged.chance(0.5);
+        }
         s
     }
 
@@ -122,6 +140,8 @@ impl Scenario {
             committed_interval_ms: 0,
             window_ms: 0,
             operator: false,
+            mid_shards: 0,
+            third: false,
         }
         .with_initial_position(rng)
     }
@@ -180,6 +200,14 @@ const SETTLE_MS: u64 = 120_000;
 const SESSION_TIMEOUT_MS: u64 = 4_000;
 /// The services' clock at the start of every run.
 const EPOCH_MS: i64 = 1_790_000_000_000;
+/// The intermediate stream of a staged run (topology `sim`, boundary `mid`).
+const MID: &str = "sim-mid";
+/// The second intermediate stream of a three-stage run (boundary `mid2`).
+const MID2: &str = "sim-mid2";
+/// The scopes of the exactly-once counts: one stage's, and the second stage's of a staged run.
+const COUNTS_SCOPE: &str = "sim/eo";
+const TOTALS_SCOPE: &str = "sim.down/totals";
+const FINALS_SCOPE: &str = "sim.fin/finals";
 
 /// The exactly-once workload: records per key, in the state table.
 struct CountByKey;
@@ -196,6 +224,108 @@ impl KeyedState for CountByKey {
         *n += 1;
         Ok(())
     }
+}
+
+/// The first stage of a staged exactly-once run: counts per key, and emits a strong production
+/// `{key, n: 1}` per record applied.
+struct CountAndTally;
+
+impl KeyedState for CountAndTally {
+    type State = u64;
+    type Out = Tally;
+
+    fn key(&self, t: &Tuple) -> Result<String, ComponentError> {
+        Ok(t.get_str("partition_key")?.to_string())
+    }
+
+    fn apply(&mut self, key: &str, n: &mut u64, _t: &Tuple, out: &mut Vec<Tally>) -> Result<(), ComponentError> {
+        *n += 1;
+        out.push(Tally { key: key.to_string(), n: 1 });
+        Ok(())
+    }
+}
+
+/// A production of [`CountAndTally`].
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Tally {
+    key: String,
+    n: u64,
+}
+
+const TALLY_FIELDS: [&str; 2] = ["key", "n"];
+
+/// The second stage of a staged exactly-once run (and the third of three): sums the tallies
+/// per key; with `relay`, emits each tally it applies again (to the third stage).
+struct SumTallies {
+    relay: bool,
+}
+
+impl KeyedState for SumTallies {
+    type State = u64;
+    type Out = Tally;
+
+    fn key(&self, t: &Tuple) -> Result<String, ComponentError> {
+        Ok(t.get_str("key")?.to_string())
+    }
+
+    fn apply(&mut self, key: &str, total: &mut u64, t: &Tuple, out: &mut Vec<Tally>) -> Result<(), ComponentError> {
+        let n = t.get_u64("n")?;
+        *total += n;
+        if self.relay {
+            out.push(Tally { key: key.to_string(), n });
+        }
+        Ok(())
+    }
+}
+
+/// The fields the first stage of a staged at-least-once run hands on per record.
+const RELAY_FIELDS: [&str; 3] = ["key", "n", "stream"];
+
+/// The first stage of a staged at-least-once run: each record's `{key, n, stream}` to the
+/// boundary writer.
+struct Relay;
+
+impl Bolt for Relay {
+    async fn execute(&mut self, t: Tuple, out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let (key, n) = record_of(&t)?;
+        let stream = t.get_str("stream")?.to_string();
+        out.emit(vec![Value::from(key), Value::from(n), Value::from(stream)])
+            .map_err(|e| ComponentError::fatal(format!("relay: {e}")))?;
+        Ok(())
+    }
+}
+
+/// The sink of the second stage of a staged at-least-once run.
+struct StageSink {
+    world: Shared,
+    worker: u32,
+}
+
+impl Bolt for StageSink {
+    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let (key, n, stream) = (t.get_str("key")?.to_string(), t.get_u64("n")?, t.get_str("stream")?.to_string());
+        let crashed = {
+            let mut w = lock(&self.world);
+            let crashed = w.net(self.worker).0;
+            if !crashed {
+                w.deliver_downstream(self.worker, &stream, &key, n);
+            }
+            crashed
+        };
+        if crashed {
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+}
+
+/// The key and number of a producer's record (`key:n`).
+fn record_of(t: &Tuple) -> Result<(String, u64), ComponentError> {
+    let data = t.get_bytes("data")?;
+    let text = String::from_utf8_lossy(&data).to_string();
+    text.split_once(':')
+        .and_then(|(k, n)| Some((k.to_string(), n.parse::<u64>().ok()?)))
+        .ok_or_else(|| ComponentError::fatal(format!("not a simulator record: {text:?}")))
 }
 
 /// The windowed workload: records per key and tumbling window of arrival time.
@@ -264,14 +394,20 @@ fn wrong_windows(w: &World, size_ms: u64) -> Vec<String> {
     wrong
 }
 
-/// Liveness of the coordination once the faults ended: for each stream, an assignment without
-/// error over exactly the tasks registered, loads within one shard of each other, and each
-/// assigned shard that is not finished held by the lease of the task it is assigned to. `Err`
-/// says what is not so yet.
+/// Liveness of the coordination once the faults ended: for each stream read (sources and
+/// intermediate streams), an assignment without error over exactly the tasks registered, loads
+/// within one shard of each other, and each assigned shard that is not finished held by the
+/// lease of the task it is assigned to. `Err` says what is not so yet.
 fn assignment_settled(w: &World) -> Result<(), String> {
-    for (i, stream) in w.streams.iter().enumerate() {
+    // the primary stream's tasks register under the topology, the other source streams' under
+    // `source-tasks`, an intermediate stream's (read by a later stage) under `tasks`
+    let dirs = w.streams.iter().enumerate().map(|(i, stream)| {
         let sp = w.stream_path(stream);
-        let tasks_dir = if i == 0 { format!("{}/tasks", w.topo_path) } else { format!("{sp}/source-tasks") };
+        (stream, if i == 0 { format!("{}/tasks", w.topo_path) } else { format!("{sp}/source-tasks") })
+    });
+    let dirs = dirs.chain(w.intermediate.iter().map(|stream| (stream, format!("{}/tasks", w.stream_path(stream)))));
+    for (stream, tasks_dir) in dirs.collect::<Vec<_>>() {
+        let sp = w.stream_path(stream);
         let live: std::collections::BTreeSet<String> = w.zk.list_children_any(&tasks_dir).into_iter().collect();
         let Some(a) =
             w.zk.data_any(&format!("{sp}/assignment"))
@@ -348,13 +484,38 @@ fn expected_counts(w: &World) -> BTreeMap<String, u64> {
     out
 }
 
-/// Per key: the count the state table holds (items of every scope; the run has one).
-fn counts(w: &World) -> BTreeMap<String, u64> {
+/// Per key: the count the state table holds in `scope`.
+fn counts(w: &World, scope: &str) -> BTreeMap<String, u64> {
     w.state
         .items()
         .into_iter()
+        .filter(|(_, s, _, _)| s == scope)
         .map(|(_, _, key, item)| (key, serde_json::from_slice(&item.state).unwrap_or(0)))
         .collect()
+}
+
+/// Keys whose count in `scope` is not the records put with them.
+fn wrong_counts(w: &World, scope: &str) -> Vec<String> {
+    let (counted, expected) = (counts(w, scope), expected_counts(w));
+    expected
+        .iter()
+        .filter(|(k, n)| counted.get(*k).copied().unwrap_or(0) != **n)
+        .map(|(k, n)| format!("{k}: {} counted for {n} put", counted.get(k).copied().unwrap_or(0)))
+        .chain(counted.keys().filter(|k| !expected.contains_key(*k)).map(|k| format!("{k}: counted, never put")))
+        .collect()
+}
+
+/// Records (`stream/key:n`) the second stage of a staged at-least-once run has not got.
+fn missing_downstream(w: &World) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, count) in &w.checks.put {
+        for n in w.checks.optional(k)..*count {
+            if !w.checks.downstream.get(k).is_some_and(|d| d.contains(&n)) {
+                out.push(format!("{k}:{n}"));
+            }
+        }
+    }
+    out
 }
 
 /// The sink of every worker: checks each delivery.
@@ -365,12 +526,7 @@ struct Sink {
 
 impl Bolt for Sink {
     async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
-        let data = t.get_bytes("data")?;
-        let text = String::from_utf8_lossy(&data).to_string();
-        let (key, n) = text
-            .split_once(':')
-            .and_then(|(k, n)| Some((k.to_string(), n.parse::<u64>().ok()?)))
-            .ok_or_else(|| ComponentError::fatal(format!("not a simulator record: {text:?}")))?;
+        let (key, n) = record_of(&t)?;
         let (shard, sequence) = (t.get_str("shard_id")?.to_string(), t.get_str("sequence_number")?.to_string());
         let stream = t.get_str("stream")?.to_string();
         let crashed = {
@@ -456,11 +612,21 @@ impl Fleet {
         let firer_zk = args.spout_config().expect("the workers' spout configuration").zookeeper.to_zk_config();
         let streams = self.scenario.streams.clone();
         lock(&world).event(format!("w{id} starts"));
+        let (mid_shards, third, down_world) = (self.scenario.mid_shards, self.scenario.third, self.world.clone());
         let handle = tokio::task::spawn_local(async move {
-            let r = squall::run(args, move |b, spout| {
+            let staged_eo = eo.clone().filter(|_| mid_shards > 0);
+            let first = Stages::new("main", move |b, spout| {
                 b.set_bolt("sink", 2, move |_| Sink { world: sink_world.clone(), worker: id })
                     .fields_grouping(spout, &["partition_key"]);
                 match eo {
+                    Some(cfg) if mid_shards > 0 => {
+                        let mut cfg = cfg;
+                        cfg.production_ids = true;
+                        let fields = with_production_fields(&TALLY_FIELDS);
+                        b.set_bolt("eo", 2, move |_| ExactlyOnce::new(cfg.clone(), CountAndTally))
+                            .fields_grouping(spout, &["partition_key"])
+                            .fields(&fields.iter().map(String::as_str).collect::<Vec<_>>());
+                    }
                     Some(cfg) if window_ms > 0 => {
                         let windows = Tumbling::new(window_ms, CountPerWindow);
                         let for_bolt = windows.clone();
@@ -479,10 +645,64 @@ impl Fleet {
                         b.set_bolt("eo", 2, move |_| ExactlyOnce::new(cfg.clone(), CountByKey))
                             .fields_grouping(spout, &["partition_key"]);
                     }
+                    None if mid_shards > 0 => {
+                        b.set_bolt("relay", 2, |_| Relay)
+                            .fields_grouping(spout, &["partition_key"])
+                            .fields(&RELAY_FIELDS);
+                    }
                     None => {}
                 }
-            })
-            .await;
+            });
+            let stages = match staged_eo {
+                _ if mid_shards == 0 => first,
+                Some(cfg) => {
+                    let (mut second, last) = (cfg.clone(), cfg);
+                    second.production_ids = third;
+                    let two = first.then(
+                        Boundary::new("mid", "eo", &TALLY_FIELDS)
+                            .key(&["key"])
+                            .shards(mid_shards as i32)
+                            .exactly_once(),
+                        "down",
+                        move |b, input| {
+                            let fields = with_production_fields(&TALLY_FIELDS);
+                            let mut d = b.set_bolt("totals", 2, move |_| {
+                                ExactlyOnce::new(second.clone(), SumTallies { relay: third })
+                            });
+                            d.fields_grouping(input, &["key"]);
+                            if third {
+                                d.fields(&fields.iter().map(String::as_str).collect::<Vec<_>>());
+                            }
+                        },
+                    );
+                    if third {
+                        two.then(
+                            Boundary::new("mid2", "totals", &TALLY_FIELDS)
+                                .key(&["key"])
+                                .shards(mid_shards as i32)
+                                .exactly_once(),
+                            "fin",
+                            move |b, input| {
+                                b.set_bolt("finals", 2, move |_| {
+                                    ExactlyOnce::new(last.clone(), SumTallies { relay: false })
+                                })
+                                .fields_grouping(input, &["key"]);
+                            },
+                        )
+                    } else {
+                        two
+                    }
+                }
+                None => first.then(
+                    Boundary::new("mid", "relay", &RELAY_FIELDS).key(&["key"]).shards(mid_shards as i32),
+                    "down",
+                    move |b, input| {
+                        b.set_bolt("sink", 2, move |_| StageSink { world: down_world.clone(), worker: id })
+                            .fields_grouping(input, &["key"]);
+                    },
+                ),
+            };
+            let r = squall::stage::run(args, stages).await;
             let mut w = lock(&world);
             let crashed = w.net(id).0;
             match r {
@@ -559,6 +779,12 @@ async fn run(seed: u64) -> Outcome {
             w.kinesis.create_stream(stream, scenario.shards).expect("stream");
         }
         w.zk.set_now(epoch_ms);
+        if scenario.mid_shards > 0 {
+            w.intermediate.push(MID.to_string());
+        }
+        if scenario.third {
+            w.intermediate.push(MID2.to_string());
+        }
         w.event(format!("seed {seed}: {scenario:?}"));
     }
     let mut fleet = Fleet {
@@ -664,14 +890,19 @@ async fn run(seed: u64) -> Outcome {
     loop {
         let done = {
             let w = lock(&world);
-            let (counted, expected) = (counts(&w), expected_counts(&w));
             w.checks.put.iter().all(|(k, count)| {
                 let from = w.checks.optional(k);
                 (from..*count).all(|n| w.checks.delivered.get(k).is_some_and(|d| d.contains(&n)))
-            }) && match (scenario.exactly_once, scenario.window_ms) {
-                (false, _) => true,
-                (true, 0) => expected.iter().all(|(k, n)| counted.get(k) == Some(n)),
-                (true, size) => wrong_windows(&w, size).is_empty(),
+            }) && match (scenario.exactly_once, scenario.window_ms, scenario.mid_shards) {
+                (false, _, 0) => true,
+                (false, _, _) => missing_downstream(&w).is_empty(),
+                (true, 0, 0) => wrong_counts(&w, COUNTS_SCOPE).is_empty(),
+                (true, 0, _) => {
+                    wrong_counts(&w, COUNTS_SCOPE).is_empty()
+                        && wrong_counts(&w, TOTALS_SCOPE).is_empty()
+                        && (!scenario.third || wrong_counts(&w, FINALS_SCOPE).is_empty())
+                }
+                (true, size, _) => wrong_windows(&w, size).is_empty(),
             } && assignment_settled(&w).is_ok()
         };
         if done || start.elapsed() >= deadline {
@@ -727,14 +958,38 @@ async fn run(seed: u64) -> Outcome {
             w.violation(what);
         }
     } else if scenario.exactly_once {
-        let (counted, expected) = (counts(&w), expected_counts(&w));
-        let wrong: Vec<String> = expected
-            .iter()
-            .filter(|(k, n)| counted.get(*k).copied().unwrap_or(0) != **n)
-            .map(|(k, n)| format!("{k}: {} counted for {n} put", counted.get(k).copied().unwrap_or(0)))
-            .collect();
-        if !wrong.is_empty() {
-            let what = format!("exactly-once counts wrong for {} keys: {}", wrong.len(), wrong.join(", "));
+        let scopes: &[(&str, &str)] = match (scenario.mid_shards, scenario.third) {
+            (0, _) => &[(COUNTS_SCOPE, "the")],
+            (_, false) => &[
+                (COUNTS_SCOPE, "the first stage's"),
+                (TOTALS_SCOPE, "the second stage's (over the intermediate stream)"),
+            ],
+            (_, true) => &[
+                (COUNTS_SCOPE, "the first stage's"),
+                (TOTALS_SCOPE, "the second stage's (over the intermediate stream)"),
+                (FINALS_SCOPE, "the third stage's (over the second intermediate stream)"),
+            ],
+        };
+        for (scope, which) in scopes {
+            let wrong = wrong_counts(&w, scope);
+            if !wrong.is_empty() {
+                let what = format!(
+                    "exactly-once counts wrong in {which} table for {} keys: {}",
+                    wrong.len(),
+                    wrong.join(", ")
+                );
+                w.violation(what);
+            }
+        }
+    } else if scenario.mid_shards > 0 {
+        let missing = missing_downstream(&w);
+        if !missing.is_empty() {
+            let what = format!(
+                "liveness: {} of {records} records never reached the second stage (through {MID}) {} s after the producers stopped and the faults ended (first: {})",
+                missing.len(),
+                SETTLE_MS / 1000,
+                missing.iter().take(8).cloned().collect::<Vec<_>>().join(", ")
+            );
             w.violation(what);
         }
     }
@@ -886,7 +1141,9 @@ fn inject(fleet: &mut Fleet) {
         "reshard" => {
             let now = w.now_ms();
             w.kinesis.set_now(now);
-            let streams = w.streams.clone();
+            // a source stream, or (once a worker created it) an intermediate one
+            let mut streams = w.streams.clone();
+            streams.extend(w.intermediate.iter().filter(|s| w.kinesis.list_shards(s).is_ok()).cloned());
             let stream = streams[w.rng.below(streams.len() as u64) as usize].clone();
             let open: Vec<_> = w
                 .kinesis

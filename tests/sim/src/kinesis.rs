@@ -9,7 +9,10 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use squall::coord::CheckpointPosition;
 use squall::kinesis::{KinesisError, ShardDescription};
+use squall::sink::{PutEntryError, SinkRecord, TransmitCheck};
 use squall::spout::{Batch, Record, ShardApi, StartAt};
+use squall::stage::codec::{self, Payload, StageRecord};
+use squall::topology::Value;
 use squall_test_support::kinesismodel::{IteratorType, KError};
 
 use crate::world::{Shared, lock, wait_network};
@@ -91,8 +94,12 @@ impl ShardApi for SimKinesis {
                 let mut w = lock(&self.world);
                 let now = w.now_ms();
                 w.kinesis.set_now(now);
-                let mut shards =
-                    w.kinesis.list_shards(stream).map_err(|e| error("ListShards", stream, "", e, now, None))?;
+                let mut shards = w.kinesis.list_shards(stream).map_err(|e| match e {
+                    KError::ResourceNotFound(_) => {
+                        KinesisError::StreamNotFound { stream: stream.into(), endpoint: "sim".into() }
+                    }
+                    e => error("ListShards", stream, "", e, now, None),
+                })?;
                 let p = w.faults.listing_omits;
                 if w.faults.on && shards.len() > 1 && w.rng.chance(p) {
                     let i = w.rng.below(shards.len() as u64) as usize;
@@ -116,6 +123,105 @@ impl ShardApi for SimKinesis {
             };
             self.back().await;
             Ok(out)
+        })
+    }
+
+    fn put_records<'a>(
+        &'a self,
+        stream: &'a str,
+        records: Vec<SinkRecord>,
+        check: Option<TransmitCheck>,
+    ) -> BoxFuture<'a, Result<Vec<Option<PutEntryError>>, KinesisError>> {
+        Box::pin(async move {
+            self.there("PutRecords", stream).await?;
+            // transmission: after the way there (a freeze included), as the SDK's last hook
+            if check.is_some_and(|c| !c()) {
+                lock(&self.world)
+                    .event(format!("w{} kinesis PutRecords {stream}: not sent (gate closed)", self.worker));
+                return Err(KinesisError::Unreachable {
+                    endpoint: "sim".into(),
+                    op: "PutRecords",
+                    message: "not sent: the transmit check refused".into(),
+                });
+            }
+            let (results, lost) = {
+                let mut w = lock(&self.world);
+                let now = w.now_ms();
+                w.kinesis.set_now(now);
+                let (throttle, lose) = (w.faults.throttle, w.faults.put_lost_after);
+                let mut results = Vec::with_capacity(records.len());
+                let mut said = Vec::new();
+                for r in &records {
+                    if w.faults.on && w.rng.chance(throttle / 2.0) {
+                        w.injected("kinesis put record throttled");
+                        said.push(format!("{} throttled", r.partition_key));
+                        results.push(Some(PutEntryError {
+                            code: "ProvisionedThroughputExceededException".into(),
+                            message: "Rate exceeded for shard (simulated)".into(),
+                        }));
+                        continue;
+                    }
+                    let hash = r.explicit_hash_key.as_deref().and_then(|h| h.parse::<u128>().ok());
+                    match w.kinesis.put_record(stream, &r.partition_key, &r.data, hash) {
+                        Ok((shard, seq)) => {
+                            said.push(format!("{} -> {shard} {seq}", r.partition_key));
+                            results.push(None);
+                            // the first stage's records of a staged at-least-once run (`{key, n,
+                            // stream}`): the order the next stage must keep
+                            if let Ok(StageRecord { payload: Payload::Data(tuples), .. }) = codec::decode(&r.data, 3) {
+                                for t in tuples {
+                                    if let [Value::Str(k), Value::UInt(n), Value::Str(s)] = &t[..] {
+                                        w.written_mid(&format!("{s}/{k}"), *n);
+                                    }
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            said.push(format!("{} refused: {e:?}", r.partition_key));
+                            results.push(Some(PutEntryError { code: e.code().into(), message: format!("{e:?}") }));
+                        }
+                    }
+                }
+                let lost = w.faults.on && w.rng.chance(lose);
+                if lost {
+                    w.injected("kinesis put answer lost");
+                }
+                w.event(format!(
+                    "w{} kinesis PutRecords {stream}: {}{}",
+                    self.worker,
+                    said.join(", "),
+                    if lost { " (answer lost)" } else { "" }
+                ));
+                (results, lost)
+            };
+            self.back().await;
+            if lost {
+                // applied; the caller sees a timeout
+                return Err(KinesisError::Unreachable {
+                    endpoint: "sim".into(),
+                    op: "PutRecords",
+                    message: "timed out (simulated: the answer was lost)".into(),
+                });
+            }
+            Ok(results)
+        })
+    }
+
+    fn create_stream<'a>(&'a self, stream: &'a str, shards: i32) -> BoxFuture<'a, Result<(), KinesisError>> {
+        Box::pin(async move {
+            self.there("CreateStream", stream).await?;
+            let r = {
+                let mut w = lock(&self.world);
+                let r = w.kinesis.create_stream(stream, shards.max(1) as u32);
+                w.event(format!("w{} kinesis CreateStream {stream} ({shards} shards): {r:?}", self.worker));
+                r
+            };
+            self.back().await;
+            r.map_err(|e| KinesisError::Refused {
+                op: "CreateStream",
+                stream: stream.into(),
+                message: format!("{e:?}"),
+            })
         })
     }
 

@@ -116,6 +116,9 @@ pub struct Faults {
     /// A state table call is applied, and its answer lost.
     #[serde(default)]
     pub state_lost_after: f64,
+    /// A PutRecords call (a stage writer's) is applied, and its answer lost.
+    #[serde(default)]
+    pub put_lost_after: f64,
     /// Whether faults are on (off once the fault phase is over).
     pub on: bool,
 }
@@ -158,6 +161,15 @@ pub struct Checks {
     pub committed_checked: BTreeMap<String, i64>,
     /// Committed watermarks checked against the records not delivered.
     pub committed_checks: u64,
+    /// Stages: per key, every `n` the next stage's sink got at least once (through the
+    /// intermediate stream).
+    pub downstream: BTreeMap<String, BTreeSet<u64>>,
+    /// Stages: per key, its records' `n` in the order they were first written into the
+    /// intermediate stream (a replay may write them out of their put order; the next stage must
+    /// deliver them in this order, as it reads each key from one shard lineage).
+    pub mid_order: BTreeMap<String, Vec<u64>>,
+    /// Stages: per key, the `n` written into the intermediate stream at least once.
+    pub mid_written: BTreeMap<String, BTreeSet<u64>>,
     /// Per window (`key@start`): the count of each firing.
     pub fired: BTreeMap<String, Vec<u64>>,
     pub firings: u64,
@@ -193,6 +205,8 @@ pub struct World {
     pub topo_path: String,
     /// The streams the topology reads (the first is the primary).
     pub streams: Vec<String>,
+    /// The intermediate streams between its stages (read by the later stages' spouts).
+    pub intermediate: Vec<String>,
     /// Counters of injected faults, by kind (the report's scenario mix).
     pub injected: BTreeMap<&'static str, u64>,
     /// Per worker: the largest offset of a `Date` its Kinesis answers carried (the service's
@@ -219,6 +233,7 @@ impl World {
             start: Instant::now(),
             topo_path,
             streams,
+            intermediate: Vec::new(),
             injected: BTreeMap::new(),
             date_offset: BTreeMap::new(),
             pid_tag: format!("-{}-", std::process::id()),
@@ -301,7 +316,7 @@ impl World {
     /// Recomputes who holds each shard's lease (after a change under `owners/`, or a session's
     /// end): the worker of the session that owns the lowest lease node.
     pub fn refresh_holders(&mut self) {
-        for stream in self.streams.clone() {
+        for stream in self.streams.iter().chain(&self.intermediate).cloned().collect::<Vec<_>>() {
             self.refresh_holders_of(&stream);
         }
     }
@@ -370,6 +385,40 @@ impl World {
         if let Some(m) = missing {
             self.violation(format!(
                 "per-key order: w{worker} delivered {key}:{n} (shard {shard}, sequence {sequence}) before {key}:{m}"
+            ));
+        }
+    }
+
+    /// A record written into the intermediate stream (`key` is `{stream}/{key}`).
+    pub fn written_mid(&mut self, key: &str, n: u64) {
+        if self.checks.mid_written.entry(key.to_string()).or_default().insert(n) {
+            self.checks.mid_order.entry(key.to_string()).or_default().push(n);
+        }
+    }
+
+    /// A delivery to the sink of the stage after the boundary, through the intermediate stream:
+    /// per key, not before a record first written into the intermediate stream ahead of it (the
+    /// next stage reads each key from one shard lineage, in order; the first stage's replays may
+    /// write a key's records out of their put order, which the product does not promise to keep).
+    pub fn deliver_downstream(&mut self, worker: u32, stream: &str, key: &str, n: u64) {
+        let key = &format!("{stream}/{key}");
+        self.checks.deliveries += 1;
+        let seen = self.checks.downstream.entry(key.to_string()).or_default();
+        let first = seen.insert(n);
+        let order = self.checks.mid_order.get(key).map(Vec::as_slice).unwrap_or_default();
+        let missing = if first {
+            match order.iter().position(|m| *m == n) {
+                Some(i) => order[..i].iter().rev().find(|m| !seen.contains(m)).map(|m| m.to_string()),
+                None => Some("anything: it was never written into the intermediate stream".to_string()),
+            }
+        } else {
+            None
+        };
+        self.event(format!("w{worker} downstream {key}:{n}{}", if first { "" } else { " again" }));
+        if let Some(m) = missing {
+            self.violation(format!(
+                "per-key order across the stage boundary: w{worker}'s next stage got {key}:{n} before {key}:{m} \
+                 (written into the intermediate stream before it)"
             ));
         }
     }

@@ -9,6 +9,8 @@
 //!   `SQUALL_SIM_JOBS` runs at once (default 1, beside the other tests of `make test`).
 //! - `SQUALL_SIM_TRACE=1`: print every event as it happens (with `SQUALL_SIM_SEED`).
 //! - `SQUALL_SIM_STOP_AT_FIRST=1`: end the sweep at the first seed that fails.
+//! - `SQUALL_SIM_CHILD_LIMIT_S`: the wall time a run may take before it is killed and reported
+//!   as stuck (default 60 s).
 
 use std::io::Write as _;
 use std::process::Command;
@@ -80,14 +82,58 @@ fn child_seed() {
     writeln!(stdout, "{RESULT}{}", serde_json::to_string(&out).expect("json")).expect("stdout");
 }
 
-/// Runs `seed` in a process of its own.
-fn run_child(seed: u64) -> Outcome {
+/// A run's process, with its output, or `None` as its status when it ran past `limit` of wall
+/// time and was killed.
+struct ChildRun {
+    status: Option<std::process::ExitStatus>,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+/// Runs the test binary as the child of `seed`, killed (SIGKILL: the worker turns SIGTERM into
+/// a graceful stop) once it ran for `limit` of wall time.
+fn spawn_child(seed: u64, limit: Duration) -> ChildRun {
+    use std::io::Read as _;
+    use std::process::Stdio;
     let exe = std::env::current_exe().expect("this test binary");
-    let out = Command::new(exe)
+    let mut child = Command::new(exe)
         .args(["child_seed", "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, seed.to_string())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("running a simulation child");
+    let drain = |mut r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait().expect("waiting for a simulation child") {
+            Some(st) => break Some(st),
+            None if start.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    ChildRun { status, stdout: out.join().unwrap_or_default(), stderr: err.join().unwrap_or_default() }
+}
+
+/// Runs `seed` in a process of its own. A run takes seconds of wall time (the slowest of a
+/// thousand seeds about 10 s); one that runs past `SQUALL_SIM_CHILD_LIMIT_S` (default 60 s) is
+/// stuck where simulated time cannot advance (a task that is always ready: a busy loop), a
+/// liveness failure of its own.
+fn run_child(seed: u64) -> Outcome {
+    let limit = Duration::from_secs(env_u64("SQUALL_SIM_CHILD_LIMIT_S", 60));
+    let out = spawn_child(seed, limit);
     let stdout = String::from_utf8_lossy(&out.stdout);
     if std::env::var("SQUALL_SIM_TRACE").is_ok_and(|v| v == "1") {
         // The child echoed every event (and, with SQUALL_SIM_LOG, the product's log lines).
@@ -103,15 +149,17 @@ fn run_child(seed: u64) -> Outcome {
         let tail = |s: &str| {
             s.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().map(String::from).collect::<Vec<_>>()
         };
-        Outcome {
-            seed,
-            violations: vec![format!(
-                "the run ended without a result ({}): a panic in the product or the simulator",
-                out.status
-            )],
-            tail: [tail(&stdout), tail(&stderr)].concat(),
-            ..Outcome::default()
-        }
+        let what = match out.status {
+            Some(status) => {
+                format!("the run ended without a result ({status}): a panic in the product or the simulator")
+            }
+            None => format!(
+                "liveness: the run did not end within {} s of wall time and was killed: simulated time stopped \
+                 advancing (a task always ready to run: a busy loop in the product or the simulator)",
+                limit.as_secs()
+            ),
+        };
+        Outcome { seed, violations: vec![what], tail: [tail(&stdout), tail(&stderr)].concat(), ..Outcome::default() }
     })
 }
 
