@@ -678,18 +678,22 @@ impl Dedup {
     }
 
     fn judge_production(&self, id: &RecordId, p: &ProductionId) -> Verdict {
-        let Some(d) = lookup(&self.productions, &p.shard) else {
-            // no entry: fresh, unless a descendant of the source shard is done where the
-            // production's hash key lies (then so is the source shard, whose entry was dropped)
-            let done = self.productions.iter().any(|(k, d)| {
+        // A descendant of the source shard done where the production's hash key lies: so is the
+        // source shard. Asked whether or not the source shard has an entry: a dropped entry (its
+        // descendants stand for it) comes back empty with the floor-less candidate of a late copy,
+        // and the copies after that one must still be found handled.
+        let done_by_descendant = || {
+            self.productions.iter().any(|(k, d)| {
                 descends(k, d.range, &p.shard, p.range)
                     && d.floors.iter().any(|f| {
                         f.floor == DONE
                             && f.range.contains(id.hash.unwrap_or(0))
                             && (id.hash.is_some() || f.range == KeyRange::ALL)
                     })
-            });
-            return if done { Verdict::handled() } else { Verdict::Fresh };
+            })
+        };
+        let Some(d) = lookup(&self.productions, &p.shard) else {
+            return if done_by_descendant() { Verdict::handled() } else { Verdict::Fresh };
         };
         if let Some(v) = d.applied.get(&p.id) {
             return Verdict::Duplicate(Some(v.clone()));
@@ -699,7 +703,7 @@ impl Dedup {
             .floors
             .iter()
             .any(|f| id.hash.is_none_or(|h| f.range.contains(h)) && at_or_below(&p.sequence, p.sub_sequence, &f.floor));
-        if legacy || covered { Verdict::handled() } else { Verdict::Fresh }
+        if legacy || covered || done_by_descendant() { Verdict::handled() } else { Verdict::Fresh }
     }
 
     /// Lets the floor candidates read from the input's intermediate shard at or below this
@@ -1368,17 +1372,16 @@ mod tests {
         assert!(dup(&d.judge(&copy)));
     }
 
-    #[test]
-    fn production_floors_stay_bounded_as_the_source_stream_reshards() {
-        // the producing stage's source shard is split again and again; each generation's
-        // productions reach this key through one intermediate shard
+    /// The producing stage's source shard split again and again (`generations` times after
+    /// shard 0): each generation's five productions reach this key through one intermediate shard
+    /// (`x`, hash key 77, read up to sequence 1000 + 5 per generation). The item's size after each.
+    fn reshard_generations(d: &mut Dedup, generations: u64) -> Vec<usize> {
         let x = KeyRange::ALL;
-        let mut d = Dedup::default();
         let mut sizes = Vec::new();
         let mut src_range = KeyRange::ALL;
         let mut seq = 100u64;
         let mut xseq = 1000u64;
-        for n in 0..=30u64 {
+        for n in 0..=generations {
             for _ in 0..5 {
                 seq += 1;
                 xseq += 1;
@@ -1396,12 +1399,20 @@ mod tests {
                     pid.shard = qualified_shard("src", &format!("shardId-{n:012}"));
                     pid.range = Some(src_range);
                 }
-                assert_eq!(take(&mut d, &p), Verdict::Fresh, "reshard {n}");
+                assert_eq!(take(d, &p), Verdict::Fresh, "reshard {n}");
             }
             sizes.push(serde_json::to_vec(&d).unwrap().len());
             src_range =
                 KeyRange { start: src_range.start, end: src_range.start + (src_range.end - src_range.start) / 2 };
         }
+        sizes
+    }
+
+    #[test]
+    fn production_floors_stay_bounded_as_the_source_stream_reshards() {
+        let x = KeyRange::ALL;
+        let mut d = Dedup::default();
+        let sizes = reshard_generations(&mut d, 30);
         let max = *sizes.iter().max().unwrap();
         assert!(d.productions.len() <= 3, "{:#?}", d.productions);
         assert!(max < 1500, "item size grows with reshards: {sizes:?}");
@@ -1412,6 +1423,26 @@ mod tests {
             pid.range = Some(KeyRange::ALL);
         }
         assert_eq!(d.judge(&late), Verdict::handled());
+    }
+
+    #[test]
+    fn every_late_copy_of_a_stood_for_source_shards_productions_is_handled() {
+        // shard 0's entry was dropped (its descendants, done, stand for it); late copies of its
+        // productions come back, re-sent without a floor (a replay upstream re-sends what it
+        // stored): the first one's floor-less candidate brought back an empty entry for shard 0,
+        // and the copies after it were taken as fresh (simulator seed 513: a three-stage count
+        // over-counted by 3)
+        let mut d = Dedup::default();
+        reshard_generations(&mut d, 4);
+        assert!(!d.productions.contains_key(&*qualified_shard("src", "shardId-000000000000")), "{:#?}", d.productions);
+        for (i, seq) in ["101", "102", "103"].into_iter().enumerate() {
+            let mut late = hashed(seq, None, "x", KeyRange::ALL, 77, &(50_000 + i).to_string(), Some("49999"));
+            if let Some(pid) = &mut late.production {
+                pid.shard = qualified_shard("src", "shardId-000000000000");
+                pid.range = Some(KeyRange::ALL);
+            }
+            assert_eq!(take(&mut d, &late), Verdict::handled(), "copy {i} of shard 0's production {seq}");
+        }
     }
 
     #[test]
