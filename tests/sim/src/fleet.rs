@@ -182,6 +182,9 @@ pub struct Outcome {
     /// Windows fired (each firing, duplicates included).
     #[serde(default)]
     pub firings: u64,
+    /// The topology's stages (1, or 2-3 over intermediate streams).
+    #[serde(default)]
+    pub stages: u32,
     pub injected: BTreeMap<String, u64>,
     pub scenario: String,
     pub violations: Vec<String>,
@@ -1011,6 +1014,7 @@ async fn run(seed: u64) -> Outcome {
         fenced_writes: w.checks.fenced_writes,
         committed_checks: w.checks.committed_checks,
         firings: w.checks.firings,
+        stages: 1 + u32::from(scenario.mid_shards > 0) + u32::from(scenario.third),
         injected: w.injected.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         scenario: format!("{scenario:?}"),
         violations: w.checks.violations.clone(),

@@ -257,7 +257,7 @@ fn seeds_hold_every_invariant() {
         }
     }
     println!(
-        "simulator: {} seeds ({first}..={}) in {:.1} s wall, {jobs} at once: {:.1} seeds/min, {:.0} simulated worker-minutes per wall minute ({:.1} fleet-minutes simulated); {} committed watermarks checked, {} windows fired; faults injected: {mix:?}",
+        "simulator: {} seeds ({first}..={}) in {:.1} s wall, {jobs} at once: {:.1} seeds/min, {:.0} simulated worker-minutes per wall minute ({:.1} fleet-minutes simulated); {} committed watermarks checked, {} windows fired; {} runs of 2 stages, {} of 3; faults injected: {mix:?}",
         results.len(),
         results.last().map_or(first, |(o, _)| o.seed),
         wall.as_secs_f64(),
@@ -266,6 +266,8 @@ fn seeds_hold_every_invariant() {
         sim_min,
         results.iter().map(|(o, _)| o.committed_checks).sum::<u64>(),
         results.iter().map(|(o, _)| o.firings).sum::<u64>(),
+        results.iter().filter(|(o, _)| o.stages == 2).count(),
+        results.iter().filter(|(o, _)| o.stages == 3).count(),
     );
     // The runs held because the faults happened: a sweep of 50 seeds or more injected every kind.
     if results.len() >= 50 {
@@ -284,6 +286,8 @@ fn seeds_hold_every_invariant() {
             "dynamodb answer lost",
             "deactivate",
             "drain",
+            "kinesis put answer lost",
+            "kinesis put record throttled",
         ];
         let missing: Vec<&str> = kinds.iter().copied().filter(|k| mix.get(*k).copied().unwrap_or(0) == 0).collect();
         assert!(missing.is_empty(), "{} seeds injected none of: {missing:?} ({mix:?})", results.len());
@@ -291,6 +295,13 @@ fn seeds_hold_every_invariant() {
         assert!(committed > 0, "{} seeds checked no committed watermark", results.len());
         let firings: u64 = results.iter().map(|(o, _)| o.firings).sum();
         assert!(firings > 0, "{} seeds fired no window", results.len());
+        for n in [2, 3] {
+            assert!(
+                results.iter().any(|(o, _)| o.stages == n),
+                "{} seeds ran no topology of {n} stages",
+                results.len()
+            );
+        }
     }
     let failed: Vec<&Outcome> = results.iter().map(|(o, _)| o).filter(|o| !o.violations.is_empty()).collect();
     let text: String = failed.iter().map(|o| report(o)).collect();
