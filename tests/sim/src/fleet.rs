@@ -197,9 +197,13 @@ const PRODUCE_MS: u64 = 30_000;
 /// Faults come between these times.
 const FAULTS_FROM_MS: u64 = 2_000;
 const FAULTS_UNTIL_MS: u64 = 28_000;
-/// After the producers stop and the faults end, every record must be delivered within this
-/// much simulated time (liveness).
-const SETTLE_MS: u64 = 120_000;
+/// After the producers stop and the faults end, every record must be delivered (and the
+/// coordination settled, the counts and windows complete) within this much simulated time
+/// (liveness). The slowest of thousands of seeds took 14 s; what the product does in the
+/// background at most every 30 s (the coordinator's resync) must not be what delivers a record:
+/// a stall that waits for it is a bug (a shard handed back and not taken again, one failing
+/// checkpoint holding back the others).
+const SETTLE_MS: u64 = 40_000;
 const SESSION_TIMEOUT_MS: u64 = 4_000;
 /// The services' clock at the start of every run.
 const EPOCH_MS: i64 = 1_790_000_000_000;
