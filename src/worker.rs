@@ -786,6 +786,20 @@ async fn open_lifecycle(
                     tracing::warn!(error = %e, generation = view.generation,
                         "the worker's ZooKeeper session was lost while it started; waiting for the new one");
                 }
+                // ZooKeeper away longer than the short retries of each step (a partition while
+                // the worker starts): try again on the same session, or the next one, until the
+                // session gives up (`--zk-give-up-after-ms`, Health::Failed above)
+                Err(e) if e.downcast_ref::<CoordError>().is_some_and(CoordError::is_transient) => {
+                    tracing::warn!(error = %e, generation = view.generation,
+                        "ZooKeeper did not answer while the worker started; trying again");
+                    tokio::select! {
+                        r = sessions.changed() => if r.is_err() {
+                            anyhow::bail!("worker of topology {topology}: its ZooKeeper session was closed while it started");
+                        },
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                    continue;
+                }
                 Err(e) => anyhow::bail!("worker of topology {topology}: {e}"),
             }
         }
