@@ -342,6 +342,7 @@ const FOUND: &[(u64, &str)] = &[
     (552, "start-session-expiry"),
     (762, "listing-orphan-parent"),
     (1620, "firer-open-session"),
+    (100633, "start-open-partition"),
     // found list-read-no-assign before stages joined the runs, which changed its run
     (102557, "list-read-no-assign (earlier runs)"),
 ];
