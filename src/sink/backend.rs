@@ -10,7 +10,7 @@ use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 
 use super::encoder::{OpenShard, SinkRecord};
-use crate::kinesis::KinesisError;
+use crate::kinesis::{KinesisError, ShardDescription};
 use crate::spout::ShardApi;
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -94,7 +94,7 @@ impl Backend for SdkBackend {
                 None => request.send().await,
             }
             .map_err(|e| KinesisError::from_sdk("PutRecords", &stream, &endpoint, e))?;
-            let mut results: Vec<Option<EntryError>> = out
+            let results: Vec<Option<EntryError>> = out
                 .records()
                 .iter()
                 .map(|r| {
@@ -104,29 +104,35 @@ impl Backend for SdkBackend {
                     })
                 })
                 .collect();
-            // an answer with fewer results than records: the missing ones are retried
-            results.resize_with(n, || {
-                Some(EntryError { code: "MissingResult".into(), message: "no result for the record".into() })
-            });
-            Ok(results)
+            Ok(padded(results, n))
         })
     }
 
     fn open_shards(&self) -> BoxFuture<Result<Vec<OpenShard>, KinesisError>> {
         let (client, stream, endpoint) = (self.client.clone(), self.stream.clone(), self.endpoint.clone());
-        Box::pin(async move {
-            let shards = crate::kinesis::list_shards(&client, &endpoint, &stream).await?;
-            Ok(shards
-                .into_iter()
-                .filter(|s| !s.closed)
-                .map(|s| OpenShard {
-                    shard_id: s.shard_id,
-                    starting_hash_key: s.starting_hash_key,
-                    ending_hash_key: s.ending_hash_key,
-                })
-                .collect())
-        })
+        Box::pin(async move { Ok(open_of(crate::kinesis::list_shards(&client, &endpoint, &stream).await?)) })
     }
+}
+
+/// An answer with fewer results than `n` records, padded: the missing ones are retried.
+fn padded(mut results: Vec<Option<EntryError>>, n: usize) -> Vec<Option<EntryError>> {
+    results.resize_with(n, || {
+        Some(EntryError { code: "MissingResult".into(), message: "no result for the record".into() })
+    });
+    results
+}
+
+/// The open shards of a listing.
+fn open_of(shards: Vec<ShardDescription>) -> Vec<OpenShard> {
+    shards
+        .into_iter()
+        .filter(|s| !s.closed)
+        .map(|s| OpenShard {
+            shard_id: s.shard_id,
+            starting_hash_key: s.starting_hash_key,
+            ending_hash_key: s.ending_hash_key,
+        })
+        .collect()
 }
 
 /// A registered [`ShardApi`] (`sim://api/NAME`) and the stream it writes.
@@ -140,28 +146,12 @@ impl Backend for ApiBackend {
         let (api, stream) = (self.api.clone(), self.stream.clone());
         Box::pin(async move {
             let n = records.len();
-            let mut results = api.put_records(&stream, records, check).await?;
-            results.resize_with(n, || {
-                Some(EntryError { code: "MissingResult".into(), message: "no result for the record".into() })
-            });
-            Ok(results)
+            Ok(padded(api.put_records(&stream, records, check).await?, n))
         })
     }
 
     fn open_shards(&self) -> BoxFuture<Result<Vec<OpenShard>, KinesisError>> {
         let (api, stream) = (self.api.clone(), self.stream.clone());
-        Box::pin(async move {
-            Ok(api
-                .list_shards(&stream)
-                .await?
-                .into_iter()
-                .filter(|s| !s.closed)
-                .map(|s| OpenShard {
-                    shard_id: s.shard_id,
-                    starting_hash_key: s.starting_hash_key,
-                    ending_hash_key: s.ending_hash_key,
-                })
-                .collect())
-        })
+        Box::pin(async move { Ok(open_of(api.list_shards(&stream).await?)) })
     }
 }
