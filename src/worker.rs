@@ -224,7 +224,8 @@ impl WorkerArgs {
 ///
 /// A worker that starts while the topology is new, KILLED or DRAINED starts a new deployment:
 /// state ACTIVE with a fresh deployment id. One that starts while it is INACTIVE starts
-/// deactivated.
+/// deactivated. One that starts while it is DRAINING waits for the drain to end, then deploys
+/// anew (it marks the drain DRAINED itself once no worker of the deployment is left for 2 s).
 pub async fn run<F>(args: WorkerArgs, build: F) -> anyhow::Result<()>
 where
     F: FnOnce(&mut TopologyBuilder, &str),
@@ -776,7 +777,13 @@ async fn open_lifecycle(
         if let Some(s) = view.session {
             let opened = async {
                 let store = ZkStore::open(s, &args.zk_root, topology, args.primary_stream()).await?;
-                let state = ensure_deployment(&store).await?;
+                let state = loop {
+                    let state = ensure_deployment(&store).await?;
+                    if state.state != Lifecycle::Draining {
+                        break state;
+                    }
+                    wait_out_drain(&store, topology, &state.deployment_id).await?;
+                };
                 anyhow::Ok((store, state))
             }
             .await;
@@ -964,6 +971,69 @@ async fn finish_drain(store: &ZkStore, worker_id: &str, deployment: &str) {
                 return;
             }
         }
+    }
+}
+
+/// How long no worker of a draining deployment may be registered before a starting worker marks
+/// it DRAINED itself (as `squall drain --wait` does): a worker that started just before the drain
+/// publishes its status within this time.
+const DRAIN_ORPHANED_AFTER: Duration = Duration::from_secs(2);
+
+/// A worker starting while the topology drains does not join the drain: it waits, unregistered,
+/// until the deployment is DRAINED (or another one started), then deploys anew. Joining it would
+/// add producers and readers to a deployment that is finishing, and with a supervisor that
+/// restarts each worker as it exits, the workers of a long drain would overlap for ever: the last
+/// worker to go marks the deployment DRAINED, and none would ever be the last. When no worker of
+/// the deployment is registered for [`DRAIN_ORPHANED_AFTER`] (all drained, or died while
+/// draining), it marks the deployment DRAINED itself; what a dead worker read and did not
+/// checkpoint, the next deployment reads again.
+async fn wait_out_drain(store: &ZkStore, topology: &str, deployment: &str) -> Result<(), CoordError> {
+    tracing::info!(
+        topology,
+        deployment,
+        "the topology is draining: this worker waits for the drain to end, then deploys anew"
+    );
+    let started = tokio::time::Instant::now();
+    let mut empty_since: Option<tokio::time::Instant> = None;
+    let mut told = started;
+    loop {
+        let Some(cur) = store.read_state().await? else { return Ok(()) };
+        if cur.value.state != Lifecycle::Draining || cur.value.deployment_id != deployment {
+            tracing::info!(topology, deployment, waited_ms = started.elapsed().as_millis() as u64,
+                state = ?cur.value.state, "the drain ended");
+            return Ok(());
+        }
+        if store.workers().await?.is_empty() {
+            let since = *empty_since.get_or_insert_with(tokio::time::Instant::now);
+            if since.elapsed() >= DRAIN_ORPHANED_AFTER {
+                let next = TopologyState { state: Lifecycle::Drained, updated_at_ms: now_ms(), ..cur.value };
+                match store.write_state(&next, Some(cur.version)).await {
+                    Ok(_) => {
+                        tracing::info!(
+                            topology,
+                            deployment,
+                            "no worker of the draining deployment is left: topology DRAINED"
+                        );
+                        return Ok(());
+                    }
+                    // changed meanwhile: read again
+                    Err(CoordError::VersionConflict { .. }) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+        } else {
+            empty_since = None;
+        }
+        if told.elapsed() >= Duration::from_secs(30) {
+            told = tokio::time::Instant::now();
+            tracing::info!(
+                topology,
+                deployment,
+                waited_s = started.elapsed().as_secs(),
+                "still waiting for the drain to end before deploying anew"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

@@ -169,6 +169,87 @@ async fn deactivate_activate_rebalance_status_rewind_kill() {
     s.delete().await;
 }
 
+/// A worker started while the topology drains does not join the drain: while a worker of the
+/// draining deployment is registered (here one frozen with SIGSTOP, whose session lives 4 s) it
+/// waits, unregistered; once none is left for 2 s it marks the deployment DRAINED itself and
+/// deploys anew, and goes on reading. Found by the simulator (seed 101050): workers restarted by a
+/// supervisor as they exited joined the drain, overlapped, and none was ever the last one to mark
+/// it DRAINED. The frozen worker, thawed, leaves its drained deployment (exit 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_started_during_a_drain_waits_for_it_then_deploys_anew() {
+    let s = TestStream::create("drainstart", 2).await;
+    let dir = scratch("drainstart");
+    let cluster = Cluster::new(&s.name, &dir);
+    let put = |count: u64| {
+        let (client, label, name) = (s.client.clone(), s.label(), s.name.clone());
+        async move {
+            let opts = PutOptions { count, keys: 10, ..PutOptions::default() };
+            kinesis::put_records(&client, &label, &name, &opts).await.unwrap().manifest
+        }
+    };
+    let first = put(100).await;
+    let mut w1 = cluster.start("w1", 1);
+    let r = cluster.wait_delivered(std::slice::from_ref(&first), Duration::from_secs(60)).await;
+    assert_eq!(r.lost, 0, "{r:?}\n{}", cluster.logs());
+    let old = status(&cluster)["deployment_id"].as_str().unwrap().to_string();
+
+    // w1 frozen: it cannot drain, and its status znode lives until its session expires.
+    w1.pause();
+    let frozen_at = Instant::now();
+    ok(&cluster, &["drain", &cluster.topology]);
+    let mut w2 = cluster.start("w2", 1);
+    let start = Instant::now();
+    while !w2.log_text().contains("waits for the drain to end") {
+        assert!(start.elapsed() < Duration::from_secs(30), "w2 did not wait for the drain\n{}", cluster.logs());
+        assert!(w2.is_running(), "w2 exited while the topology drained\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Still within w1's session: w2 neither joined (registered) nor ended the drain.
+    let st = status(&cluster);
+    assert!(
+        frozen_at.elapsed() < Duration::from_millis(cluster.session_timeout_ms),
+        "too slow to check within w1's session"
+    );
+    assert_eq!(st["state"], "DRAINING", "{st}");
+    assert_eq!(st["deployment_id"], old.as_str());
+    assert_eq!(st["workers"].as_array().unwrap().len(), 1, "only the frozen w1 is registered: {st}");
+
+    // w1's session expires; 2 s later w2 marks the drain ended and deploys anew.
+    let start = Instant::now();
+    let new = loop {
+        let st = status(&cluster);
+        if st["state"] == "ACTIVE" && st["deployment_id"] != old.as_str() {
+            break st["deployment_id"].as_str().unwrap().to_string();
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no new deployment in 30 s: {st}\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        w2.log_text().contains("no worker of the draining deployment is left: topology DRAINED"),
+        "{}",
+        w2.log_text()
+    );
+    assert!(w2.is_running(), "w2 exited\n{}", cluster.logs());
+    let second = put(100).await;
+    let r = cluster.wait_delivered(&[first.clone(), second.clone()], Duration::from_secs(60)).await;
+    assert_eq!(r.lost, 0, "the new deployment reads on: {r:?}\n{}", cluster.logs());
+    assert_eq!(status(&cluster)["deployment_id"], new.as_str());
+
+    // w1, thawed, finds its deployment drained without it and leaves.
+    w1.resume();
+    let start = Instant::now();
+    while w1.is_running() {
+        assert!(start.elapsed() < Duration::from_secs(30), "the thawed w1 did not leave\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(w1.stop(Duration::from_secs(1)), Some(0), "{}", cluster.logs());
+    ok(&cluster, &["kill", &cluster.topology, "--wait", "5"]);
+    assert_eq!(w2.stop(Duration::from_secs(10)), Some(0), "{}", cluster.logs());
+    let zk = support::zk_client().await;
+    support::zk_delete_tree(&zk, &cluster.zk_root).await;
+    s.delete().await;
+}
+
 /// An RFC 3339 timestamp of now (UTC), without a date crate.
 fn chrono_like_now() -> String {
     let ms = squall::coord::now_ms();

@@ -343,6 +343,7 @@ const FOUND: &[(u64, &str)] = &[
     (762, "listing-orphan-parent"),
     (1620, "firer-open-session"),
     (100633, "start-open-partition"),
+    (101050, "start-joins-drain"),
     // found list-read-no-assign before stages joined the runs, which changed its run
     (102557, "list-read-no-assign (earlier runs)"),
 ];
