@@ -382,7 +382,7 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
                                     break "the deployment drained while this worker's ZooKeeper session was lost";
                                 }
                                 if let Some(reason) =
-                                    obey_state(&store, &engines, &deployment, &mut last_state, &mut wait).await
+                                    obey_state(&store, &engines, &deployment, draining, &mut last_state, &mut wait).await
                                 {
                                     break reason;
                                 }
@@ -404,7 +404,7 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
                 Some(ChangeEvent::Drain) => check_drain(&store, &engines, &deployment, &mut draining).await,
                 Some(ChangeEvent::State) | Some(ChangeEvent::Reconnected) => {
                     check_drain(&store, &engines, &deployment, &mut draining).await;
-                    if let Some(reason) = obey_state(&store, &engines, &deployment, &mut last_state, &mut wait).await {
+                    if let Some(reason) = obey_state(&store, &engines, &deployment, draining, &mut last_state, &mut wait).await {
                         break reason;
                     }
                 }
@@ -854,10 +854,17 @@ async fn reopen_retrying(
 }
 
 /// Reads the lifecycle state and obeys it. Returns why to stop, if it says to.
+///
+/// A worker that drains ignores ACTIVE and INACTIVE: a drain runs to its end (the CLI refuses
+/// both over DRAINING, but `squall drain` writes its notification before the state, so a
+/// `deactivate` can land between the two). Deactivating would stop the later stages, which a
+/// drain needs reading until every drain marker arrived: the worker would never drain, and the
+/// deployment never be DRAINED (simulator seed 195).
 async fn obey_state(
     store: &ZkStore,
     running: &Engines,
     deployment: &str,
+    draining: bool,
     last_state: &mut Lifecycle,
     wait: &mut Duration,
 ) -> Option<&'static str> {
@@ -872,6 +879,11 @@ async fn obey_state(
     }
     tracing::info!(from = ?last_state, to = ?st.state, "topology state changed");
     *last_state = st.state;
+    if draining && matches!(st.state, Lifecycle::Active | Lifecycle::Inactive) {
+        tracing::warn!(state = ?st.state, deployment,
+            "this worker drains: the drain runs to its end, the state is not obeyed (it was written over the drain)");
+        return None;
+    }
     match st.state {
         Lifecycle::Active => running.activate().await,
         Lifecycle::Inactive => running.deactivate().await,

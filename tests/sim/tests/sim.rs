@@ -333,6 +333,7 @@ const FOUND: &[(u64, &str)] = &[
     (119, "drain-inactive-stages"),
     (141, "listing-drops-shard"),
     (143, "follower-spin"),
+    (195, "drain-obeys-deactivate"),
     (228, "zombie-emits"),
     (274, "zombie-drains-late"),
     (343, "latest-closed-finished"),
