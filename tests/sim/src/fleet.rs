@@ -71,6 +71,13 @@ pub struct Scenario {
     /// re-sent keeps the id it was first sent with).
     #[serde(default)]
     pub third: bool,
+    /// The producer is an aggregating one that is not the KPL: each tick's records of a key go
+    /// as one KPL aggregate, put with an explicit hash key of its own per key (a fixed point, so
+    /// a key keeps one shard lineage), not its user records' keys: most user records land in a
+    /// shard whose hash range does not hold them, and the spout must deliver them all (its
+    /// default `kpl_out_of_range: deliver`), each once per its (sequence, sub-sequence).
+    #[serde(default)]
+    pub kpl: bool,
 }
 
 impl Scenario {
@@ -105,6 +112,7 @@ impl Scenario {
             s.faults.put_lost_after = if staged.chance(0.5) { 0.03 } else { 0.0 };
             s.third = s.exactly_once && staged.chance(0.5);
         }
+        s.kpl = Rng::new(seed ^ 0x4B50_4C4B_504C_4B50).chance(0.25);
         s
     }
 
@@ -142,6 +150,7 @@ impl Scenario {
             operator: false,
             mid_shards: 0,
             third: false,
+            kpl: false,
         }
         .with_initial_position(rng)
     }
@@ -525,6 +534,44 @@ fn missing_downstream(w: &World) -> Vec<String> {
     out
 }
 
+/// Puts records `ns` of `key` as one KPL aggregate with an explicit hash key of the key's own
+/// routing point (not the user records' hash), as an aggregating producer that is not the KPL
+/// may; counts the user records that land outside their shard's hash range.
+fn put_aggregate(w: &mut World, stream: &str, key: &str, ns: &[u64]) {
+    use squall::kinesis::kpl;
+    let datas: Vec<String> = ns.iter().map(|i| format!("{key}:{i}")).collect();
+    let users: Vec<kpl::NewUserRecord<'_>> = datas
+        .iter()
+        .map(|d| kpl::NewUserRecord { partition_key: key, explicit_hash_key: None, data: d.as_bytes() })
+        .collect();
+    let agg = match kpl::aggregate(&users) {
+        Ok(a) => a,
+        Err(e) => return w.violation(format!("aggregating {} records of {stream}/{key}: {e}", ns.len())),
+    };
+    let route = kpl::partition_key_hash(&format!("route/{key}"));
+    match w.kinesis.put_record(stream, &agg.partition_key, &agg.data, Some(route)) {
+        Ok((shard, seq)) => {
+            let own = kpl::partition_key_hash(key);
+            let outside = w
+                .kinesis
+                .list_shards(stream)
+                .unwrap_or_default()
+                .iter()
+                .find(|s| s.shard_id == shard)
+                .is_some_and(|s| own < s.start_hash || own > s.end_hash);
+            for _ in ns.iter().filter(|_| outside) {
+                w.injected("kpl user record outside its shard");
+            }
+            let list = ns.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+            w.event(format!(
+                "put {stream}/{key}:[{list}] as one KPL aggregate -> {shard} {seq}{}",
+                if outside { " (outside the shard's hash range)" } else { "" }
+            ));
+        }
+        Err(e) => w.violation(format!("the model refused a put: {e:?}")),
+    }
+}
+
 /// The sink of every worker: checks each delivery.
 struct Sink {
     world: Shared,
@@ -825,7 +872,7 @@ async fn run(seed: u64) -> Outcome {
     // The producers.
     let producer = {
         let world = world.clone();
-        let (keys, rate, streams) = (scenario.keys, scenario.rate, scenario.streams.clone());
+        let (keys, rate, streams, kpl) = (scenario.keys, scenario.rate, scenario.streams.clone(), scenario.kpl);
         tokio::spawn(async move {
             let mut carry = 0u64;
             while start.elapsed() < Duration::from_millis(PRODUCE_MS) {
@@ -836,6 +883,8 @@ async fn run(seed: u64) -> Outcome {
                 carry %= 10;
                 let now = w.now_ms();
                 w.kinesis.set_now(now);
+                // with `kpl`: this tick's user records per (stream, key), in put order
+                let mut aggregates: BTreeMap<(String, String), Vec<u64>> = BTreeMap::new();
                 for _ in 0..n {
                     let key = format!("k{}", w.rng.below(u64::from(keys)));
                     let stream = streams[w.rng.below(streams.len() as u64) as usize].clone();
@@ -848,11 +897,18 @@ async fn run(seed: u64) -> Outcome {
                     w.checks.put_at.entry(id.clone()).or_default().push(t);
                     w.checks.undelivered.entry(stream.clone()).or_default().insert((now, id.clone(), i));
                     w.checks.arrival.entry(id.clone()).or_default().push(now);
+                    if kpl {
+                        aggregates.entry((stream, key)).or_default().push(i);
+                        continue;
+                    }
                     let put = w.kinesis.put_record(&stream, &key, format!("{key}:{i}").as_bytes(), None);
                     match put {
                         Ok((shard, seq)) => w.event(format!("put {id}:{i} -> {shard} {seq}")),
                         Err(e) => w.violation(format!("the model refused a put: {e:?}")),
                     }
+                }
+                for ((stream, key), ns) in aggregates {
+                    put_aggregate(&mut w, &stream, &key, &ns);
                 }
             }
         })

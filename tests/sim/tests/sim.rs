@@ -288,6 +288,7 @@ fn seeds_hold_every_invariant() {
             "drain",
             "kinesis put answer lost",
             "kinesis put record throttled",
+            "kpl user record outside its shard",
         ];
         let missing: Vec<&str> = kinds.iter().copied().filter(|k| mix.get(*k).copied().unwrap_or(0) == 0).collect();
         assert!(missing.is_empty(), "{} seeds injected none of: {missing:?} ({mix:?})", results.len());
