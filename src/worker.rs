@@ -242,6 +242,19 @@ where
 /// every upstream producer's drain marker (of this deployment) was read from every shard, then
 /// drains in turn; the worker is drained when every stage is.
 pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> anyhow::Result<()> {
+    run_stages_until(args, stages, std::future::pending()).await
+}
+
+/// [`run_stages`] in a process that has a shutdown of its own (a service embedding the worker,
+/// a supervisor in the same process): when `shutdown` completes the worker stops as on SIGTERM
+/// (deactivates, waits for in-flight tuples up to the message timeout, writes final checkpoints,
+/// releases its shards, closes its session) and returns `Ok`. SIGINT and SIGTERM still stop it.
+pub async fn run_stages_until(
+    args: WorkerArgs,
+    stages: crate::stage::Stages<'_>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let mut shutdown = std::pin::pin!(shutdown);
     crate::logging::init();
     let clock_offset = crate::coord::clock_offset_ms().map_err(|e| anyhow::anyhow!("{e}"))?;
     if clock_offset != 0 {
@@ -337,6 +350,7 @@ pub async fn run_stages(args: WorkerArgs, stages: crate::stage::Stages<'_>) -> a
             }
             _ = tokio::signal::ctrl_c() => break "SIGINT",
             _ = term.recv() => break "SIGTERM",
+            _ = &mut shutdown => break "shutdown requested",
             _ = publish.tick() => {
                 // Publish when something changed, and at least every 30 s: an idle worker costs
                 // ZooKeeper almost nothing.

@@ -256,3 +256,4 @@ impl<'a> Stages<'a> {
 }
 
 pub use crate::worker::run_stages as run;
+pub use crate::worker::run_stages_until as run_until;

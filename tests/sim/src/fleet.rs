@@ -78,6 +78,11 @@ pub struct Scenario {
     /// default `kpl_out_of_range: deliver`), each once per its (sequence, sub-sequence).
     #[serde(default)]
     pub kpl: bool,
+    /// Workers leave gracefully at fault times (their process's shutdown, as on SIGTERM:
+    /// deactivate, wait for in-flight tuples, final checkpoints, shards handed back), and the
+    /// supervisor starts a new one (a rolling restart).
+    #[serde(default)]
+    pub leaves: bool,
 }
 
 impl Scenario {
@@ -113,6 +118,7 @@ impl Scenario {
             s.third = s.exactly_once && staged.chance(0.5);
         }
         s.kpl = Rng::new(seed ^ 0x4B50_4C4B_504C_4B50).chance(0.25);
+        s.leaves = Rng::new(seed ^ 0x1EA7_E5E5_1EA7_E5E5).chance(0.2);
         s
     }
 
@@ -151,6 +157,7 @@ impl Scenario {
             mid_shards: 0,
             third: false,
             kpl: false,
+            leaves: false,
         }
         .with_initial_position(rng)
     }
@@ -618,6 +625,8 @@ struct Fleet {
     spout_config: Option<std::path::PathBuf>,
     /// Whether the operator drained the deployment already (once per run).
     drained: bool,
+    /// Each running worker's shutdown (a graceful stop, as on SIGTERM).
+    stops: BTreeMap<u32, tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Fleet {
@@ -666,6 +675,14 @@ impl Fleet {
         let firer_zk = args.spout_config().expect("the workers' spout configuration").zookeeper.to_zk_config();
         let streams = self.scenario.streams.clone();
         lock(&world).event(format!("w{id} starts"));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        self.stops.insert(id, stop);
+        // a dropped sender (the run's end) is no shutdown
+        let shutdown = async move {
+            if stopped.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
         let (mid_shards, third, down_world) = (self.scenario.mid_shards, self.scenario.third, self.world.clone());
         let handle = tokio::task::spawn_local(async move {
             let staged_eo = eo.clone().filter(|_| mid_shards > 0);
@@ -756,7 +773,7 @@ impl Fleet {
                     },
                 ),
             };
-            let r = squall::stage::run(args, stages).await;
+            let r = squall::stage::run_until(args, stages, shutdown).await;
             let mut w = lock(&world);
             let crashed = w.net(id).0;
             match r {
@@ -851,6 +868,7 @@ async fn run(seed: u64) -> Outcome {
         worker_ms: 0,
         spout_config: None,
         drained: false,
+        stops: BTreeMap::new(),
     };
     if scenario.committed_interval_ms > 0 {
         let path = std::env::temp_dir().join(format!("squall-sim-{}-{seed}.json", std::process::id()));
@@ -1144,6 +1162,9 @@ fn inject(fleet: &mut Fleet) {
     if s.joins {
         kinds.push("join");
     }
+    if s.leaves {
+        kinds.push("leave");
+    }
     if s.operator {
         kinds.push("deactivate");
         if !fleet.drained {
@@ -1181,6 +1202,13 @@ fn inject(fleet: &mut Fleet) {
             fleet.crash(id);
             // Its replacement (a new process, a new worker id).
             fleet.start_worker();
+        }
+        "leave" => {
+            let Some(id) = pick(&mut w) else { return };
+            let Some(stop) = fleet.stops.remove(&id) else { return };
+            w.injected("leave");
+            w.event(format!("FAULT w{id} leaves (its process shuts down, as on SIGTERM)"));
+            let _ = stop.send(());
         }
         "join" => {
             if live.len() >= 4 {

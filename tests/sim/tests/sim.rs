@@ -289,6 +289,7 @@ fn seeds_hold_every_invariant() {
             "kinesis put answer lost",
             "kinesis put record throttled",
             "kpl user record outside its shard",
+            "leave",
         ];
         let missing: Vec<&str> = kinds.iter().copied().filter(|k| mix.get(*k).copied().unwrap_or(0) == 0).collect();
         assert!(missing.is_empty(), "{} seeds injected none of: {missing:?} ({mix:?})", results.len());
@@ -321,6 +322,7 @@ const FOUND: &[(u64, &str)] = &[
     (5, "exact-dedup"),
     (6, "firer-round-error"),
     (13, "committed-inflight"),
+    (16, "kpl-drop"),
     (18, "stage-start-no-retry, listing-gap-watermark, watermark-unread-child"),
     (29, "start-zk-away"),
     (35, "ghost-registration"),
