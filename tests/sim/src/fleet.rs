@@ -421,6 +421,25 @@ fn wrong_windows(w: &World, size_ms: u64) -> Vec<String> {
 /// intermediate streams), an assignment without error over exactly the tasks registered, loads
 /// within one shard of each other, and each assigned shard that is not finished held by the
 /// lease of the task it is assigned to. `Err` says what is not so yet.
+/// Where the in-band low watermark of the live workers' sink tasks stands short of the last
+/// record put: once the producers stopped, idle shards stop holding it back after the idle
+/// timeout (5 s) and ended ones at once, so within the liveness bound it passes every record
+/// (a shard holding it for good would stall every window and timer downstream).
+fn inband_stalled(w: &World, live: &[u32]) -> Vec<String> {
+    let last = w.checks.arrival.values().flat_map(|a| a.iter()).max().copied().unwrap_or(0).max(0) as u64;
+    let mut out = Vec::new();
+    for id in live {
+        for task in 0..SINK_TASKS {
+            match w.checks.inband.get(&(*id, task)) {
+                Some(wm) if *wm >= last => {}
+                Some(wm) => out.push(format!("w{id}'s sink task {task} at {wm}, {} ms short", last - wm)),
+                None => out.push(format!("w{id}'s sink task {task} got none")),
+            }
+        }
+    }
+    out
+}
+
 fn assignment_settled(w: &World) -> Result<(), String> {
     // the primary stream's tasks register under the topology, the other source streams' under
     // `source-tasks`, an intermediate stream's (read by a later stage) under `tasks`
@@ -583,9 +602,27 @@ fn put_aggregate(w: &mut World, stream: &str, key: &str, ns: &[u64]) {
 struct Sink {
     world: Shared,
     worker: u32,
+    task: usize,
 }
 
+/// Sink tasks per worker.
+const SINK_TASKS: usize = 2;
+
 impl Bolt for Sink {
+    async fn prepare(&mut self, ctx: &squall::topology::TaskContext) -> Result<(), ComponentError> {
+        self.task = ctx.task_index();
+        Ok(())
+    }
+
+    async fn on_watermark(
+        &mut self,
+        wm: squall::topology::Watermark,
+        _out: &mut BoltOutput,
+    ) -> Result<(), ComponentError> {
+        lock(&self.world).checks.inband.insert((self.worker, self.task), wm.millis());
+        Ok(())
+    }
+
     async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
         let (key, n) = record_of(&t)?;
         let (shard, sequence) = (t.get_str("shard_id")?.to_string(), t.get_str("sequence_number")?.to_string());
@@ -687,7 +724,7 @@ impl Fleet {
         let handle = tokio::task::spawn_local(async move {
             let staged_eo = eo.clone().filter(|_| mid_shards > 0);
             let first = Stages::new("main", move |b, spout| {
-                b.set_bolt("sink", 2, move |_| Sink { world: sink_world.clone(), worker: id })
+                b.set_bolt("sink", SINK_TASKS, move |_| Sink { world: sink_world.clone(), worker: id, task: 0 })
                     .fields_grouping(spout, &["partition_key"]);
                 match eo {
                     Some(cfg) if mid_shards > 0 => {
@@ -969,6 +1006,7 @@ async fn run(seed: u64) -> Outcome {
     let _ = producer.await;
     let deadline = Duration::from_millis(PRODUCE_MS.max(FAULTS_UNTIL_MS) + SETTLE_MS);
     loop {
+        let live = fleet.live();
         let done = {
             let w = lock(&world);
             w.checks.put.iter().all(|(k, count)| {
@@ -985,6 +1023,7 @@ async fn run(seed: u64) -> Outcome {
                 }
                 (true, size, _) => wrong_windows(&w, size).is_empty(),
             } && assignment_settled(&w).is_ok()
+                && inband_stalled(&w, &live).is_empty()
         };
         if done || start.elapsed() >= deadline {
             break;
@@ -997,6 +1036,7 @@ async fn run(seed: u64) -> Outcome {
         sleep(Duration::from_millis(500)).await;
     }
     let sim_ms = start.elapsed().as_millis() as u64;
+    let live = fleet.live();
     for (_, t) in std::mem::take(&mut fleet.started) {
         fleet.worker_ms += t.elapsed().as_millis() as u64;
     }
@@ -1024,6 +1064,15 @@ async fn run(seed: u64) -> Outcome {
         let what = format!(
             "liveness: the coordination did not settle {} s after the producers stopped and the faults ended: {what}",
             SETTLE_MS / 1000
+        );
+        w.violation(what);
+    }
+    let stalled = inband_stalled(&w, &live);
+    if !stalled.is_empty() {
+        let what = format!(
+            "liveness: the in-band low watermark did not pass the last record {} s after the producers stopped and the faults ended: {}",
+            SETTLE_MS / 1000,
+            stalled.join("; ")
         );
         w.violation(what);
     }

@@ -170,6 +170,8 @@ pub struct Checks {
     pub mid_order: BTreeMap<String, Vec<u64>>,
     /// Stages: per key, the `n` written into the intermediate stream at least once.
     pub mid_written: BTreeMap<String, BTreeSet<u64>>,
+    /// The in-band low watermark each sink task (worker, task index) got last.
+    pub inband: BTreeMap<(u32, usize), u64>,
     /// Per window (`key@start`): the count of each firing.
     pub fired: BTreeMap<String, Vec<u64>>,
     pub firings: u64,
