@@ -172,6 +172,10 @@ pub struct Checks {
     pub mid_written: BTreeMap<String, BTreeSet<u64>>,
     /// The in-band low watermark each sink task (worker, task index) got last.
     pub inband: BTreeMap<(u32, usize), u64>,
+    /// Per worker: since when the lifecycle state it last read says INACTIVE.
+    pub inactive_since: BTreeMap<u32, i64>,
+    /// Records delivered first by a worker that knew the topology INACTIVE (past the slack).
+    pub delivered_inactive: u64,
     /// Per window (`key@start`): the count of each firing.
     pub fired: BTreeMap<String, Vec<u64>>,
     pub firings: u64,
@@ -189,6 +193,9 @@ impl Checks {
         }
     }
 }
+
+/// How long after a worker read INACTIVE a first delivery is still a record in flight.
+const INACTIVE_SLACK_MS: i64 = 500;
 
 pub struct World {
     pub rng: Rng,
@@ -388,6 +395,32 @@ impl World {
             self.violation(format!(
                 "per-key order: w{worker} delivered {key}:{n} (shard {shard}, sequence {sequence}) before {key}:{m}"
             ));
+        }
+        // Nothing new is handed on while inactive: the spouts stop at once (records in flight
+        // at that instant reach the sink at once too: processing takes no simulated time; the
+        // slack is for the engine's own channels and timers).
+        if first
+            && let Some(since) = self.checks.inactive_since.get(&worker).copied()
+            && now - since > INACTIVE_SLACK_MS
+        {
+            self.checks.delivered_inactive += 1;
+            self.violation(format!(
+                "delivered while inactive: w{worker} delivered {key}:{n} (shard {shard}) for the first time {} ms after it read the topology INACTIVE",
+                now - since
+            ));
+        }
+    }
+
+    /// A worker read the lifecycle state: INACTIVE starts its inactive spell, anything else
+    /// ends it.
+    pub fn state_read(&mut self, worker: u32, data: &[u8]) {
+        let inactive = serde_json::from_slice::<serde_json::Value>(data)
+            .is_ok_and(|v| v.get("state").and_then(|s| s.as_str()) == Some("INACTIVE"));
+        if inactive {
+            let now = self.now_ms();
+            self.checks.inactive_since.entry(worker).or_insert(now);
+        } else {
+            self.checks.inactive_since.remove(&worker);
         }
     }
 

@@ -199,7 +199,17 @@ impl ZkClient for SimZk {
     }
     fn get_data<'a>(&'a self, path: &str) -> ZkResult<'a, (Vec<u8>, zk::Stat)> {
         let path = path.to_string();
-        Box::pin(self.call(format!("get {path}"), move |w, s| w.zk.get_data(s, &path)))
+        Box::pin(async move {
+            let what = format!("get {path}");
+            let r = self.call(what, |w, s| w.zk.get_data(s, &path)).await;
+            // what the worker knows of the lifecycle state, once the answer reached it
+            if let Ok((data, _)) = &r
+                && path.ends_with("/topologies/sim/state")
+            {
+                lock(&self.world).state_read(self.worker, data);
+            }
+            r
+        })
     }
     fn set_data<'a>(&'a self, path: &str, data: &[u8], version: Option<i32>) -> ZkResult<'a, zk::Stat> {
         let (path, data) = (path.to_string(), data.to_vec());

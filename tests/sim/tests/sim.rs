@@ -325,6 +325,7 @@ const FOUND: &[(u64, &str)] = &[
     (16, "kpl-drop"),
     (18, "stage-start-no-retry, listing-gap-watermark, watermark-unread-child"),
     (29, "start-zk-away"),
+    (32, "deactivate-ignored"),
     (35, "ghost-registration"),
     (38, "production-dedup"),
     (41, "latest-worker-clock"),
