@@ -156,7 +156,7 @@ impl ZkSession {
 
 /// Whether a failed connect may succeed later: the server could not be reached (not refused
 /// credentials, not bad arguments).
-fn unreachable(e: &CoordError) -> bool {
+pub(crate) fn unreachable(e: &CoordError) -> bool {
     matches!(e, CoordError::Connect { source, .. } if !matches!(source, zk::Error::AuthFailed | zk::Error::BadArguments(_)))
 }
 

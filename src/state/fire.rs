@@ -106,6 +106,11 @@ pub struct FirerConfig {
     /// A watermark that has not been available for this long is logged as a warning, with the
     /// reason (ms). Default 30000.
     pub stall_warning_ms: u64,
+    /// How long the firer's start keeps trying to reach ZooKeeper (its session, and the check
+    /// of where it runs) while it is away or the session expires, before the task fails (ms):
+    /// as the worker's `--zk-give-up-after-ms`. Default 120000. A worker stopping meanwhile
+    /// ends the wait.
+    pub zk_give_up_after_ms: u64,
 }
 
 impl FirerConfig {
@@ -118,6 +123,7 @@ impl FirerConfig {
             streams: vec![stream.into()],
             poll_interval_ms: 500,
             stall_warning_ms: 30_000,
+            zk_give_up_after_ms: 120_000,
         }
     }
 
@@ -651,15 +657,23 @@ impl<F: OnFire> Spout for WindowFirer<F> {
             .await
             .map_err(|e| component_error("window firer: the state table's timer index", &e, e.is_retryable()))?;
         // The session and the check of where this firer runs, together: a session that expires
-        // meanwhile (the worker paused while it opened) is replaced by a new one.
+        // meanwhile (the worker paused while it opened) is replaced by a new one; ZooKeeper away
+        // (a partition as the worker starts) is waited for up to `zk_give_up_after_ms`, as the
+        // worker's own start waits (the engine ends the wait when the worker stops).
         let connect_and_check = || async {
             let (zk, more) = Self::connect(&self.cfg, topology).await?;
             let refusal = Self::refusal(&self.cfg, &zk, topology).await?;
             Ok::<_, crate::coord::CoordError>((zk, more, refusal))
         };
+        let give_up = Duration::from_millis(self.cfg.zk_give_up_after_ms);
         let (zk, more, refusal) = connect_and_check
-            .retry(crate::coord::session::short_backoff())
-            .when(|e: &crate::coord::CoordError| e.is_transient() || e.is_session_lost())
+            .retry(crate::coord::session::short_backoff().with_max_times(usize::MAX).with_total_delay(Some(give_up)))
+            .when(|e: &crate::coord::CoordError| {
+                e.is_transient() || e.is_session_lost() || crate::coord::session::unreachable(e)
+            })
+            .notify(|e, after| {
+                tracing::warn!(error = %e, retry_in = ?after, "window firer: ZooKeeper did not answer while it started; trying again")
+            })
             .await
             .map_err(|e| {
                 component_error("window firer: connecting to ZooKeeper and reading the topology's stages", e, true)

@@ -347,6 +347,7 @@ const FOUND: &[(u64, &str)] = &[
     (552, "start-session-expiry"),
     (762, "listing-orphan-parent"),
     (1620, "firer-open-session"),
+    (3045, "firer-connect-give-up"),
     (100633, "start-open-partition"),
     (101050, "start-joins-drain"),
     // found list-read-no-assign before stages joined the runs, which changed its run
