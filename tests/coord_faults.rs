@@ -345,25 +345,45 @@ async fn a_first_start_cut_short_is_resumed_with_its_starting_position() {
 }
 
 /// Receive times of a bolt that takes `delay` per tuple.
-struct Slow(Arc<Mutex<Vec<Instant>>>, Duration);
+/// The times the [`Slow`] bolt received each tuple, and the shards its tuples came from.
+#[derive(Clone, Default)]
+struct Received {
+    at: Arc<Mutex<Vec<Instant>>>,
+    shards: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl Received {
+    fn len(&self) -> usize {
+        self.at.lock().unwrap().len()
+    }
+
+    fn shards(&self) -> usize {
+        self.shards.lock().unwrap().len()
+    }
+}
+
+struct Slow(Received, Duration);
 
 impl Bolt for Slow {
-    async fn execute(&mut self, _t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
-        self.0.lock().unwrap().push(Instant::now());
+    async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        self.0.at.lock().unwrap().push(Instant::now());
+        if let Ok(shard) = t.get_str("shard_id") {
+            self.0.shards.lock().unwrap().insert(shard.to_string());
+        }
         tokio::time::sleep(self.1).await;
         Ok(())
     }
 }
 
-/// A worker of one spout task on `session` and a [`Slow`] bolt taking `per_tuple` a tuple; the
-/// times the bolt received each tuple.
+/// A worker of one spout task on `session` and a [`Slow`] bolt taking `per_tuple` a tuple; what
+/// the bolt received.
 fn run_slow_worker(
     cfg: &KinesisSpoutConfig,
     session: &Arc<SharedSession>,
     per_tuple: Duration,
     config: TopologyConfig,
-) -> (RunningTopology, Arc<Mutex<Vec<Instant>>>) {
-    let received: Arc<Mutex<Vec<Instant>>> = Arc::default();
+) -> (RunningTopology, Received) {
+    let received = Received::default();
     let mut b = TopologyBuilder::new(cfg.topology.clone());
     KinesisSpout::declare_shared(
         &mut b,
@@ -400,7 +420,7 @@ async fn a_worker_cut_from_zookeeper_emits_nothing_once_its_session_is_unsafe() 
     let config = TopologyConfig { max_spout_pending: MAX_PENDING, ..TopologyConfig::default() };
     let (running, received) = run_slow_worker(&cfg, &session, Duration::from_millis(20), config);
     let guard = Instant::now();
-    while received.lock().unwrap().len() < 20 {
+    while received.len() < 20 {
         assert!(guard.elapsed() < Duration::from_secs(30), "the worker delivered 20 records in 30 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -420,7 +440,7 @@ async fn a_worker_cut_from_zookeeper_emits_nothing_once_its_session_is_unsafe() 
         let _ = tokio::time::timeout(Duration::from_millis(50), view.changed()).await;
     }
     let (before, after) = {
-        let r = received.lock().unwrap();
+        let r = received.at.lock().unwrap();
         (r.iter().filter(|t| **t <= unsafe_at).count(), r.iter().filter(|t| **t > unsafe_at).count())
     };
     eprintln!(
@@ -532,8 +552,17 @@ async fn a_shard_assigned_back_during_its_handoff_is_taken_again_at_once() {
     let config = TopologyConfig { max_spout_pending: 200, message_timeout_ms: 60_000, ..TopologyConfig::default() };
     let (running1, received) = run_slow_worker(&cfg, &session1, Duration::from_millis(50), config);
     let guard = Instant::now();
-    while received.lock().unwrap().len() < 20 {
-        assert!(guard.elapsed() < Duration::from_secs(30), "worker 1 delivered 20 records in 30 s");
+    // Tuples of both shards in flight before worker 2 joins, whichever shard it is given: the
+    // spout may fill its first 200 from one shard (the other's first batch came a moment later),
+    // and its bolt acks a batch of 64 only when done with all of them (3.2 s); the second shard's
+    // first tuple reaches the bolt behind the first 200, with more of that shard behind it.
+    while received.len() < 20 || received.shards() < 2 {
+        assert!(
+            guard.elapsed() < Duration::from_secs(40),
+            "worker 1 delivered {} records of {} shards in 40 s; want 20 of both",
+            received.len(),
+            received.shards()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // worker 2 joins, and leaves as soon as the assignment gave it a shard
