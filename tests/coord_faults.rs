@@ -273,6 +273,75 @@ async fn a_registration_whose_answer_is_lost_leaves_no_ghost_task() {
     s.delete().await;
 }
 
+/// A deactivation whose unregistration's answer is lost (the server deleted `tasks/task-N`, the
+/// client saw ConnectionLoss, and every retry while deactivated too) does not leave the task
+/// believing itself registered once activated again: it looks its node up, finds it gone and
+/// registers anew, so it is assigned shards and reads them (before the fix it sat unregistered
+/// for good: here, the only worker, nothing read; in a fleet, its unknown watermark held back
+/// everything downstream). Asserted first: the faults were injected and the node was gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deactivation_whose_unregistration_answer_is_lost_registers_again_on_activate() {
+    squall::logging::init();
+    let s = TestStream::create("faults-unreg", 2).await;
+    let root = support::unique_zk_root("faults-unreg");
+    let topology = support::unique_name("topo");
+    let mut cfg = support::spout_config(&topology, &s.name, &root);
+    cfg.checkpoint_interval_ms = 200;
+    let topo_path = format!("{root}/topologies/{topology}");
+    let tasks_dir = format!("{topo_path}/tasks/");
+    let injected = Arc::new(AtomicU64::new(0));
+    let activated = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (injected2, activated2, dir2) = (injected.clone(), activated.clone(), tasks_dir.clone());
+    let hook: FaultHook = Arc::new(move |o: ZkOp, path: &str| {
+        let hit = o == ZkOp::Delete && path.starts_with(&dir2) && !activated2.load(Ordering::SeqCst);
+        hit.then(|| {
+            injected2.fetch_add(1, Ordering::SeqCst);
+            InjectedFault::After(zk::Error::ConnectionLoss)
+        })
+    });
+    let w = start_worker(&cfg, Some(hook)).await;
+    let first = put(&s, 100).await;
+    wait_seen(&w, &first, "before the deactivation").await;
+    let old = w.registry.tasks()[0].task_name();
+    let zk = support::zk_client().await;
+    w.running.deactivate().await.unwrap();
+    let guard = Instant::now();
+    while injected.load(Ordering::SeqCst) < 2 {
+        assert!(guard.elapsed() < Duration::from_secs(30), "the unregistration was tried twice in 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let tasks = zk.list_children(&format!("{topo_path}/tasks")).await.unwrap();
+    assert!(!tasks.contains(&old), "the server applied the unregistration of {old}: tasks {tasks:?}");
+    activated.store(true, Ordering::SeqCst);
+    w.running.activate().await.unwrap();
+    let second = put(&s, 200).await;
+    let guard = Instant::now();
+    loop {
+        let missing = second.difference(&w.seen.lock().unwrap()).count();
+        if missing == 0 {
+            break;
+        }
+        assert!(
+            guard.elapsed() < Duration::from_secs(30),
+            "{missing} of 200 records put after the activation never delivered: the task is {} (was {old}), tasks {:?}",
+            w.registry.tasks()[0].task_name(),
+            zk.list_children(&format!("{topo_path}/tasks")).await.unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let now = w.registry.tasks()[0].task_name();
+    let tasks = zk.list_children(&format!("{topo_path}/tasks")).await.unwrap();
+    assert_eq!(tasks, vec![now.clone()], "the task registered again, once");
+    eprintln!(
+        "UNREGISTRATION: {} deletes answered ConnectionLoss while deactivated; {old} registered again as {now}; 200 of 200 delivered",
+        injected.load(Ordering::SeqCst)
+    );
+    w.running.kill(Duration::from_secs(5)).await.unwrap();
+    w.session.close().await;
+    support::zk_delete_tree(&zk, &root).await;
+    s.delete().await;
+}
+
 /// The topology's first start on a stream cut short between its creates (the leader's second
 /// starting position never sent: ConnectionLoss) is resumed with the same decision: under LATEST
 /// every shard starts at the first start's time, none at TRIM_HORIZON. Records put before the

@@ -302,7 +302,23 @@ impl ZkStore {
     /// Removing one that is gone is fine.
     pub async fn unregister_task(&self, name: &str) -> Result<(), CoordError> {
         validate_name("task name", name)?;
-        self.delete_quietly(&self.paths.task(name)).await
+        let path = self.paths.task(name);
+        match self.guarded(ZkOp::Delete, &path, || self.client().delete(&path, None)).await {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Err(e) => Err(CoordError::zk(&path, "delete", e)),
+        }
+    }
+
+    /// Whether task node `name` exists, after a sync (so a delete the server applied is seen even
+    /// through a server that lagged behind, as [`ZkStore::find_task`]). Two requests. After an
+    /// unregistration whose outcome is unknown, this tells whether the task is still registered.
+    pub async fn task_exists(&self, name: &str) -> Result<bool, CoordError> {
+        validate_name("task name", name)?;
+        let dir = self.paths.tasks();
+        self.client().sync(dir).await.map_err(|e| CoordError::zk(dir, "sync", e))?;
+        let path = self.paths.task(name);
+        let stat = self.client().check_stat(&path).await.map_err(|e| CoordError::zk(&path, "stat", e))?;
+        Ok(stat.is_some())
     }
 
     /// The live task node names, sorted by sequence (the first is the leader). One request.

@@ -124,6 +124,10 @@ struct Session {
     /// The id of a registration whose create failed with an unknown outcome: the server may have
     /// created its node. Looked up (adopted or removed) before this task registers again.
     unconfirmed_registration: Option<String>,
+    /// The delete of this task's node failed with an unknown outcome (its answer lost): the task
+    /// may no longer be registered though `registered` says so. Looked up before anything else
+    /// once active again; deleted again while deactivated.
+    unconfirmed_unregistration: bool,
     pending_release: Vec<Lease>,
     /// The generation of the assignment last reconciled with.
     assignment_generation: Option<u64>,
@@ -169,6 +173,7 @@ impl Coordinator {
                         blocked: HashMap::new(),
                         cleanup: BTreeSet::new(),
                         unconfirmed_registration: None,
+                        unconfirmed_unregistration: false,
                         pending_release: Vec::new(),
                         assignment_generation: None,
                         report: None,
@@ -221,6 +226,19 @@ impl Coordinator {
     /// registration of one task.
     async fn registration(&self, s: &mut Session) -> Result<(), CoordError> {
         let active = *self.active.borrow();
+        if active && s.registered && s.unconfirmed_unregistration {
+            // Activated again after an unregistration whose answer was lost: if the server
+            // applied it, the task is not registered (the leader assigns it nothing, and its
+            // watermark, unknown without an assignment, would hold back everything downstream
+            // for good); it registers again below.
+            if s.store.task_exists(&s.task).await? {
+                tracing::info!(task = %s.task, "an unregistration whose answer was lost was not applied: still registered");
+            } else {
+                tracing::info!(task = %s.task, "an unregistration whose answer was lost was applied: registering again");
+                self.unregistered(s).await;
+            }
+            s.unconfirmed_unregistration = false;
+        }
         if active && !s.registered && s.owned.is_empty() && s.pending_release.is_empty() && s.cleanup.is_empty() {
             let adopted = match s.unconfirmed_registration.clone() {
                 Some(token) => s.store.find_task(&token).await?,
@@ -251,10 +269,11 @@ impl Coordinator {
         } else if !active && s.registered {
             // The leader moves its shards to active tasks (they wait on the leases, which are
             // released once in-flight tuples are acked and checkpointed).
+            // (a delete of a node already gone succeeds: retrying after a lost answer is safe)
+            s.unconfirmed_unregistration = true;
             s.store.unregister_task(&s.task).await?;
-            s.registered = false;
-            self.remove_report(s).await;
-            let _ = self.stream.commands.send(StreamCommand::Unregistered { task: s.task.clone() });
+            s.unconfirmed_unregistration = false;
+            self.unregistered(s).await;
             tracing::info!(task = %s.task, "spout task deactivated: unregistered, handing its shards back");
         } else if !active && let Some(token) = s.unconfirmed_registration.clone() {
             if let Some(stray) = s.store.find_task(&token).await? {
@@ -264,6 +283,14 @@ impl Coordinator {
             s.unconfirmed_registration = None;
         }
         Ok(())
+    }
+
+    /// Notes that the task's node is gone: no committed watermark report, and the stream
+    /// coordinator forgets the task.
+    async fn unregistered(&self, s: &mut Session) {
+        s.registered = false;
+        self.remove_report(s).await;
+        let _ = self.stream.commands.send(StreamCommand::Unregistered { task: s.task.clone() });
     }
 
     /// Publishes how many leases the task holds (the metrics endpoint reads it).
