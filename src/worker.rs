@@ -1029,7 +1029,7 @@ async fn wait_out_drain(store: &ZkStore, topology: &str, deployment: &str) -> Re
                 state = ?cur.value.state, "the drain ended");
             return Ok(());
         }
-        if store.workers().await?.is_empty() {
+        if !store.any_worker().await? {
             let since = *empty_since.get_or_insert_with(tokio::time::Instant::now);
             if since.elapsed() >= DRAIN_ORPHANED_AFTER {
                 let next = TopologyState { state: Lifecycle::Drained, updated_at_ms: now_ms(), ..cur.value };

@@ -556,6 +556,16 @@ impl ZkStore {
         Ok(out)
     }
 
+    /// Whether any worker is registered (one listing; [`ZkStore::workers`] reads every status).
+    pub async fn any_worker(&self) -> Result<bool, CoordError> {
+        let dir = self.paths.workers();
+        match self.client().list_children(dir).await {
+            Ok(n) => Ok(!n.is_empty()),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(e) => Err(CoordError::zk(dir, "list", e)),
+        }
+    }
+
     /// The current owner of every leased shard: shard id -> the lowest lease (path and holder:
     /// the task named in the lease node, or the lease's writer session for old-style leases).
     pub async fn shard_owners(&self) -> Result<BTreeMap<String, LeaseOwner>, CoordError> {
