@@ -345,6 +345,7 @@ const FOUND: &[(u64, &str)] = &[
     (762, "listing-orphan-parent"),
     (1294, "zombie-emits"),
     (1620, "firer-open-session"),
+    (1977, "unregister-lost"),
     (2038, "drain-obeys-deactivate"),
     (3045, "firer-connect-give-up"),
     (100633, "start-open-partition"),
