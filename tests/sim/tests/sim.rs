@@ -346,8 +346,8 @@ const FOUND: &[(u64, &str)] = &[
     (1294, "zombie-emits"),
     (1620, "firer-open-session"),
     (1977, "unregister-lost"),
-    (2038, "drain-obeys-deactivate"),
     (3045, "firer-connect-give-up"),
+    (5399, "drain-obeys-deactivate"),
     (100633, "start-open-partition"),
 ];
 
