@@ -302,11 +302,7 @@ impl ZkStore {
     /// Removing one that is gone is fine.
     pub async fn unregister_task(&self, name: &str) -> Result<(), CoordError> {
         validate_name("task name", name)?;
-        let path = self.paths.task(name);
-        match self.guarded(ZkOp::Delete, &path, || self.client().delete(&path, None)).await {
-            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
-            Err(e) => Err(CoordError::zk(&path, "delete", e)),
-        }
+        self.delete_guarded(&self.paths.task(name)).await
     }
 
     /// Whether task node `name` exists, after a sync (so a delete the server applied is seen even
@@ -1403,7 +1399,7 @@ impl ZkStore {
         };
         let mut n = 0;
         for name in leases.iter().filter(|n| lease_holder(n) == Some(holder)) {
-            self.delete_lease(&format!("{dir}/{name}")).await?;
+            self.delete_guarded(&format!("{dir}/{name}")).await?;
             n += 1;
         }
         Ok(n)
@@ -1433,7 +1429,9 @@ impl ZkStore {
         }
     }
 
-    async fn delete_lease(&self, path: &str) -> Result<(), CoordError> {
+    /// Deletes `path` under the session's fault hook (tests inject lost answers here); a node
+    /// already gone is fine.
+    async fn delete_guarded(&self, path: &str) -> Result<(), CoordError> {
         match self.guarded(ZkOp::Delete, path, || self.client().delete(path, None)).await {
             Ok(()) | Err(zk::Error::NoNode) => Ok(()),
             Err(e) => Err(CoordError::zk(path, "delete", e)),
@@ -1451,7 +1449,7 @@ impl ZkStore {
                 reason: "is not under this stream's owners/",
             });
         }
-        self.delete_lease(&lease.path).await?;
+        self.delete_guarded(&lease.path).await?;
         debug!(shard = %lease.shard_id, lease = %lease.path, "lease released");
         Ok(())
     }
