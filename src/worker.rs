@@ -332,8 +332,17 @@ pub async fn run_stages_until(
     // The deployment drained while this worker had no session: it leaves without handing on
     // anything it held (see the new-generation arm).
     let mut abandon = false;
-    check_drain(&store, &engines, &deployment, &mut draining).await;
+    // What this worker obeys is read again now that it is watched: a state written between the
+    // first read (the deployment above) and the watch's arming raises no event.
+    let mut reread = Reread::default();
+    check_drain(&store, &engines, &deployment, &mut draining, &mut reread).await;
+    let mut stop_at_once =
+        obey_state(&store, &engines, &deployment, draining, &mut last_state, &mut wait, &mut reread).await;
     let stop_reason = loop {
+        if let Some(reason) = stop_at_once.take() {
+            break reason;
+        }
+
         tokio::select! {
             r = engines.wait() => {
                 if draining && r.is_ok() {
@@ -395,14 +404,16 @@ pub async fn run_stages_until(
                                     abandon = true;
                                     break "the deployment drained while this worker's ZooKeeper session was lost";
                                 }
-                                if let Some(reason) =
-                                    obey_state(&store, &engines, &deployment, draining, &mut last_state, &mut wait).await
+                                if let Some(reason) = obey_state(
+                                    &store, &engines, &deployment, draining, &mut last_state, &mut wait, &mut reread,
+                                )
+                                .await
                                 {
                                     break reason;
                                 }
                                 session.admit(generation);
                                 engines.register_producers_again().await;
-                                check_drain(&store, &engines, &deployment, &mut draining).await;
+                                check_drain(&store, &engines, &deployment, &mut draining, &mut reread).await;
                             }
                             Err(e) => {
                                 // Not left held for good: the tasks go on as they did before
@@ -414,11 +425,27 @@ pub async fn run_stages_until(
                         }
                     }
             }
+            // A read of the state or the drain notification failed (its answer lost): read both
+            // again, or the change its event announced would wait for the next change.
+            _ = tokio::time::sleep_until(reread.at.unwrap_or_else(tokio::time::Instant::now)), if reread.at.is_some() => {
+                reread.at = None;
+                check_drain(&store, &engines, &deployment, &mut draining, &mut reread).await;
+                if let Some(reason) =
+                    obey_state(&store, &engines, &deployment, draining, &mut last_state, &mut wait, &mut reread).await
+                {
+                    break reason;
+                }
+                if reread.at.is_none() {
+                    reread.failures = 0;
+                }
+            }
             ev = recv_opt(&mut events) => match ev {
-                Some(ChangeEvent::Drain) => check_drain(&store, &engines, &deployment, &mut draining).await,
+                Some(ChangeEvent::Drain) => check_drain(&store, &engines, &deployment, &mut draining, &mut reread).await,
                 Some(ChangeEvent::State) | Some(ChangeEvent::Reconnected) => {
-                    check_drain(&store, &engines, &deployment, &mut draining).await;
-                    if let Some(reason) = obey_state(&store, &engines, &deployment, draining, &mut last_state, &mut wait).await {
+                    check_drain(&store, &engines, &deployment, &mut draining, &mut reread).await;
+                    if let Some(reason) =
+                        obey_state(&store, &engines, &deployment, draining, &mut last_state, &mut wait, &mut reread).await
+                    {
                         break reason;
                     }
                 }
@@ -881,9 +908,16 @@ async fn obey_state(
     draining: bool,
     last_state: &mut Lifecycle,
     wait: &mut Duration,
+    reread: &mut Reread,
 ) -> Option<&'static str> {
-    let Ok(Some(st)) = store.read_state().await else { return None };
-    let st = st.value;
+    let st = match store.read_state().await {
+        Ok(Some(st)) => st.value,
+        Ok(None) => return None,
+        Err(e) => {
+            reread.failed("the topology state", &e);
+            return None;
+        }
+    };
     if st.deployment_id != deployment {
         tracing::info!(deployment = %st.deployment_id, "a new deployment started; this worker leaves");
         return Some("a new deployment");
@@ -931,8 +965,30 @@ fn same_status(a: &WorkerStatus, b: &WorkerStatus) -> bool {
     idle_counters(a) == idle_counters(b)
 }
 
+/// A read of what a worker obeys (its lifecycle state, the drain notification) that failed:
+/// when to read both again. The watch that announced a change fired once; without a second read
+/// the worker would keep the old state until the next change (simulator seed 2815: an activation
+/// whose read was lost left a worker inactive, its window firer holding a third of the timers).
+#[derive(Debug, Default)]
+struct Reread {
+    at: Option<tokio::time::Instant>,
+    failures: u32,
+}
+
+impl Reread {
+    /// Notes a failed read of `what`: read again after 200 ms, doubling with each failure in a
+    /// row up to 5 s.
+    fn failed(&mut self, what: &str, e: &dyn std::fmt::Display) {
+        self.failures = self.failures.saturating_add(1);
+        let ms = (200u64 << self.failures.min(5).saturating_sub(1)).min(5_000);
+        tracing::warn!(error = %e, retry_in_ms = ms, "reading {what} failed; reading it again");
+        let at = tokio::time::Instant::now() + Duration::from_millis(ms);
+        self.at = Some(self.at.map_or(at, |cur| cur.min(at)));
+    }
+}
+
 /// Obeys a drain notification of this deployment (once); ignores one of another deployment.
-async fn check_drain(store: &ZkStore, running: &Engines, deployment: &str, draining: &mut bool) {
+async fn check_drain(store: &ZkStore, running: &Engines, deployment: &str, draining: &mut bool, reread: &mut Reread) {
     if *draining {
         return;
     }
@@ -940,7 +996,7 @@ async fn check_drain(store: &ZkStore, running: &Engines, deployment: &str, drain
         Ok(Some(req)) if req.deployment_id == deployment => {
             tracing::info!(deployment, "drain notification: draining");
             if let Err(e) = running.drain().await {
-                tracing::warn!(error = %e, "draining the topology failed");
+                reread.failed("the drain notification (draining the topology failed)", &e);
                 return;
             }
             *draining = true;
@@ -949,7 +1005,7 @@ async fn check_drain(store: &ZkStore, running: &Engines, deployment: &str, drain
             tracing::debug!(notification = %req.deployment_id, this = deployment, "ignoring a drain notification of another deployment");
         }
         Ok(None) => {}
-        Err(e) => tracing::warn!(error = %e, "reading the drain notification failed"),
+        Err(e) => reread.failed("the drain notification", &e),
     }
 }
 

@@ -702,3 +702,205 @@ async fn a_shard_assigned_back_during_its_handoff_is_taken_again_at_once() {
     support::zk_delete_tree(&zk, &root).await;
     s.delete().await;
 }
+
+/// A real ZooKeeper session whose reads of one znode can be made to fail: the next
+/// `lose` get_data calls on a path ending in `suffix` answer ConnectionLoss without being sent
+/// (the connection itself stays up, so no Disconnected/Reconnected follows, as when a proxy
+/// drops one answer and the client times the request out).
+struct LosingReads {
+    inner: Arc<dyn squall::coord::zkapi::ZkClient>,
+    suffix: String,
+    lose: Arc<AtomicU64>,
+    lost: Arc<AtomicU64>,
+}
+
+impl squall::coord::zkapi::ZkClient for LosingReads {
+    fn session_id(&self) -> i64 {
+        self.inner.session_id()
+    }
+    fn session_timeout(&self) -> Duration {
+        self.inner.session_timeout()
+    }
+    fn state(&self) -> zk::SessionState {
+        self.inner.state()
+    }
+    fn state_watcher(&self) -> squall::coord::zkapi::StateWatcher {
+        self.inner.state_watcher()
+    }
+    fn create<'a>(
+        &'a self,
+        path: &'a str,
+        data: &'a [u8],
+        mode: &'a squall::coord::zkapi::CreateMode,
+    ) -> squall::coord::zkapi::ZkResult<'a, (zk::Stat, squall::coord::zkapi::Sequence)> {
+        self.inner.create(path, data, mode)
+    }
+    fn delete<'a>(&'a self, path: &str, version: Option<i32>) -> squall::coord::zkapi::ZkResult<'a, ()> {
+        self.inner.delete(path, version)
+    }
+    fn get_data<'a>(&'a self, path: &str) -> squall::coord::zkapi::ZkResult<'a, (Vec<u8>, zk::Stat)> {
+        let take = path.ends_with(&self.suffix)
+            && self.lose.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        if take {
+            self.lost.fetch_add(1, Ordering::SeqCst);
+            return Box::pin(async { Err(zk::Error::ConnectionLoss) });
+        }
+        self.inner.get_data(path)
+    }
+    fn set_data<'a>(
+        &'a self,
+        path: &str,
+        data: &[u8],
+        version: Option<i32>,
+    ) -> squall::coord::zkapi::ZkResult<'a, zk::Stat> {
+        self.inner.set_data(path, data, version)
+    }
+    fn list_children<'a>(&'a self, path: &str) -> squall::coord::zkapi::ZkResult<'a, Vec<String>> {
+        self.inner.list_children(path)
+    }
+    fn check_stat<'a>(&'a self, path: &str) -> squall::coord::zkapi::ZkResult<'a, Option<zk::Stat>> {
+        self.inner.check_stat(path)
+    }
+    fn sync<'a>(&'a self, path: &str) -> squall::coord::zkapi::ZkResult<'a, ()> {
+        self.inner.sync(path)
+    }
+    fn list_and_watch_children<'a>(
+        &'a self,
+        path: &str,
+    ) -> squall::coord::zkapi::ZkResult<'a, (Vec<String>, squall::coord::zkapi::OneshotWatch)> {
+        self.inner.list_and_watch_children(path)
+    }
+    fn check_and_watch_stat<'a>(
+        &'a self,
+        path: &str,
+    ) -> squall::coord::zkapi::ZkResult<'a, (Option<zk::Stat>, squall::coord::zkapi::OneshotWatch)> {
+        self.inner.check_and_watch_stat(path)
+    }
+    fn multi(
+        &self,
+        ops: Vec<squall::coord::zkapi::MultiOp>,
+    ) -> futures::future::BoxFuture<'_, Result<Vec<zk::MultiWriteResult>, zk::MultiWriteError>> {
+        self.inner.multi(ops)
+    }
+}
+
+/// The worker binary's flags.
+#[derive(clap::Parser)]
+struct WorkerCli {
+    #[command(flatten)]
+    worker: squall::WorkerArgs,
+}
+
+/// Opens [`LosingReads`] sessions on the real ZooKeeper of the tests.
+struct LosingConnector {
+    suffix: String,
+    lose: Arc<AtomicU64>,
+    lost: Arc<AtomicU64>,
+}
+
+impl squall::coord::zkapi::ZkConnector for LosingConnector {
+    fn connect<'a>(
+        &'a self,
+        cfg: &'a squall::coord::ZkConfig,
+    ) -> futures::future::BoxFuture<'a, Result<Arc<dyn squall::coord::zkapi::ZkClient>, zk::Error>> {
+        Box::pin(async move {
+            let client = zk::Client::connector()
+                .with_session_timeout(cfg.session_timeout)
+                .connect(&support::zk_connect())
+                .await?;
+            let inner: Arc<dyn squall::coord::zkapi::ZkClient> =
+                Arc::new(squall::coord::zkapi::RealClient::new(client, false));
+            let c: Arc<dyn squall::coord::zkapi::ZkClient> = Arc::new(LosingReads {
+                inner,
+                suffix: self.suffix.clone(),
+                lose: self.lose.clone(),
+                lost: self.lost.clone(),
+            });
+            Ok(c)
+        })
+    }
+}
+
+/// A worker (`squall::stage::run_until`, the worker binary's lifecycle) whose read of the
+/// topology state after an activation is answered ConnectionLoss reads it again and activates:
+/// the watch that announced the activation fired once, and nothing else would make the worker
+/// read the state again until the next change (simulator seed 2815, with the coordinator's
+/// resync off: the worker stayed inactive for good). Asserted first: the read was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_activation_whose_state_read_is_lost_is_obeyed_when_read_again() {
+    use squall::cli::topology_ops::{Collected, set_active};
+    squall::logging::init();
+    let s = TestStream::create("faults-obey", 1).await;
+    let root = support::unique_zk_root("faults-obey");
+    let topology = support::unique_name("topo");
+    let topo_path = format!("{root}/topologies/{topology}");
+    let (lose, lost) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let endpoint = support::unique_name("obey");
+    squall::coord::zkapi::register_connector(
+        &endpoint,
+        Arc::new(LosingConnector { suffix: format!("{topo_path}/state"), lose: lose.clone(), lost: lost.clone() }),
+    );
+    let args = <WorkerCli as clap::Parser>::parse_from([
+        "squall".to_string(),
+        format!("--topology={topology}"),
+        format!("--stream={}", s.name),
+        format!("--zk=sim://{endpoint}"),
+        format!("--zk-root={root}"),
+        format!("--endpoint={}", support::kinesis_endpoint().endpoint),
+        "--spout-tasks=1".into(),
+    ])
+    .worker;
+    let seen: Seen = Arc::default();
+    let seen2 = seen.clone();
+    let stages = squall::stage::Stages::new("main", move |b, spout| {
+        let s = seen2.clone();
+        b.set_bolt("collect", 1, move |_| Collect(s.clone())).shuffle_grouping(spout);
+    });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    // The worker's stages are not Send: it runs on this thread (a LocalSet), the test beside it.
+    let local = tokio::task::LocalSet::new();
+    let worker = local.spawn_local(squall::stage::run_until(args, stages, async move {
+        let _ = stopped.await;
+    }));
+    let zk = support::zk_client().await;
+    local.run_until(async {
+    let wait = |want: BTreeSet<(String, String, u64)>, what: &'static str| {
+        let seen = seen.clone();
+        async move {
+            let start = Instant::now();
+            loop {
+                let missing = want.difference(&seen.lock().unwrap()).count();
+                if missing == 0 {
+                    return;
+                }
+                assert!(start.elapsed() < Duration::from_secs(30), "{what}: {missing} of {} never delivered", want.len());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    wait(put(&s, 50).await, "before the deactivation").await;
+    let operator = squall::coord::ZkConfig::new(support::zk_connect()).with_root(root.clone());
+    set_active(&operator, &topology, false, &mut Collected::default()).await.unwrap();
+    let guard = Instant::now();
+    while !zk.list_children(&format!("{topo_path}/tasks")).await.unwrap_or_default().is_empty() {
+        assert!(guard.elapsed() < Duration::from_secs(30), "the worker never unregistered its task");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    lose.store(1, Ordering::SeqCst);
+    set_active(&operator, &topology, true, &mut Collected::default()).await.unwrap();
+    let guard = Instant::now();
+    while lost.load(Ordering::SeqCst) == 0 {
+        assert!(guard.elapsed() < Duration::from_secs(30), "the worker never read the state after the activation");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after = put(&s, 50).await;
+    wait(after, "put after the activation whose state read was lost").await;
+    eprintln!("OBEY: the state read after the activation was lost once; the worker read it again and delivered 50 of 50");
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    })
+    .await;
+    squall::coord::zkapi::unregister_connector(&endpoint);
+    support::zk_delete_tree(&zk, &root).await;
+    s.delete().await;
+}

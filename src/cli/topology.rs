@@ -2,11 +2,12 @@
 //! operating topologies through their state in ZooKeeper, which every worker watches and obeys.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use aws_sdk_kinesis::primitives::{DateTime, DateTimeFormat};
 use serde::Serialize;
+use tokio::time::Instant;
 
 use super::Cli;
 use crate::coord::{

@@ -83,6 +83,20 @@ pub struct Scenario {
     /// supervisor starts a new one (a rolling restart).
     #[serde(default)]
     pub leaves: bool,
+    /// The coordinator's `resync_interval_ms` (0: its default, 30 s). Half the runs set it past
+    /// the run's end: what the product does at the safety net's pace must not be what delivers
+    /// a record, fires a window or obeys the operator (a read whose answer was lost and never
+    /// read again shows as a stall for good).
+    #[serde(default)]
+    pub resync_ms: u64,
+    /// The operator's deactivations are rebalances (`squall rebalance`: deactivate, wait for
+    /// every shard to be handed back, assign from scratch, activate) in this share of them, and
+    /// its drain is a `squall kill` instead in this share of runs (the supervisor starts the
+    /// workers again; they deploy anew).
+    #[serde(default)]
+    pub rebalances: f64,
+    #[serde(default)]
+    pub kill: bool,
 }
 
 impl Scenario {
@@ -119,6 +133,14 @@ impl Scenario {
         }
         s.kpl = Rng::new(seed ^ 0x4B50_4C4B_504C_4B50).chance(0.25);
         s.leaves = Rng::new(seed ^ 0x1EA7_E5E5_1EA7_E5E5).chance(0.2);
+        if Rng::new(seed ^ 0x5E5E_E5E5_0C0C_C0C0).chance(0.5) {
+            s.resync_ms = 3_600_000;
+        }
+        if s.operator {
+            let mut op = Rng::new(seed ^ 0x0DE7_7ED0_B1B1_1B1B);
+            s.rebalances = if op.chance(0.5) { 0.4 } else { 0.0 };
+            s.kill = op.chance(0.3);
+        }
         s
     }
 
@@ -158,6 +180,9 @@ impl Scenario {
             third: false,
             kpl: false,
             leaves: false,
+            resync_ms: 0,
+            rebalances: 0.0,
+            kill: false,
         }
         .with_initial_position(rng)
     }
@@ -660,8 +685,10 @@ struct Fleet {
     worker_ms: u64,
     /// The workers' `--spout-config` file, if the scenario needs one (removed at the end).
     spout_config: Option<std::path::PathBuf>,
-    /// Whether the operator drained the deployment already (once per run).
+    /// Whether the operator drained (or killed) the deployment already (once per run).
     drained: bool,
+    /// Which of the operator's deactivations are rebalances (a stream of its own).
+    op_rng: Rng,
     /// Each running worker's shutdown (a graceful stop, as on SIGTERM).
     stops: BTreeMap<u32, tokio::sync::oneshot::Sender<()>>,
 }
@@ -905,11 +932,18 @@ async fn run(seed: u64) -> Outcome {
         worker_ms: 0,
         spout_config: None,
         drained: false,
+        op_rng: Rng::new(seed ^ 0x0B0B_B0B0_7E7E_E7E7),
         stops: BTreeMap::new(),
     };
-    if scenario.committed_interval_ms > 0 {
+    if scenario.committed_interval_ms > 0 || scenario.resync_ms > 0 {
         let path = std::env::temp_dir().join(format!("squall-sim-{}-{seed}.json", std::process::id()));
-        let cfg = serde_json::json!({ "committed_watermark_interval_ms": scenario.committed_interval_ms });
+        let mut cfg = serde_json::json!({});
+        if scenario.committed_interval_ms > 0 {
+            cfg["committed_watermark_interval_ms"] = scenario.committed_interval_ms.into();
+        }
+        if scenario.resync_ms > 0 {
+            cfg["resync_interval_ms"] = scenario.resync_ms.into();
+        }
         std::fs::write(&path, cfg.to_string()).expect("writing the workers' spout configuration");
         fleet.spout_config = Some(path);
     }
@@ -1159,7 +1193,7 @@ async fn run(seed: u64) -> Outcome {
 /// `squall drain`), through the CLI's own operations, over a ZooKeeper session of its own that
 /// no fault touches.
 async fn operate(world: Shared, name: String, kind: &'static str, back_after: u64) {
-    use squall::cli::topology_ops::{Collected, drain_topology, set_active};
+    use squall::cli::topology_ops::{Collected, drain_topology, kill_topology, rebalance_topology, set_active};
     let endpoint = format!("{name}-operator");
     squall::coord::zkapi::register_connector(&endpoint, Arc::new(SimConnector { world: world.clone(), worker: 0 }));
     lock(&world).net.insert(0, Net::default());
@@ -1169,6 +1203,8 @@ async fn operate(world: Shared, name: String, kind: &'static str, back_after: u6
     let mut out = Collected::default();
     let steps: Vec<(&str, u64)> = match kind {
         "drain" => vec![("drain", 0)],
+        "kill" => vec![("kill", 0)],
+        "rebalance" => vec![("rebalance", 0)],
         _ => vec![("deactivate", 0), ("activate", back_after)],
     };
     for (step, after) in steps {
@@ -1177,9 +1213,18 @@ async fn operate(world: Shared, name: String, kind: &'static str, back_after: u6
         for attempt in 1..=10 {
             let r = match step {
                 "drain" => drain_topology(&cfg, "sim", None, &mut out).await,
+                // waits up to 10 s for the shards to be handed back, the leader 2 s for the tasks
+                "rebalance" => rebalance_topology(&cfg, "sim", 10, 2, &mut out).await,
+                // the workers get 2 s for their in-flight tuples
+                "kill" => kill_topology(&cfg, "sim", Some(2), &mut out).await,
                 s => set_active(&cfg, "sim", s == "activate", &mut out).await,
             };
-            let done = r.is_ok();
+            // A kill that marked the topology KILLED is done even when its wait for the workers
+            // to stop ran out: the supervisor starts them again meanwhile (they deploy anew).
+            let done = match &r {
+                Ok(()) => true,
+                Err(e) => step == "kill" && format!("{e:#}").contains("marked KILLED"),
+            };
             match r {
                 Ok(()) => lock(&world).event(format!("operator: {step} done")),
                 Err(e) => lock(&world).event(format!("operator: {step} failed (attempt {attempt}): {e:#}")),
@@ -1270,10 +1315,17 @@ fn inject(fleet: &mut Fleet) {
         }
         "deactivate" | "drain" => {
             let back_after = w.rng.range(500, 5000);
+            // rebalances and kills come from a stream of their own: the runs without them draw
+            // what they drew before
+            let kind = match kind {
+                "deactivate" if s.rebalances > 0.0 && fleet.op_rng.chance(s.rebalances) => "rebalance",
+                "drain" if s.kill => "kill",
+                k => k,
+            };
             w.injected(kind);
             w.event(format!("FAULT the operator {kind}s the topology"));
             drop(w);
-            if kind == "drain" {
+            if kind == "drain" || kind == "kill" {
                 fleet.drained = true;
             }
             let (world, name) = (fleet.world.clone(), fleet.name.clone());
