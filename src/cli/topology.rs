@@ -124,18 +124,44 @@ async fn state_of(store: &ZkStore, topology: &str) -> anyhow::Result<(TopologySt
 }
 
 /// Sets the lifecycle state with a compare-and-set loop. Returns the previous state.
+///
+/// A read or write whose answer was lost (ConnectionLoss) is tried again, up to 5 times: a write
+/// the server applied is recognised on the next read (the state then equals what was written,
+/// stamp included) and its previous state returned, not taken for a no-op over the new one (a
+/// `rebalance` retried after a lost answer restored INACTIVE: the simulator's seed 383).
 async fn set_state(
     store: &ZkStore,
     topology: &str,
     f: impl Fn(&TopologyState) -> anyhow::Result<TopologyState>,
 ) -> anyhow::Result<TopologyState> {
+    let mut lost = 0u64;
+    let mut written: Option<(TopologyState, TopologyState)> = None;
     for _ in 0..20 {
-        let (cur, version) = state_of(store, topology).await?;
+        let (cur, version) = match store.read_state().await {
+            Ok(Some(v)) => (v.value, v.version),
+            Ok(None) => return state_of(store, topology).await.map(|(s, _)| s),
+            Err(e) if e.is_transient() && lost < 5 => {
+                lost += 1;
+                tokio::time::sleep(Duration::from_millis(200 * lost)).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Some((prev, next)) = written.take()
+            && next == cur
+        {
+            return Ok(prev);
+        }
         let mut next = f(&cur)?;
         next.updated_at_ms = now_ms();
         match store.write_state(&next, Some(version)).await {
             Ok(_) => return Ok(cur),
             Err(CoordError::VersionConflict { .. }) => continue,
+            Err(e) if e.is_transient() && lost < 5 => {
+                lost += 1;
+                written = Some((cur, next));
+                tokio::time::sleep(Duration::from_millis(200 * lost)).await;
+            }
             Err(e) => return Err(e.into()),
         }
     }
@@ -287,15 +313,36 @@ pub async fn rebalance_topology(
         before.push((stream, tasks));
     }
     let prev = set_state(&store, topology, to(Lifecycle::Inactive, topology)).await?;
-    let released = wait_no_leases(&admin, topology, Duration::from_secs(wait), progress).await?;
-    if released {
-        for (stream, tasks) in &before {
-            let request = RebalanceRequest { tasks: *tasks, gather_ms: gather.saturating_mul(1000) };
-            admin.store(topology, stream).await?.request_rebalance(&request).await?;
+    let moved = async {
+        let released = wait_no_leases(&admin, topology, Duration::from_secs(wait), progress).await?;
+        if released {
+            for (stream, tasks) in &before {
+                let request = RebalanceRequest { tasks: *tasks, gather_ms: gather.saturating_mul(1000) };
+                admin.store(topology, stream).await?.request_rebalance(&request).await?;
+            }
         }
+        anyhow::Ok(released)
     }
+    .await;
+    // The previous state comes back whether or not the middle failed: a rebalance that failed
+    // half-way must not leave the topology deactivated (nor one run again take INACTIVE for the
+    // state to restore). Not over a drain or a kill written meanwhile (`to` refuses those).
     let restore = prev.state;
-    set_state(&store, topology, |cur| Ok(TopologyState { state: restore, ..cur.clone() })).await?;
+    let restored = set_state(&store, topology, to(restore, topology)).await;
+    let released = match (moved, restored) {
+        (Ok(released), Ok(_)) => released,
+        (Err(e), Ok(_)) => {
+            return Err(
+                e.context(format!("{topology}: rebalance failed; its state is {} again", lifecycle_name(restore)))
+            );
+        }
+        (moved, Err(e)) => bail!(
+            "{topology}: the rebalance {} but restoring the state {} failed: {e:#}; it may be left INACTIVE: run \
+             `squall activate {topology}` if it should run",
+            if moved.is_ok() { "went through" } else { "failed" },
+            lifecycle_name(restore)
+        ),
+    };
     if !released {
         progress.warn(format!(
             "warning: some shards were still leased after {wait} s; they move when their in-flight tuples finish"

@@ -3,7 +3,9 @@
 //! producers, faults and checks, all drawn from one seed and run on tokio's paused clock on one
 //! thread.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -689,6 +691,10 @@ struct Fleet {
     drained: bool,
     /// Which of the operator's deactivations are rebalances (a stream of its own).
     op_rng: Rng,
+    /// An operator's command runs: one at a time (two operators' commands at once do not
+    /// compose: a rebalance begun during another's, or during a deactivation, takes INACTIVE for
+    /// the state to restore).
+    operating: Rc<Cell<bool>>,
     /// Each running worker's shutdown (a graceful stop, as on SIGTERM).
     stops: BTreeMap<u32, tokio::sync::oneshot::Sender<()>>,
 }
@@ -933,6 +939,7 @@ async fn run(seed: u64) -> Outcome {
         spout_config: None,
         drained: false,
         op_rng: Rng::new(seed ^ 0x0B0B_B0B0_7E7E_E7E7),
+        operating: Rc::default(),
         stops: BTreeMap::new(),
     };
     if scenario.committed_interval_ms > 0 || scenario.resync_ms > 0 {
@@ -1259,7 +1266,7 @@ fn inject(fleet: &mut Fleet) {
     if s.leaves {
         kinds.push("leave");
     }
-    if s.operator {
+    if s.operator && !fleet.operating.get() {
         kinds.push("deactivate");
         if !fleet.drained {
             kinds.push("drain");
@@ -1329,7 +1336,12 @@ fn inject(fleet: &mut Fleet) {
                 fleet.drained = true;
             }
             let (world, name) = (fleet.world.clone(), fleet.name.clone());
-            tokio::task::spawn_local(async move { operate(world, name, kind, back_after).await });
+            let operating = fleet.operating.clone();
+            operating.set(true);
+            tokio::task::spawn_local(async move {
+                operate(world, name, kind, back_after).await;
+                operating.set(false);
+            });
         }
         "reshard" => {
             let now = w.now_ms();
