@@ -904,3 +904,51 @@ async fn an_activation_whose_state_read_is_lost_is_obeyed_when_read_again() {
     support::zk_delete_tree(&zk, &root).await;
     s.delete().await;
 }
+
+/// `squall rebalance` whose request to the leader fails (the read of the stream's assignment
+/// answered ConnectionLoss) fails, and leaves the topology as it found it: ACTIVE, not
+/// deactivated; run again, it goes through and restores ACTIVE again (simulator seed 383: a
+/// failed attempt left INACTIVE, and the retried command took INACTIVE for the state to
+/// restore). Asserted first: the read was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebalance_that_fails_half_way_restores_the_state_it_found() {
+    use squall::cli::topology_ops::{Collected, rebalance_topology};
+    use squall::coord::{Lifecycle, TopologyState, ZkConfig, ZkSession, ZkStore};
+    squall::logging::init();
+    let root = support::unique_zk_root("faults-rebalance");
+    let topology = support::unique_name("topo");
+    let stream = support::unique_name("s");
+    let real = ZkConfig::new(support::zk_connect()).with_root(root.clone());
+    let store = ZkStore::open(ZkSession::connect(&real).await.unwrap(), &root, &topology, &stream).await.unwrap();
+    let active = TopologyState {
+        state: Lifecycle::Active,
+        deployment_id: "d1".into(),
+        updated_at_ms: squall::coord::now_ms(),
+        kill_wait_ms: None,
+    };
+    store.write_state(&active, None).await.unwrap();
+    let (lose, lost) = (Arc::new(AtomicU64::new(1)), Arc::new(AtomicU64::new(0)));
+    let endpoint = support::unique_name("rebalance");
+    let assignment = format!("{root}/topologies/{topology}/streams/{stream}/assignment");
+    squall::coord::zkapi::register_connector(
+        &endpoint,
+        Arc::new(LosingConnector { suffix: assignment, lose: lose.clone(), lost: lost.clone() }),
+    );
+    let cfg = ZkConfig::new(format!("sim://{endpoint}")).with_root(root.clone());
+    let first = rebalance_topology(&cfg, &topology, 5, 0, &mut Collected::default()).await;
+    assert_eq!(lost.load(Ordering::SeqCst), 1, "the assignment's read was answered ConnectionLoss once");
+    let err = format!("{:#}", first.expect_err("the rebalance fails when its request cannot be written"));
+    assert!(err.contains("rebalance failed") && err.contains("ACTIVE again"), "the error says so: {err}");
+    let state = store.read_state().await.unwrap().unwrap().value;
+    assert_eq!(state.state, Lifecycle::Active, "the failed rebalance left the topology ACTIVE");
+    rebalance_topology(&cfg, &topology, 5, 0, &mut Collected::default()).await.unwrap();
+    let state = store.read_state().await.unwrap().unwrap().value;
+    assert_eq!(state.state, Lifecycle::Active, "the rebalance run again restored ACTIVE");
+    let request = store.read_assignment().await.unwrap().unwrap().value;
+    eprintln!(
+        "REBALANCE: first attempt failed ({err}); state ACTIVE; the second wrote generation {}",
+        request.generation
+    );
+    squall::coord::zkapi::unregister_connector(&endpoint);
+    support::zk_delete_tree(&support::zk_client().await, &root).await;
+}
