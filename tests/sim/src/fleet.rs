@@ -99,6 +99,11 @@ pub struct Scenario {
     pub rebalances: f64,
     #[serde(default)]
     pub kill: bool,
+    /// With a third stage: it sums one global total (every tally under the key `all`) instead
+    /// of per key, so one key reads every shard of the second intermediate stream (a production
+    /// dedup floor must hold only for the keys of the shard it was read from).
+    #[serde(default)]
+    pub global_finals: bool,
 }
 
 impl Scenario {
@@ -143,6 +148,7 @@ impl Scenario {
             s.rebalances = if op.chance(0.5) { 0.4 } else { 0.0 };
             s.kill = op.chance(0.3);
         }
+        s.global_finals = s.third && Rng::new(seed ^ 0x61_0BA1_7071_A15A).chance(0.5);
         s
     }
 
@@ -185,6 +191,7 @@ impl Scenario {
             resync_ms: 0,
             rebalances: 0.0,
             kill: false,
+            global_finals: false,
         }
         .with_initial_position(rng)
     }
@@ -308,13 +315,21 @@ const TALLY_FIELDS: [&str; 2] = ["key", "n"];
 /// per key; with `relay`, emits each tally it applies again (to the third stage).
 struct SumTallies {
     relay: bool,
+    /// Everything under one key, [`GLOBAL_KEY`].
+    global: bool,
 }
+
+/// The key of a global total.
+const GLOBAL_KEY: &str = "all";
 
 impl KeyedState for SumTallies {
     type State = u64;
     type Out = Tally;
 
     fn key(&self, t: &Tuple) -> Result<String, ComponentError> {
+        if self.global {
+            return Ok(GLOBAL_KEY.to_string());
+        }
         Ok(t.get_str("key")?.to_string())
     }
 
@@ -574,6 +589,25 @@ fn wrong_counts(w: &World, scope: &str) -> Vec<String> {
         .collect()
 }
 
+/// [`wrong_counts`] of the third stage: per key, or its one global total.
+fn wrong_finals(w: &World, global: bool) -> Vec<String> {
+    if !global {
+        return wrong_counts(w, FINALS_SCOPE);
+    }
+    let expected: u64 = expected_counts(w).values().sum();
+    let counted = counts(w, FINALS_SCOPE);
+    let total = counted.get(GLOBAL_KEY).copied().unwrap_or(0);
+    let mut wrong: Vec<String> = counted
+        .keys()
+        .filter(|k| k.as_str() != GLOBAL_KEY)
+        .map(|k| format!("{k}: counted, never a key of the global total"))
+        .collect();
+    if total != expected {
+        wrong.push(format!("{GLOBAL_KEY}: {total} counted for {expected} put"));
+    }
+    wrong
+}
+
 /// Records (`stream/key:n`) the second stage of a staged at-least-once run has not got.
 fn missing_downstream(w: &World) -> Vec<String> {
     let mut out = Vec::new();
@@ -754,6 +788,7 @@ impl Fleet {
             }
         };
         let (mid_shards, third, down_world) = (self.scenario.mid_shards, self.scenario.third, self.world.clone());
+        let global_finals = self.scenario.global_finals;
         let handle = tokio::task::spawn_local(async move {
             let staged_eo = eo.clone().filter(|_| mid_shards > 0);
             let first = Stages::new("main", move |b, spout| {
@@ -808,7 +843,7 @@ impl Fleet {
                         move |b, input| {
                             let fields = with_production_fields(&TALLY_FIELDS);
                             let mut d = b.set_bolt("totals", 2, move |_| {
-                                ExactlyOnce::new(second.clone(), SumTallies { relay: third })
+                                ExactlyOnce::new(second.clone(), SumTallies { relay: third, global: false })
                             });
                             d.fields_grouping(input, &["key"]);
                             if third {
@@ -824,10 +859,14 @@ impl Fleet {
                                 .exactly_once(),
                             "fin",
                             move |b, input| {
-                                b.set_bolt("finals", 2, move |_| {
-                                    ExactlyOnce::new(last.clone(), SumTallies { relay: false })
-                                })
-                                .fields_grouping(input, &["key"]);
+                                let mut d = b.set_bolt("finals", 2, move |_| {
+                                    ExactlyOnce::new(last.clone(), SumTallies { relay: false, global: global_finals })
+                                });
+                                if global_finals {
+                                    d.global_grouping(input);
+                                } else {
+                                    d.fields_grouping(input, &["key"]);
+                                }
                             },
                         )
                     } else {
@@ -1060,7 +1099,7 @@ async fn run(seed: u64) -> Outcome {
                 (true, 0, _) => {
                     wrong_counts(&w, COUNTS_SCOPE).is_empty()
                         && wrong_counts(&w, TOTALS_SCOPE).is_empty()
-                        && (!scenario.third || wrong_counts(&w, FINALS_SCOPE).is_empty())
+                        && (!scenario.third || wrong_finals(&w, scenario.global_finals).is_empty())
                 }
                 (true, size, _) => wrong_windows(&w, size).is_empty(),
             } && assignment_settled(&w).is_ok()
@@ -1142,7 +1181,8 @@ async fn run(seed: u64) -> Outcome {
             ],
         };
         for (scope, which) in scopes {
-            let wrong = wrong_counts(&w, scope);
+            let wrong =
+                if *scope == FINALS_SCOPE { wrong_finals(&w, scenario.global_finals) } else { wrong_counts(&w, scope) };
             if !wrong.is_empty() {
                 let what = format!(
                     "exactly-once counts wrong in {which} table for {} keys: {}",
