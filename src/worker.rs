@@ -342,7 +342,6 @@ pub async fn run_stages_until(
         if let Some(reason) = stop_at_once.take() {
             break reason;
         }
-
         tokio::select! {
             r = engines.wait() => {
                 if draining && r.is_ok() {

@@ -706,13 +706,18 @@ async fn a_shard_assigned_back_during_its_handoff_is_taken_again_at_once() {
 /// A real ZooKeeper session whose reads of one znode can be made to fail: the next
 /// `lose` get_data calls on a path ending in `suffix` answer ConnectionLoss without being sent
 /// (the connection itself stays up, so no Disconnected/Reconnected follows, as when a proxy
-/// drops one answer and the client times the request out).
+/// drops one answer and the client times the request out). With `hold`, the first watch armed
+/// on `suffix` waits until the test lets it go.
 struct LosingReads {
     inner: Arc<dyn squall::coord::zkapi::ZkClient>,
     suffix: String,
     lose: Arc<AtomicU64>,
     lost: Arc<AtomicU64>,
+    hold: Hold,
 }
+
+/// A watch held back: the gate the test opens, and how many watches waited at it.
+type Hold = Arc<Mutex<Option<(tokio::sync::oneshot::Receiver<()>, Arc<AtomicU64>)>>>;
 
 impl squall::coord::zkapi::ZkClient for LosingReads {
     fn session_id(&self) -> i64 {
@@ -774,7 +779,15 @@ impl squall::coord::zkapi::ZkClient for LosingReads {
         &'a self,
         path: &str,
     ) -> squall::coord::zkapi::ZkResult<'a, (Option<zk::Stat>, squall::coord::zkapi::OneshotWatch)> {
-        self.inner.check_and_watch_stat(path)
+        let gate = if path.ends_with(&self.suffix) { self.hold.lock().unwrap().take() } else { None };
+        let path = path.to_string();
+        Box::pin(async move {
+            if let Some((gate, held)) = gate {
+                held.fetch_add(1, Ordering::SeqCst);
+                let _ = gate.await;
+            }
+            self.inner.check_and_watch_stat(&path).await
+        })
     }
     fn multi(
         &self,
@@ -796,6 +809,7 @@ struct LosingConnector {
     suffix: String,
     lose: Arc<AtomicU64>,
     lost: Arc<AtomicU64>,
+    hold: Hold,
 }
 
 impl squall::coord::zkapi::ZkConnector for LosingConnector {
@@ -815,6 +829,7 @@ impl squall::coord::zkapi::ZkConnector for LosingConnector {
                 suffix: self.suffix.clone(),
                 lose: self.lose.clone(),
                 lost: self.lost.clone(),
+                hold: self.hold.clone(),
             });
             Ok(c)
         })
@@ -838,7 +853,12 @@ async fn an_activation_whose_state_read_is_lost_is_obeyed_when_read_again() {
     let endpoint = support::unique_name("obey");
     squall::coord::zkapi::register_connector(
         &endpoint,
-        Arc::new(LosingConnector { suffix: format!("{topo_path}/state"), lose: lose.clone(), lost: lost.clone() }),
+        Arc::new(LosingConnector {
+            suffix: format!("{topo_path}/state"),
+            lose: lose.clone(),
+            lost: lost.clone(),
+            hold: Hold::default(),
+        }),
     );
     let args = <WorkerCli as clap::Parser>::parse_from([
         "squall".to_string(),
@@ -932,7 +952,7 @@ async fn a_rebalance_that_fails_half_way_restores_the_state_it_found() {
     let assignment = format!("{root}/topologies/{topology}/streams/{stream}/assignment");
     squall::coord::zkapi::register_connector(
         &endpoint,
-        Arc::new(LosingConnector { suffix: assignment, lose: lose.clone(), lost: lost.clone() }),
+        Arc::new(LosingConnector { suffix: assignment, lose: lose.clone(), lost: lost.clone(), hold: Hold::default() }),
     );
     let cfg = ZkConfig::new(format!("sim://{endpoint}")).with_root(root.clone());
     let first = rebalance_topology(&cfg, &topology, 5, 0, &mut Collected::default()).await;
@@ -951,4 +971,89 @@ async fn a_rebalance_that_fails_half_way_restores_the_state_it_found() {
     );
     squall::coord::zkapi::unregister_connector(&endpoint);
     support::zk_delete_tree(&support::zk_client().await, &root).await;
+}
+
+/// A worker whose lifecycle watch is armed only after the operator deactivated the topology
+/// (the deactivation written between the worker's first read of the state and its watch, which
+/// then raises no event) obeys INACTIVE all the same: it reads the state again once watching.
+/// Asserted first: the watch was held until after the deactivation was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deactivation_written_while_a_worker_starts_its_watch_is_obeyed() {
+    use squall::cli::topology_ops::{Collected, set_active};
+    squall::logging::init();
+    let s = TestStream::create("faults-startgap", 1).await;
+    let root = support::unique_zk_root("faults-startgap");
+    let topology = support::unique_name("topo");
+    let topo_path = format!("{root}/topologies/{topology}");
+    let (gate, held) = (tokio::sync::oneshot::channel::<()>(), Arc::new(AtomicU64::new(0)));
+    let (open, closed) = gate;
+    let hold: Hold = Arc::new(Mutex::new(Some((closed, held.clone()))));
+    let endpoint = support::unique_name("startgap");
+    squall::coord::zkapi::register_connector(
+        &endpoint,
+        Arc::new(LosingConnector {
+            suffix: format!("{topo_path}/state"),
+            lose: Arc::default(),
+            lost: Arc::default(),
+            hold,
+        }),
+    );
+    let args = <WorkerCli as clap::Parser>::parse_from([
+        "squall".to_string(),
+        format!("--topology={topology}"),
+        format!("--stream={}", s.name),
+        format!("--zk=sim://{endpoint}"),
+        format!("--zk-root={root}"),
+        format!("--endpoint={}", support::kinesis_endpoint().endpoint),
+        "--spout-tasks=1".into(),
+    ])
+    .worker;
+    let seen: Seen = Arc::default();
+    let seen2 = seen.clone();
+    let stages = squall::stage::Stages::new("main", move |b, spout| {
+        let s = seen2.clone();
+        b.set_bolt("collect", 1, move |_| Collect(s.clone())).shuffle_grouping(spout);
+    });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let local = tokio::task::LocalSet::new();
+    let worker = local.spawn_local(squall::stage::run_until(args, stages, async move {
+        let _ = stopped.await;
+    }));
+    let zk = support::zk_client().await;
+    local
+        .run_until(async {
+            let guard = Instant::now();
+            while held.load(Ordering::SeqCst) == 0 {
+                assert!(guard.elapsed() < Duration::from_secs(30), "the worker never armed its lifecycle watch");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let operator = squall::coord::ZkConfig::new(support::zk_connect()).with_root(root.clone());
+            set_active(&operator, &topology, false, &mut Collected::default()).await.unwrap();
+            let _ = open.send(());
+            let guard = Instant::now();
+            loop {
+                let tasks = zk.list_children(&format!("{topo_path}/tasks")).await.unwrap_or_default();
+                let assigned = !tasks.is_empty();
+                if !assigned && guard.elapsed() > Duration::from_secs(2) {
+                    break;
+                }
+                assert!(
+                    guard.elapsed() < Duration::from_secs(15),
+                    "the worker still runs its spout task {tasks:?} 15 s after a deactivation written before its watch"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let before = seen.lock().unwrap().len();
+            let _ = put(&s, 50).await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let after = seen.lock().unwrap().len();
+            assert_eq!(before, after, "records delivered while INACTIVE");
+            eprintln!("STARTGAP: watch held until the deactivation was written; the worker unregistered and delivered 0 of 50 put while inactive");
+            let _ = stop.send(());
+            worker.await.unwrap().unwrap();
+        })
+        .await;
+    squall::coord::zkapi::unregister_connector(&endpoint);
+    support::zk_delete_tree(&zk, &root).await;
+    s.delete().await;
 }
