@@ -13,8 +13,23 @@ use std::time::{Duration, Instant};
 const ZK_JAR: &str = "/usr/share/java/zookeeper.jar";
 const SLF4J_JAR: &str = "/usr/share/java/slf4j-simple.jar";
 
-/// A free TCP port on 127.0.0.1 (bound, read, released).
+/// A free TCP port on 127.0.0.1 for a server started later: drawn below the kernel's range of
+/// ephemeral ports (`ip_local_port_range`, 32768 up by default) and checked by binding it.
+/// A port the kernel handed out (`bind(0)`) and released goes back to the pool every outgoing
+/// connection draws its local port from: on a busy machine one of them can take it before the
+/// server binds, and the server never serves.
 pub fn free_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    let (from, to) = (10_000u16, low.clamp(12_000, 32_768));
+    for _ in 0..200 {
+        let port = from + (rand::random::<u16>() % (to - from));
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
@@ -33,8 +48,26 @@ pub struct Ensemble {
 }
 
 impl Ensemble {
-    /// Starts `n` servers (1 = standalone) under `dir` and waits until every one serves.
+    /// Starts `n` servers (1 = standalone) under `dir` and waits until every one serves. A server
+    /// that exits while starting (a port taken after it was chosen) or an ensemble not serving in
+    /// 60 s is stopped and started again on new ports, up to 3 times; the last failure's panic
+    /// carries the end of every server's log.
     pub fn start(n: usize, dir: &Path) -> Ensemble {
+        let mut failures = Vec::new();
+        for attempt in 1..=3 {
+            let mut e = Self::start_once(n, &dir.join(format!("start{attempt}")));
+            match e.try_wait_serving(Duration::from_secs(60)) {
+                Ok(()) => return e,
+                Err(why) => {
+                    eprintln!("ensemble: start {attempt} of 3 failed: {why}");
+                    failures.push(format!("start {attempt}: {why}"));
+                }
+            }
+        }
+        panic!("ZooKeeper ensemble not serving after 3 starts; logs in {}:\n{}", dir.display(), failures.join("\n"));
+    }
+
+    fn start_once(n: usize, dir: &Path) -> Ensemble {
         assert!(
             Path::new(ZK_JAR).exists(),
             "{ZK_JAR} missing: run localstack/up (make up) first; it installs the Debian zookeeper package"
@@ -66,8 +99,46 @@ impl Ensemble {
         for i in 0..n {
             e.spawn(i);
         }
-        e.wait_serving(Duration::from_secs(60));
         e
+    }
+
+    /// Waits until every running server serves and one leads; `Err` (with each server's last
+    /// log lines) at once when a server exited, or after `timeout`.
+    fn try_wait_serving(&mut self, timeout: Duration) -> Result<(), String> {
+        let start = Instant::now();
+        loop {
+            let running: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.nodes[i].child.is_some()).collect();
+            if running.iter().all(|&i| self.mode(i).is_some()) && self.leader().is_some() {
+                return Ok(());
+            }
+            let exited: Vec<String> = self
+                .nodes
+                .iter_mut()
+                .filter_map(|n| {
+                    let status = n.child.as_mut()?.try_wait().ok().flatten()?;
+                    Some(format!("server {} (client port {}) exited: {status}", n.id, n.client_port))
+                })
+                .collect();
+            if !exited.is_empty() || start.elapsed() >= timeout {
+                let why = if exited.is_empty() { format!("not serving after {timeout:?}") } else { exited.join("; ") };
+                return Err(format!("{why}\n{}", self.log_tails()));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The last 15 lines of each server's log.
+    fn log_tails(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let log = std::fs::read_to_string(n.dir.join("server.log")).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(15)..].join("\n  ");
+                format!("server {} ({}):\n  {tail}", n.id, n.dir.join("server.log").display())
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     fn spawn(&mut self, i: usize) {
