@@ -804,6 +804,33 @@ struct WorkerCli {
     worker: squall::WorkerArgs,
 }
 
+/// The worker binary's arguments and stages for one stream, through the connector registered
+/// as `endpoint`, with a bolt collecting every delivery.
+fn lifecycle_worker(
+    stream: &str,
+    topology: &str,
+    root: &str,
+    endpoint: &str,
+) -> (squall::WorkerArgs, squall::stage::Stages<'static>, Seen) {
+    let args = <WorkerCli as clap::Parser>::parse_from([
+        "squall".to_string(),
+        format!("--topology={topology}"),
+        format!("--stream={stream}"),
+        format!("--zk=sim://{endpoint}"),
+        format!("--zk-root={root}"),
+        format!("--endpoint={}", support::kinesis_endpoint().endpoint),
+        "--spout-tasks=1".into(),
+    ])
+    .worker;
+    let seen: Seen = Arc::default();
+    let seen2 = seen.clone();
+    let stages = squall::stage::Stages::new("main", move |b, spout| {
+        let s = seen2.clone();
+        b.set_bolt("collect", 1, move |_| Collect(s.clone())).shuffle_grouping(spout);
+    });
+    (args, stages, seen)
+}
+
 /// Opens [`LosingReads`] sessions on the real ZooKeeper of the tests.
 struct LosingConnector {
     suffix: String,
@@ -860,22 +887,7 @@ async fn an_activation_whose_state_read_is_lost_is_obeyed_when_read_again() {
             hold: Hold::default(),
         }),
     );
-    let args = <WorkerCli as clap::Parser>::parse_from([
-        "squall".to_string(),
-        format!("--topology={topology}"),
-        format!("--stream={}", s.name),
-        format!("--zk=sim://{endpoint}"),
-        format!("--zk-root={root}"),
-        format!("--endpoint={}", support::kinesis_endpoint().endpoint),
-        "--spout-tasks=1".into(),
-    ])
-    .worker;
-    let seen: Seen = Arc::default();
-    let seen2 = seen.clone();
-    let stages = squall::stage::Stages::new("main", move |b, spout| {
-        let s = seen2.clone();
-        b.set_bolt("collect", 1, move |_| Collect(s.clone())).shuffle_grouping(spout);
-    });
+    let (args, stages, seen) = lifecycle_worker(&s.name, &topology, &root, &endpoint);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     // The worker's stages are not Send: it runs on this thread (a LocalSet), the test beside it.
     let local = tokio::task::LocalSet::new();
@@ -998,22 +1010,7 @@ async fn a_deactivation_written_while_a_worker_starts_its_watch_is_obeyed() {
             hold,
         }),
     );
-    let args = <WorkerCli as clap::Parser>::parse_from([
-        "squall".to_string(),
-        format!("--topology={topology}"),
-        format!("--stream={}", s.name),
-        format!("--zk=sim://{endpoint}"),
-        format!("--zk-root={root}"),
-        format!("--endpoint={}", support::kinesis_endpoint().endpoint),
-        "--spout-tasks=1".into(),
-    ])
-    .worker;
-    let seen: Seen = Arc::default();
-    let seen2 = seen.clone();
-    let stages = squall::stage::Stages::new("main", move |b, spout| {
-        let s = seen2.clone();
-        b.set_bolt("collect", 1, move |_| Collect(s.clone())).shuffle_grouping(spout);
-    });
+    let (args, stages, seen) = lifecycle_worker(&s.name, &topology, &root, &endpoint);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let local = tokio::task::LocalSet::new();
     let worker = local.spawn_local(squall::stage::run_until(args, stages, async move {
