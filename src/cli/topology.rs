@@ -119,8 +119,13 @@ async fn admin(cfg: &ZkConfig) -> anyhow::Result<Admin> {
 async fn state_of(store: &ZkStore, topology: &str) -> anyhow::Result<(TopologyState, i32)> {
     match store.read_state().await? {
         Some(v) => Ok((v.value, v.version)),
-        None => bail!("topology {topology:?} has no lifecycle state yet: start a worker for it first"),
+        None => Err(no_state(topology)),
     }
+}
+
+/// The error of a topology whose lifecycle state does not exist.
+fn no_state(topology: &str) -> anyhow::Error {
+    anyhow::anyhow!("topology {topology:?} has no lifecycle state yet: start a worker for it first")
 }
 
 /// Sets the lifecycle state with a compare-and-set loop. Returns the previous state.
@@ -139,7 +144,7 @@ async fn set_state(
     for _ in 0..20 {
         let (cur, version) = match store.read_state().await {
             Ok(Some(v)) => (v.value, v.version),
-            Ok(None) => return state_of(store, topology).await.map(|(s, _)| s),
+            Ok(None) => return Err(no_state(topology)),
             Err(e) if e.is_transient() && lost < 5 => {
                 lost += 1;
                 tokio::time::sleep(Duration::from_millis(200 * lost)).await;
