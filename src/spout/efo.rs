@@ -40,17 +40,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_kinesis::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_kinesis::operation::subscribe_to_shard::SubscribeToShardOutput;
 use aws_sdk_kinesis::primitives::DateTime;
-use aws_sdk_kinesis::types::{ConsumerStatus, ShardIteratorType, StartingPosition, SubscribeToShardEventStream};
+use aws_sdk_kinesis::types::{ShardIteratorType, StartingPosition, SubscribeToShardEventStream};
+use futures::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::config::EfoSettings;
 use super::deagg;
 use super::reader::{ReaderCtx, ReaderEvent, Room, has_room};
-use super::source::{ShardSource, record_from_sdk};
-use super::tracker::{Record, SeqKey};
+use super::source::{
+    ConsumerDescription, ConsumerStatus, ShardEvent, ShardEvents, ShardSource, StartAt, SubscribeError, record_from_sdk,
+};
+use super::tracker::SeqKey;
 use crate::coord::CheckpointPosition;
 use crate::kinesis::{ErrorKind, KinesisError};
 
@@ -125,48 +127,22 @@ pub(crate) struct EfoCtx {
 /// per worker and stream ([`super::SpoutShared::efo`]): RegisterStreamConsumer is limited to a
 /// few calls per second per account.
 pub(crate) async fn register(source: &ShardSource, name: &str, settings: &EfoSettings) -> Result<EfoCtx, EfoError> {
-    let (client, endpoint, stream) = match source {
-        ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
-        ShardSource::Api { .. } => {
-            return Err(EfoError::Register {
-                consumer: name.into(),
-                stream: "(simulated)".into(),
-                endpoint: super::source::SIM_SCHEME.into(),
-                source: KinesisError::Config {
-                    field: "consumer".into(),
-                    reason: "the simulated stream has no enhanced fan-out".into(),
-                },
-            });
-        }
-    };
+    let (endpoint, stream) = source.names();
     let fail = |source: KinesisError| EfoError::Register {
         consumer: name.into(),
-        stream: stream.clone(),
-        endpoint: endpoint.clone(),
+        stream: stream.into(),
+        endpoint: endpoint.into(),
         source,
     };
     let started = Instant::now();
     let deadline = started + Duration::from_millis(settings.register_timeout_ms);
     let mut delay = Duration::from_millis(100);
     // Throttles and transport errors are retried until the deadline; the rest fail at once.
-    let retry = |e: &KinesisError| matches!(e.kind(), ErrorKind::Throttled | ErrorKind::Transient);
     let stream_arn = loop {
-        match client.describe_stream_summary().stream_name(stream).send().await {
-            Ok(out) => match out.stream_description_summary {
-                Some(s) => break s.stream_arn,
-                None => {
-                    return Err(fail(KinesisError::StreamNotFound {
-                        stream: stream.clone(),
-                        endpoint: endpoint.clone(),
-                    }));
-                }
-            },
-            Err(e) => {
-                let e = KinesisError::from_sdk("DescribeStreamSummary", stream, endpoint, e);
-                if !retry(&e) || Instant::now() >= deadline {
-                    return Err(fail(e));
-                }
-            }
+        match source.stream_arn().await {
+            Ok(arn) => break arn,
+            Err(e) if !retried(&e) || Instant::now() >= deadline => return Err(fail(e)),
+            Err(_) => {}
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(2));
@@ -185,6 +161,12 @@ pub(crate) async fn register(source: &ShardSource, name: &str, settings: &EfoSet
     })
 }
 
+/// Whether a registration call's error is retried until the deadline: throttles (the
+/// account's registration rate) and transport errors.
+fn retried(e: &KinesisError) -> bool {
+    matches!(e.kind(), ErrorKind::Throttled | ErrorKind::Transient)
+}
+
 /// Describes the consumer first and registers it only when it is missing (a rollout of many
 /// workers costs one RegisterStreamConsumer, not one per task); waits until it is ACTIVE.
 /// Retried until `deadline`: throttles (LimitExceeded: the account's registration rate),
@@ -198,65 +180,47 @@ async fn ensure_active(
     started: Instant,
     deadline: Instant,
 ) -> Result<String, EfoError> {
-    let ShardSource::Kinesis { client, endpoint, stream } = source else {
-        unreachable!("register checked the source");
-    };
+    let (endpoint, stream) = source.names();
     let fail = |source: KinesisError| EfoError::Register {
         consumer: name.into(),
-        stream: stream.clone(),
-        endpoint: endpoint.clone(),
+        stream: stream.into(),
+        endpoint: endpoint.into(),
         source,
     };
-    let retry = |e: &KinesisError| matches!(e.kind(), ErrorKind::Throttled | ErrorKind::Transient);
     let mut delay = Duration::from_millis(100);
     let mut deleting_seen = false;
     loop {
-        let status = match client.describe_stream_consumer().stream_arn(stream_arn).consumer_name(name).send().await {
-            Ok(out) => match out.consumer_description {
-                Some(c) if c.consumer_status == ConsumerStatus::Active => {
-                    tracing::info!(stream = %stream, consumer = %name, arn = %c.consumer_arn, "stream consumer ACTIVE");
-                    return Ok(c.consumer_arn);
+        let status = match source.describe_consumer(stream_arn, name).await {
+            Ok(Some(c)) if c.status == ConsumerStatus::Active => {
+                tracing::info!(stream = %stream, consumer = %name, arn = %c.arn, "stream consumer ACTIVE");
+                return Ok(c.arn);
+            }
+            Ok(Some(c)) => {
+                deleting_seen |= c.status == ConsumerStatus::Deleting;
+                c.status.as_str().to_string()
+            }
+            Ok(None) => match source.register_consumer(stream_arn, name).await {
+                Ok(true) => {
+                    tracing::info!(stream = %stream, consumer = %name, "registered the stream consumer");
+                    "registered".to_string()
                 }
-                Some(c) => {
-                    deleting_seen |= c.consumer_status == ConsumerStatus::Deleting;
-                    c.consumer_status.as_str().to_string()
+                // registered meanwhile by another worker, or the stream is not ACTIVE
+                Ok(false) => "in use (registered meanwhile, or the stream is being resharded)".to_string(),
+                Err(e) if !retried(&e) => return Err(fail(e)),
+                Err(e) => {
+                    tracing::info!(stream = %stream, consumer = %name, error = %e, "registering the stream consumer was refused for now; retrying");
+                    format!("not registered yet ({e})")
                 }
-                None => "not described".to_string(),
             },
-            Err(e) if e.code() == Some("ResourceNotFoundException") => {
-                match client.register_stream_consumer().stream_arn(stream_arn).consumer_name(name).send().await {
-                    Ok(_) => {
-                        tracing::info!(stream = %stream, consumer = %name, "registered the stream consumer");
-                        "registered".to_string()
-                    }
-                    Err(e) if e.code() == Some("ResourceInUseException") => {
-                        // registered meanwhile by another worker, or the stream is not ACTIVE
-                        "in use (registered meanwhile, or the stream is being resharded)".to_string()
-                    }
-                    Err(e) => {
-                        let e = KinesisError::from_sdk("RegisterStreamConsumer", stream, endpoint, e);
-                        if !retry(&e) {
-                            return Err(fail(e));
-                        }
-                        tracing::info!(stream = %stream, consumer = %name, error = %e, "registering the stream consumer was refused for now; retrying");
-                        format!("not registered yet ({e})")
-                    }
-                }
-            }
-            Err(e) => {
-                let e = KinesisError::from_sdk("DescribeStreamConsumer", stream, endpoint, e);
-                if !retry(&e) {
-                    return Err(fail(e));
-                }
-                format!("unknown ({e})")
-            }
+            Err(e) if !retried(&e) => return Err(fail(e)),
+            Err(e) => format!("unknown ({e})"),
         };
         if Instant::now() >= deadline {
             let fix = if deleting_seen { FIX_DELETING } else { FIX_SLOW };
             return Err(EfoError::NotActive {
                 consumer: name.into(),
-                stream: stream.clone(),
-                endpoint: endpoint.clone(),
+                stream: stream.into(),
+                endpoint: endpoint.into(),
                 status,
                 waited_ms: started.elapsed().as_millis() as u64,
                 fix,
@@ -267,13 +231,136 @@ async fn ensure_active(
     }
 }
 
-/// Where a subscription starts.
-#[derive(Debug, Clone, Copy)]
-enum Start<'a> {
-    /// The ownership's starting checkpoint.
-    Checkpoint(&'a CheckpointPosition),
-    /// After the continuation sequence of the last event handed on.
-    After(&'a str),
+/// The enhanced fan-out calls, through the SDK or a [`super::ShardApi`].
+impl ShardSource {
+    /// The endpoint and the stream, to name in errors.
+    fn names(&self) -> (&str, &str) {
+        match self {
+            ShardSource::Kinesis { endpoint, stream, .. } => (endpoint, stream),
+            ShardSource::Api { stream, .. } => (super::source::API_PREFIX, stream),
+        }
+    }
+
+    /// DescribeStreamSummary: the stream's ARN.
+    async fn stream_arn(&self) -> Result<String, KinesisError> {
+        let (client, endpoint, stream) = match self {
+            ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
+            ShardSource::Api { api, stream } => return api.stream_arn(stream).await,
+        };
+        let out = client
+            .describe_stream_summary()
+            .stream_name(stream)
+            .send()
+            .await
+            .map_err(|e| KinesisError::from_sdk("DescribeStreamSummary", stream, endpoint, e))?;
+        out.stream_description_summary
+            .map(|s| s.stream_arn)
+            .ok_or_else(|| KinesisError::StreamNotFound { stream: stream.clone(), endpoint: endpoint.clone() })
+    }
+
+    /// DescribeStreamConsumer: `None` when the consumer is missing.
+    async fn describe_consumer(
+        &self,
+        stream_arn: &str,
+        name: &str,
+    ) -> Result<Option<ConsumerDescription>, KinesisError> {
+        let (client, endpoint, stream) = match self {
+            ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
+            ShardSource::Api { api, stream } => return api.describe_consumer(stream, stream_arn, name).await,
+        };
+        match client.describe_stream_consumer().stream_arn(stream_arn).consumer_name(name).send().await {
+            Ok(out) => Ok(out.consumer_description.map(|c| ConsumerDescription {
+                arn: c.consumer_arn,
+                status: match c.consumer_status {
+                    aws_sdk_kinesis::types::ConsumerStatus::Active => ConsumerStatus::Active,
+                    aws_sdk_kinesis::types::ConsumerStatus::Deleting => ConsumerStatus::Deleting,
+                    _ => ConsumerStatus::Creating,
+                },
+            })),
+            Err(e) if e.code() == Some("ResourceNotFoundException") => Ok(None),
+            Err(e) => Err(KinesisError::from_sdk("DescribeStreamConsumer", stream, endpoint, e)),
+        }
+    }
+
+    /// RegisterStreamConsumer: `false` on ResourceInUse.
+    async fn register_consumer(&self, stream_arn: &str, name: &str) -> Result<bool, KinesisError> {
+        let (client, endpoint, stream) = match self {
+            ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
+            ShardSource::Api { api, stream } => return api.register_consumer(stream, stream_arn, name).await,
+        };
+        match client.register_stream_consumer().stream_arn(stream_arn).consumer_name(name).send().await {
+            Ok(_) => Ok(true),
+            Err(e) if e.code() == Some("ResourceInUseException") => Ok(false),
+            Err(e) => Err(KinesisError::from_sdk("RegisterStreamConsumer", stream, endpoint, e)),
+        }
+    }
+
+    /// SubscribeToShard; the SDK's event stream as [`ShardEvents`].
+    async fn subscribe(
+        &self,
+        consumer_arn: &str,
+        shard: &Arc<str>,
+        from: StartAt<'_>,
+    ) -> Result<ShardEvents, SubscribeError> {
+        let (client, endpoint, stream) = match self {
+            ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
+            ShardSource::Api { api, stream } => return api.subscribe(stream, consumer_arn, shard, from).await,
+        };
+        let pos = StartingPosition::builder();
+        let pos = match from {
+            StartAt::Checkpoint(CheckpointPosition::TrimHorizon) => pos.r#type(ShardIteratorType::TrimHorizon),
+            StartAt::Checkpoint(CheckpointPosition::AtTimestamp { millis }) => {
+                pos.r#type(ShardIteratorType::AtTimestamp).timestamp(DateTime::from_millis(*millis))
+            }
+            StartAt::Checkpoint(CheckpointPosition::AfterSequence { sequence, .. }) => {
+                pos.r#type(ShardIteratorType::AtSequenceNumber).sequence_number(sequence)
+            }
+            StartAt::AfterFetched(sequence) => {
+                pos.r#type(ShardIteratorType::AfterSequenceNumber).sequence_number(sequence)
+            }
+        };
+        let pos = pos.build().map_err(|e| SubscribeError {
+            error: KinesisError::Config { field: "starting position".into(), reason: e.to_string() },
+            in_use: false,
+        })?;
+        let out = client
+            .subscribe_to_shard()
+            .consumer_arn(consumer_arn)
+            .shard_id(shard.as_ref())
+            .starting_position(pos)
+            .send()
+            .await
+            .map_err(|e| classify("SubscribeToShard", stream, endpoint, e, |e| e.is_resource_in_use_exception()))?;
+        let (shard, stream, endpoint) = (shard.clone(), stream.clone(), endpoint.clone());
+        let events = futures::stream::unfold(Some(out), move |rx| {
+            let (shard, stream, endpoint) = (shard.clone(), stream.clone(), endpoint.clone());
+            async move {
+                let mut rx = rx?;
+                loop {
+                    match rx.event_stream.recv().await {
+                        Ok(Some(SubscribeToShardEventStream::SubscribeToShardEvent(ev))) => {
+                            let event = ShardEvent {
+                                records: ev.records.into_iter().map(|r| record_from_sdk(&shard, r)).collect(),
+                                continuation: ev.continuation_sequence_number,
+                                millis_behind_latest: ev.millis_behind_latest,
+                                children: ev.child_shards.unwrap_or_default().into_iter().map(|c| c.shard_id).collect(),
+                            };
+                            return Some((Ok(event), Some(rx)));
+                        }
+                        Ok(Some(_)) => continue,
+                        Ok(None) => return None,
+                        Err(e) => {
+                            let e = classify("SubscribeToShard", &stream, &endpoint, e, |e| {
+                                e.is_resource_in_use_exception()
+                            });
+                            return Some((Err(e), None));
+                        }
+                    }
+                }
+            }
+        });
+        Ok(events.boxed())
+    }
 }
 
 /// Where a shard's reading stands, carried from one subscription to the next.
@@ -340,13 +427,13 @@ fn classify<E, R>(
     endpoint: &str,
     e: SdkError<E, R>,
     typed: impl Fn(&E) -> bool,
-) -> (KinesisError, bool)
+) -> SubscribeError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug + Send + Sync + 'static,
 {
     let in_use = e.code() == Some("ResourceInUseException") || e.as_service_error().is_some_and(typed);
-    (KinesisError::from_sdk(op, stream, endpoint, e), in_use)
+    SubscribeError { error: KinesisError::from_sdk(op, stream, endpoint, e), in_use }
 }
 
 impl EfoCtx {
@@ -404,7 +491,7 @@ impl ReaderCtx {
         let mut allowed = self.fetch_allowed.clone();
         loop {
             let Some(room) = self.room(shard, epoch) else { return Err(Ended::Gone) };
-            if !*allowed.borrow() {
+            if !*allowed.borrow_and_update() {
                 return Err(Ended::Paused);
             }
             if has_room(self.records_per_get, self.max_queued_bytes, room) {
@@ -424,46 +511,15 @@ impl ReaderCtx {
     async fn subscribe(
         &self,
         consumer_arn: &str,
-        shard: &str,
-        from: Start<'_>,
-    ) -> Result<SubscribeToShardOutput, (KinesisError, bool)> {
-        let ShardSource::Kinesis { client, endpoint, stream } = &self.source else {
-            let e = KinesisError::Config { field: "consumer".into(), reason: "no enhanced fan-out here".into() };
-            return Err((e, false));
-        };
-        let pos = StartingPosition::builder();
-        let pos = match from {
-            Start::Checkpoint(CheckpointPosition::TrimHorizon) => pos.r#type(ShardIteratorType::TrimHorizon),
-            Start::Checkpoint(CheckpointPosition::AtTimestamp { millis }) => {
-                pos.r#type(ShardIteratorType::AtTimestamp).timestamp(DateTime::from_millis(*millis))
+        shard: &Arc<str>,
+        from: StartAt<'_>,
+    ) -> Result<ShardEvents, SubscribeError> {
+        self.source.subscribe(consumer_arn, shard, from).await.map_err(|mut e| {
+            if let StartAt::Checkpoint(CheckpointPosition::AtTimestamp { millis }) = from {
+                e.error = e.error.with_start_timestamp(*millis);
             }
-            Start::Checkpoint(CheckpointPosition::AfterSequence { sequence, .. }) => {
-                pos.r#type(ShardIteratorType::AtSequenceNumber).sequence_number(sequence)
-            }
-            Start::After(sequence) => pos.r#type(ShardIteratorType::AfterSequenceNumber).sequence_number(sequence),
-        };
-        let pos = pos.build().map_err(|e| {
-            let e = KinesisError::Config { field: "starting position".into(), reason: e.to_string() };
-            (e, false)
-        })?;
-        let out = client
-            .subscribe_to_shard()
-            .consumer_arn(consumer_arn)
-            .shard_id(shard)
-            .starting_position(pos)
-            .send()
-            .await
-            .map_err(|e| {
-                let (e, in_use) =
-                    classify("SubscribeToShard", stream, endpoint, e, |e| e.is_resource_in_use_exception());
-                match from {
-                    Start::Checkpoint(CheckpointPosition::AtTimestamp { millis }) => {
-                        (e.with_start_timestamp(*millis), in_use)
-                    }
-                    _ => (e, in_use),
-                }
-            })?;
-        Ok(out)
+            e
+        })
     }
 
     /// Reads one shard by enhanced fan-out until its end or cancellation (see the module docs).
@@ -489,20 +545,26 @@ impl ReaderCtx {
             match self.wait_efo_room(&shard, epoch, &cancel).await {
                 Ok(()) => {}
                 Err(Ended::Paused) => {
+                    // A clone starts at the version the reader's own receiver saw (never marked
+                    // seen: it is only borrowed), so `changed` would answer at once for any change
+                    // since: mark the current value seen, or a paused reader spins (found by the
+                    // simulator, seed 3: simulated time stopped, a CPU busy while deactivated).
                     let mut allowed = self.fetch_allowed.clone();
-                    tokio::select! {
+                    if !*allowed.borrow_and_update() {
+                        tokio::select! {
                             _ = cancel.cancelled() => return,
                             // (a closed channel would answer at once: the sleep paces the loop then)
-                    _ = allowed.changed(), if allowed.has_changed().is_ok() => {}
+                            _ = allowed.changed(), if allowed.has_changed().is_ok() => {}
                             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
                         }
+                    }
                     continue;
                 }
                 Err(_) => return,
             }
             let from = match &resume {
-                Some(c) => Start::After(c),
-                None => Start::Checkpoint(&start),
+                Some(c) => StartAt::AfterFetched(c),
+                None => StartAt::Checkpoint(&start),
             };
             let arn = efo.consumer_arn();
             let sub = tokio::select! {
@@ -510,7 +572,7 @@ impl ReaderCtx {
                 r = self.subscribe(&arn, &shard, from) => r,
             };
             let ended = match sub {
-                Err((e, in_use)) => Ended::Error(e, in_use),
+                Err(SubscribeError { error, in_use }) => Ended::Error(error, in_use),
                 Ok(mut rx) => {
                     tracing::debug!(stream = %self.stream, shard = %shard, consumer = %efo.consumer, ?from,
                         renewal = opened_before, "subscribing to the shard");
@@ -612,7 +674,7 @@ impl ReaderCtx {
     async fn read_subscription(
         &self,
         efo: &EfoCtx,
-        rx: &mut SubscribeToShardOutput,
+        rx: &mut ShardEvents,
         shard: &Arc<str>,
         epoch: u64,
         pos: Position<'_>,
@@ -620,10 +682,6 @@ impl ReaderCtx {
     ) -> Ended {
         let Position { skip, resume, last_fetched, delivered, opened_before } = pos;
         let mut first = true;
-        let (endpoint, stream) = match &self.source {
-            ShardSource::Kinesis { endpoint, stream, .. } => (endpoint.as_str(), stream.as_str()),
-            ShardSource::Api { .. } => ("", ""),
-        };
         let renew_at = efo.renew_after.map(|d| Instant::now() + d);
         loop {
             // Backpressure: the next event is pulled only when the queue has room.
@@ -636,17 +694,12 @@ impl ReaderCtx {
                     return Ended::Renew;
                 }
                 _ = tokio::time::sleep(efo.silence) => return Ended::Silent,
-                r = rx.event_stream.recv() => r,
+                r = rx.next() => r,
             };
             let ev = match next {
-                Ok(Some(SubscribeToShardEventStream::SubscribeToShardEvent(ev))) => ev,
-                Ok(Some(_)) => continue,
-                Ok(None) => return Ended::ByKinesis,
-                Err(e) => {
-                    let (e, in_use) =
-                        classify("SubscribeToShard", stream, endpoint, e, |e| e.is_resource_in_use_exception());
-                    return Ended::Error(e, in_use);
-                }
+                Some(Ok(ev)) => ev,
+                None => return Ended::ByKinesis,
+                Some(Err(SubscribeError { error, in_use })) => return Ended::Error(error, in_use),
             };
             // A subscription counts once Kinesis sent its first event (kinesis-local refuses a
             // second subscription inside the event stream, not in the response).
@@ -664,10 +717,7 @@ impl ReaderCtx {
             if !self.leases_trusted() || !*self.fetch_allowed.borrow() {
                 return Ended::Dropped;
             }
-            let behind = ev.millis_behind_latest;
-            let children: Vec<String> = ev.child_shards.unwrap_or_default().into_iter().map(|c| c.shard_id).collect();
-            let continuation = ev.continuation_sequence_number;
-            let records: Vec<Record> = ev.records.into_iter().map(|r| record_from_sdk(shard, r)).collect();
+            let ShardEvent { records, continuation, millis_behind_latest: behind, children } = ev;
             let n = records.len();
             let bytes: usize = records.iter().map(|r| r.data.len()).sum();
             let range = if deagg::any_aggregate(&records) {

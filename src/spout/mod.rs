@@ -55,7 +55,10 @@ pub use deagg::KplStats;
 pub use readlog::ReadLogEntry;
 pub use shared::{DEFAULT_GIVE_UP_AFTER, SpoutShared};
 pub(crate) use source::registered_api;
-pub use source::{API_PREFIX, Batch, ShardApi, StartAt, register_shard_api, unregister_shard_api};
+pub use source::{
+    API_PREFIX, Batch, ConsumerDescription, ConsumerStatus, ShardApi, ShardEvent, ShardEvents, StartAt, SubscribeError,
+    register_shard_api, unregister_shard_api,
+};
 pub use stage_input::{LiveProducers, Producers, StageInputSpec, StageInputStats};
 pub use tracker::Record;
 

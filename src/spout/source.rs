@@ -48,8 +48,76 @@ pub enum StartAt<'a> {
     /// that costs one record read again per shard taken.
     Checkpoint(&'a CheckpointPosition),
     /// After a Kinesis record this reader already fetched whole (a new iterator after an expired
-    /// one): AFTER_SEQUENCE_NUMBER.
+    /// one), or after an enhanced fan-out event's continuation sequence (the next subscription):
+    /// AFTER_SEQUENCE_NUMBER.
     AfterFetched(&'a str),
+}
+
+/// A stream consumer of enhanced fan-out, as DescribeStreamConsumer tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerDescription {
+    /// Its ARN (a new one each time it is registered).
+    pub arn: String,
+    /// Its status.
+    pub status: ConsumerStatus,
+}
+
+/// The status of a stream consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsumerStatus {
+    /// Registered, not usable yet.
+    Creating,
+    /// Usable by SubscribeToShard.
+    Active,
+    /// Being deregistered.
+    Deleting,
+}
+
+impl ConsumerStatus {
+    /// The status as Kinesis spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConsumerStatus::Creating => "CREATING",
+            ConsumerStatus::Active => "ACTIVE",
+            ConsumerStatus::Deleting => "DELETING",
+        }
+    }
+}
+
+/// One SubscribeToShardEvent, as the enhanced fan-out reader needs it.
+#[derive(Debug)]
+pub struct ShardEvent {
+    /// The records (KPL aggregates not split yet).
+    pub records: Vec<Record>,
+    /// Where the next subscription starts (AFTER_SEQUENCE_NUMBER); empty at the shard's end.
+    pub continuation: String,
+    /// How far the event is behind the shard's newest record.
+    pub millis_behind_latest: i64,
+    /// The children named at the shard's end.
+    pub children: Vec<String>,
+}
+
+/// A failed SubscribeToShard: the call, or an error inside its event stream.
+#[derive(Debug)]
+pub struct SubscribeError {
+    /// What failed.
+    pub error: KinesisError,
+    /// Whether it is ResourceInUse (another subscription to the shard by the consumer is live,
+    /// or took this one over).
+    pub in_use: bool,
+}
+
+/// The events of one subscription, in order; the stream ends when Kinesis ends the
+/// subscription (every 5 minutes on AWS).
+pub type ShardEvents = futures::stream::BoxStream<'static, Result<ShardEvent, SubscribeError>>;
+
+fn no_fan_out(stream: &str) -> KinesisError {
+    KinesisError::Config {
+        field: "consumer".into(),
+        reason: format!(
+            "the source of stream {stream} (a sim:// endpoint) has no enhanced fan-out: read by polling (--consumer polling)"
+        ),
+    }
 }
 
 /// The shard-level calls the spout makes (ListShards, DescribeStreamSummary's creation time,
@@ -100,6 +168,44 @@ pub trait ShardApi: Send + Sync + fmt::Debug + 'static {
     fn create_stream<'a>(&'a self, stream: &'a str, shards: i32) -> BoxFuture<'a, Result<(), KinesisError>> {
         let _ = shards;
         Box::pin(async move { Err(read_only("CreateStream", stream)) })
+    }
+    /// Enhanced fan-out: the stream's ARN (DescribeStreamSummary). The default refuses: a
+    /// source without enhanced fan-out (the coordination benchmark's generated stream).
+    fn stream_arn<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<String, KinesisError>> {
+        Box::pin(async move { Err(no_fan_out(stream)) })
+    }
+    /// DescribeStreamConsumer: `None` when the stream has no consumer `name` (ResourceNotFound).
+    fn describe_consumer<'a>(
+        &'a self,
+        stream: &'a str,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ConsumerDescription>, KinesisError>> {
+        let _ = (stream_arn, name);
+        Box::pin(async move { Err(no_fan_out(stream)) })
+    }
+    /// RegisterStreamConsumer: `true` when registered, `false` on ResourceInUse (registered
+    /// meanwhile, or the stream is not ACTIVE).
+    fn register_consumer<'a>(
+        &'a self,
+        stream: &'a str,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<bool, KinesisError>> {
+        let _ = (stream_arn, name);
+        Box::pin(async move { Err(no_fan_out(stream)) })
+    }
+    /// SubscribeToShard at `pos` (a checkpoint starts AT its sequence, as
+    /// [`ShardApi::shard_iterator`] does) for the consumer `consumer_arn`.
+    fn subscribe<'a>(
+        &'a self,
+        stream: &'a str,
+        consumer_arn: &'a str,
+        shard: &'a Arc<str>,
+        pos: StartAt<'a>,
+    ) -> BoxFuture<'a, Result<ShardEvents, SubscribeError>> {
+        let _ = (consumer_arn, shard, pos);
+        Box::pin(async move { Err(SubscribeError { error: no_fan_out(stream), in_use: false }) })
     }
 }
 

@@ -15,8 +15,23 @@
 //! GetShardIterator with an iterator at the shard's start, a timestamp ahead of its clock or a
 //! sequence number of another shard included (AWS refuses both, and so does the model).
 //!
+//! Enhanced fan-out as AWS documents it: stream consumers (RegisterStreamConsumer: CREATING for
+//! [`CONSUMER_CREATING_MS`], then ACTIVE; deregistered: DELETING for [`CONSUMER_DELETING_MS`], then
+//! gone, its ARN refused with ResourceNotFound), and SubscribeToShard: a subscription lasts
+//! [`SUBSCRIPTION_MS`] (5 minutes), a second one for the same consumer and shard within
+//! [`RESUBSCRIBE_IN_USE_MS`] (5 s) of a successful call is refused (ResourceInUse) and a later
+//! one takes over (the earlier one's stream then fails with ResourceInUse); each event carries
+//! the records after the subscription's position, MillisBehindLatest and a continuation
+//! sequence (where the next subscription starts, AFTER_SEQUENCE_NUMBER), and at a closed
+//! shard's end no continuation and the shard's children (kinesis-local names none and keeps a
+//! continuation: the product's fallback for it is its own test's business). A subscription's
+//! AFTER_SEQUENCE_NUMBER accepts any continuation the model handed out (the sequence before the
+//! shard's first record included), not only the sequence of a record. The model answers events
+//! when asked; how often they come is the simulator's choice (AWS pushes them as records arrive,
+//! at least every 5 s).
+//!
 //! What it does not model: throttling and limits (the simulator injects them), retention
-//! (trimming), enhanced fan-out, UpdateShardCount, encryption.
+//! (trimming), UpdateShardCount, encryption.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -111,10 +126,57 @@ struct Iter {
     issued_ms: i64,
 }
 
+/// AWS ends a subscription after 5 minutes.
+pub const SUBSCRIPTION_MS: i64 = 300_000;
+/// A second SubscribeToShard of a consumer and shard within this long of a successful one is
+/// refused (ResourceInUse); a later one takes the subscription over.
+pub const RESUBSCRIBE_IN_USE_MS: i64 = 5_000;
+/// How long a registered consumer stays CREATING.
+pub const CONSUMER_CREATING_MS: i64 = 1_500;
+/// How long a deregistered consumer stays DELETING.
+pub const CONSUMER_DELETING_MS: i64 = 1_000;
+
+/// A registered stream consumer.
+#[derive(Clone, Debug)]
+struct Consumer {
+    arn: String,
+    registered_ms: i64,
+    deleting_from: Option<i64>,
+}
+
+/// An enhanced fan-out subscription (SubscribeToShard), as the model serves its events.
+#[derive(Clone, Debug)]
+pub struct Subscription {
+    pub consumer_arn: String,
+    pub stream: String,
+    pub shard: String,
+    /// The next record has a sequence above this one.
+    after: u128,
+    pub started_ms: i64,
+    generation: u64,
+    /// The shard's end was sent.
+    ended: bool,
+}
+
+/// One SubscribeToShardEvent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventOut {
+    pub records: Vec<Rec>,
+    /// `None` at a closed shard's end.
+    pub continuation: Option<String>,
+    pub millis_behind_latest: i64,
+    /// The shard's children, at its end.
+    pub child_shards: Vec<String>,
+}
+
 /// The model service.
 #[derive(Default)]
 pub struct KinesisModel {
     streams: BTreeMap<String, Stream>,
+    /// Stream consumers by (stream, name).
+    consumers: BTreeMap<(String, String), Consumer>,
+    /// Per (consumer ARN, shard): the last successful SubscribeToShard (ms) and its generation.
+    subscriptions: BTreeMap<(String, String), (i64, u64)>,
     iterators: BTreeMap<String, Iter>,
     next_iterator: u64,
     /// The last sequence number given (over every stream: they only grow).
@@ -352,6 +414,202 @@ impl KinesisModel {
             Some(id)
         };
         Ok(GetRecordsOut { records: taken, next_iterator, millis_behind_latest: behind, child_shards })
+    }
+
+    // ----- enhanced fan-out -----
+
+    /// The ARN of a stream (DescribeStreamSummary).
+    pub fn stream_arn(&self, name: &str) -> Result<String, KError> {
+        self.stream(name)?;
+        Ok(format!("arn:aws:kinesis:us-east-1:000000000000:stream/{name}"))
+    }
+
+    fn stream_of_arn(&self, stream_arn: &str) -> Result<String, KError> {
+        let name = stream_arn
+            .strip_prefix("arn:aws:kinesis:us-east-1:000000000000:stream/")
+            .ok_or_else(|| KError::InvalidArgument(format!("{stream_arn} is not a stream ARN")))?;
+        self.stream(name)?;
+        Ok(name.to_string())
+    }
+
+    /// Forgets consumers whose deletion finished.
+    fn collect_consumers(&mut self) {
+        let now = self.now_ms;
+        self.consumers.retain(|_, c| c.deleting_from.is_none_or(|t| now - t < CONSUMER_DELETING_MS));
+    }
+
+    /// RegisterStreamConsumer: the new consumer's ARN (ResourceInUse when the name is taken).
+    pub fn register_consumer(&mut self, stream_arn: &str, name: &str) -> Result<String, KError> {
+        self.collect_consumers();
+        let stream = self.stream_of_arn(stream_arn)?;
+        let key = (stream, name.to_string());
+        if self.consumers.contains_key(&key) {
+            return Err(KError::ResourceInUse(format!("consumer {name} of {stream_arn} exists")));
+        }
+        let arn = format!("{stream_arn}/consumer/{name}:{}", self.now_ms);
+        self.consumers.insert(key, Consumer { arn: arn.clone(), registered_ms: self.now_ms, deleting_from: None });
+        Ok(arn)
+    }
+
+    /// DescribeStreamConsumer: its ARN and status (ResourceNotFound when missing).
+    pub fn describe_consumer(&mut self, stream_arn: &str, name: &str) -> Result<(String, &'static str), KError> {
+        self.collect_consumers();
+        let stream = self.stream_of_arn(stream_arn)?;
+        let c = self
+            .consumers
+            .get(&(stream, name.to_string()))
+            .ok_or_else(|| KError::ResourceNotFound(format!("consumer {name} of {stream_arn} not found")))?;
+        Ok((c.arn.clone(), self.consumer_status(c)))
+    }
+
+    fn consumer_status(&self, c: &Consumer) -> &'static str {
+        if c.deleting_from.is_some() {
+            "DELETING"
+        } else if self.now_ms - c.registered_ms < CONSUMER_CREATING_MS {
+            "CREATING"
+        } else {
+            "ACTIVE"
+        }
+    }
+
+    /// DeregisterStreamConsumer (the consumer is DELETING, then gone).
+    pub fn deregister_consumer(&mut self, stream_arn: &str, name: &str) -> Result<(), KError> {
+        self.collect_consumers();
+        let stream = self.stream_of_arn(stream_arn)?;
+        let now = self.now_ms;
+        let c = self
+            .consumers
+            .get_mut(&(stream, name.to_string()))
+            .ok_or_else(|| KError::ResourceNotFound(format!("consumer {name} of {stream_arn} not found")))?;
+        c.deleting_from.get_or_insert(now);
+        Ok(())
+    }
+
+    /// The consumer of an ARN and its status, if it exists.
+    fn consumer_by_arn(&self, arn: &str) -> Option<(&(String, String), &Consumer)> {
+        self.consumers.iter().find(|(_, c)| c.arn == arn)
+    }
+
+    /// SubscribeToShard at `kind` (an AFTER_SEQUENCE_NUMBER continuation may be any sequence in
+    /// the shard's range, see the module docs).
+    pub fn subscribe(
+        &mut self,
+        consumer_arn: &str,
+        shard_id: &str,
+        kind: IteratorType,
+    ) -> Result<Subscription, KError> {
+        self.collect_consumers();
+        let now = self.now_ms;
+        let (stream, status) = match self.consumer_by_arn(consumer_arn) {
+            Some(((stream, _), c)) => (stream.clone(), self.consumer_status(c)),
+            None => return Err(KError::ResourceNotFound(format!("consumer {consumer_arn} not found"))),
+        };
+        if status != "ACTIVE" {
+            return Err(KError::ResourceInUse(format!("consumer {consumer_arn} is {status}, not ACTIVE")));
+        }
+        let shard = self
+            .stream(&stream)?
+            .shards
+            .iter()
+            .find(|s| s.info.shard_id == shard_id)
+            .ok_or_else(|| KError::ResourceNotFound(format!("shard {shard_id} of stream {stream} not found")))?;
+        let start = parse_seq(&shard.info.start_seq)?;
+        let after = match kind {
+            IteratorType::TrimHorizon => start - 1,
+            IteratorType::Latest => shard.records.last().map_or(self.seq, |(s, _)| *s).max(self.seq),
+            IteratorType::AtSequence(s) => {
+                let n = parse_seq(&s)?;
+                Self::of_shard(shard, n, shard_id)?;
+                n - 1
+            }
+            IteratorType::AfterSequence(s) => {
+                let n = parse_seq(&s)?;
+                let end = shard.info.end_seq.as_deref().map(parse_seq).transpose()?;
+                if n + 1 < start || end.is_some_and(|e| n > e) {
+                    return Err(KError::InvalidArgument(format!("sequence number {s} is not of shard {shard_id}")));
+                }
+                n
+            }
+            IteratorType::AtTimestamp(ms) => {
+                if ms > now {
+                    return Err(KError::InvalidArgument(format!(
+                        "The timestampInMillis parameter cannot be greater than the currentTimestampInMillis. \
+                         timestampInMillis: {ms}, currentTimestampInMillis: {now}"
+                    )));
+                }
+                // records arrive in sequence order: the ones before the time are a prefix
+                shard.records.iter().take_while(|(_, r)| r.arrival_ms < ms).last().map_or(start - 1, |(s, _)| *s)
+            }
+        };
+        let slot = self.subscriptions.entry((consumer_arn.to_string(), shard_id.to_string())).or_insert((i64::MIN, 0));
+        if slot.0 != i64::MIN && now - slot.0 < RESUBSCRIBE_IN_USE_MS {
+            return Err(KError::ResourceInUse(format!(
+                "another subscription of {consumer_arn} to {shard_id} began {} ms ago",
+                now - slot.0
+            )));
+        }
+        *slot = (now, slot.1 + 1);
+        Ok(Subscription {
+            consumer_arn: consumer_arn.to_string(),
+            stream,
+            shard: shard_id.to_string(),
+            after,
+            started_ms: now,
+            generation: slot.1,
+            ended: false,
+        })
+    }
+
+    /// The next event of a subscription, of at most `limit` records: `Ok(None)` once it ended
+    /// (after [`SUBSCRIPTION_MS`], or after the shard's end was sent), ResourceInUse once
+    /// another subscription took it over, ResourceNotFound once its consumer is gone.
+    pub fn next_event(&mut self, sub: &mut Subscription, limit: usize) -> Result<Option<EventOut>, KError> {
+        self.collect_consumers();
+        if sub.ended || self.now_ms - sub.started_ms >= SUBSCRIPTION_MS {
+            return Ok(None);
+        }
+        if self.consumer_by_arn(&sub.consumer_arn).is_none_or(|(_, c)| c.deleting_from.is_some()) {
+            return Err(KError::ResourceNotFound(format!("consumer {} not found", sub.consumer_arn)));
+        }
+        let slot = self.subscriptions.get(&(sub.consumer_arn.clone(), sub.shard.clone())).map(|s| s.1);
+        if slot != Some(sub.generation) {
+            return Err(KError::ResourceInUse(format!("the subscription to {} was taken over", sub.shard)));
+        }
+        let stream = self.stream(&sub.stream)?;
+        let shard = stream
+            .shards
+            .iter()
+            .find(|s| s.info.shard_id == sub.shard)
+            .ok_or_else(|| KError::ResourceNotFound(format!("shard {}", sub.shard)))?;
+        let pending: Vec<&(u128, Rec)> = shard.records.iter().filter(|(s, _)| *s > sub.after).collect();
+        let taken: Vec<Rec> = pending.iter().take(limit.max(1)).map(|(_, r)| r.clone()).collect();
+        let left = pending.len() - taken.len();
+        if let Some(n) = taken.len().checked_sub(1).map(|i| pending[i].0) {
+            sub.after = n;
+        }
+        let newest = shard.records.last().map(|(_, r)| r.arrival_ms);
+        let behind = match (left, taken.last(), newest) {
+            (0, _, _) => 0,
+            (_, Some(r), Some(n)) => (n - r.arrival_ms).max(0),
+            _ => 0,
+        };
+        let at_end = shard.info.end_seq.is_some() && left == 0;
+        let child_shards: Vec<String> = if at_end {
+            stream
+                .shards
+                .iter()
+                .filter(|s| {
+                    s.info.parent.as_deref() == Some(sub.shard.as_str())
+                        || s.info.adjacent_parent.as_deref() == Some(sub.shard.as_str())
+                })
+                .map(|s| s.info.shard_id.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        sub.ended = at_end;
+        let continuation = (!at_end).then(|| seq_str(sub.after));
+        Ok(Some(EventOut { records: taken, continuation, millis_behind_latest: behind, child_shards }))
     }
 
     fn next_shard_id(stream: &Stream) -> String {

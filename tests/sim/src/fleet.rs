@@ -104,6 +104,18 @@ pub struct Scenario {
     /// dedup floor must hold only for the keys of the shard it was read from).
     #[serde(default)]
     pub global_finals: bool,
+    /// The spouts read by enhanced fan-out (`--consumer efo:sim`: one stream consumer per
+    /// stream, SubscribeToShard per owned shard) instead of polling; its faults: subscriptions
+    /// that go silent, fail mid-stream, or whose answer is lost, and the consumer deregistered
+    /// under the running workers.
+    #[serde(default)]
+    pub efo: bool,
+    /// With enhanced fan-out: `efo.renew_after_ms` (0: none, Kinesis's 5 minutes), and
+    /// `efo.silence_timeout_ms` (the watchdog).
+    #[serde(default)]
+    pub efo_renew_ms: u64,
+    #[serde(default)]
+    pub efo_silence_ms: u64,
 }
 
 impl Scenario {
@@ -149,6 +161,19 @@ impl Scenario {
             s.kill = op.chance(0.3);
         }
         s.global_finals = s.third && Rng::new(seed ^ 0x61_0BA1_7071_A15A).chance(0.5);
+        let mut efo = Rng::new(seed ^ 0xEF0E_F0EF_0EF0_EF0E);
+        if efo.chance(0.3) {
+            s.efo = true;
+            // (AWS refuses a subscription within 5 s of the last one: renewing sooner only
+            // waits out ResourceInUse)
+            s.efo_renew_ms = if efo.chance(0.5) { efo.range(5000, 12000) } else { 0 };
+            s.efo_silence_ms = efo.range(2000, 8000);
+            if efo.chance(0.5) {
+                s.faults.efo_silent = 0.03;
+            }
+            s.faults.efo_error = if efo.chance(0.5) { 0.01 } else { 0.0 };
+            s.faults.efo_subscribe_lost = if efo.chance(0.5) { 0.02 } else { 0.0 };
+        }
         s
     }
 
@@ -192,6 +217,9 @@ impl Scenario {
             rebalances: 0.0,
             kill: false,
             global_finals: false,
+            efo: false,
+            efo_renew_ms: 0,
+            efo_silence_ms: 0,
         }
         .with_initial_position(rng)
     }
@@ -669,6 +697,9 @@ struct Sink {
 /// Sink tasks per worker.
 const SINK_TASKS: usize = 2;
 
+/// The enhanced fan-out consumer's name (`--consumer efo:sim`).
+const EFO_CONSUMER: &str = "sim";
+
 impl Bolt for Sink {
     async fn prepare(&mut self, ctx: &squall::topology::TaskContext) -> Result<(), ComponentError> {
         self.task = ctx.task_index();
@@ -687,12 +718,13 @@ impl Bolt for Sink {
     async fn execute(&mut self, t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
         let (key, n) = record_of(&t)?;
         let (shard, sequence) = (t.get_str("shard_id")?.to_string(), t.get_str("sequence_number")?.to_string());
+        let sub = t.get_u64("sub_sequence")?;
         let stream = t.get_str("stream")?.to_string();
         let crashed = {
             let mut w = lock(&self.world);
             let crashed = w.net(self.worker).0;
             if !crashed {
-                w.deliver(self.worker, &stream, &key, n, &shard, &sequence);
+                w.deliver(self.worker, &stream, &key, n, &shard, (&sequence, sub));
             }
             crashed
         };
@@ -770,6 +802,9 @@ impl Fleet {
         ];
         if let Some(path) = &self.spout_config {
             flags.push(format!("--spout-config={}", path.display()));
+        }
+        if self.scenario.efo {
+            flags.push(format!("--consumer=efo:{EFO_CONSUMER}"));
         }
         let args = Cli::parse_from(flags).worker;
         let world = self.world.clone();
@@ -981,7 +1016,7 @@ async fn run(seed: u64) -> Outcome {
         operating: Rc::default(),
         stops: BTreeMap::new(),
     };
-    if scenario.committed_interval_ms > 0 || scenario.resync_ms > 0 {
+    if scenario.committed_interval_ms > 0 || scenario.resync_ms > 0 || scenario.efo {
         let path = std::env::temp_dir().join(format!("squall-sim-{}-{seed}.json", std::process::id()));
         let mut cfg = serde_json::json!({});
         if scenario.committed_interval_ms > 0 {
@@ -989,6 +1024,12 @@ async fn run(seed: u64) -> Outcome {
         }
         if scenario.resync_ms > 0 {
             cfg["resync_interval_ms"] = scenario.resync_ms.into();
+        }
+        if scenario.efo {
+            cfg["efo"] = serde_json::json!({"silence_timeout_ms": scenario.efo_silence_ms});
+            if scenario.efo_renew_ms > 0 {
+                cfg["efo"]["renew_after_ms"] = scenario.efo_renew_ms.into();
+            }
         }
         std::fs::write(&path, cfg.to_string()).expect("writing the workers' spout configuration");
         fleet.spout_config = Some(path);
@@ -1306,6 +1347,9 @@ fn inject(fleet: &mut Fleet) {
     if s.leaves {
         kinds.push("leave");
     }
+    if s.efo && lock(&fleet.world).injected.get("efo consumer deregistered").is_none_or(|n| *n < 2) {
+        kinds.push("deregister");
+    }
     if s.operator && !fleet.operating.get() {
         kinds.push("deactivate");
         if !fleet.drained {
@@ -1382,6 +1426,16 @@ fn inject(fleet: &mut Fleet) {
                 operate(world, name, kind, back_after).await;
                 operating.set(false);
             });
+        }
+        "deregister" => {
+            // someone deletes the stream consumer under the running workers (they register it
+            // again)
+            let now = w.now_ms();
+            w.kinesis.set_now(now);
+            let stream = s.streams[w.rng.below(s.streams.len() as u64) as usize].clone();
+            let r = w.kinesis.stream_arn(&stream).and_then(|arn| w.kinesis.deregister_consumer(&arn, EFO_CONSUMER));
+            w.injected("efo consumer deregistered");
+            w.event(format!("FAULT the stream consumer {EFO_CONSUMER} of {stream} is deregistered: {r:?}"));
         }
         "reshard" => {
             let now = w.now_ms();

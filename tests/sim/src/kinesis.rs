@@ -1,7 +1,8 @@
 //! Kinesis for the simulated workers: the product's [`ShardApi`] over the shared model
 //! ([`squall_test_support::kinesismodel`]), with latency, throttling, a listing that leaves out a
-//! shard, freezes (answers in flight arrive late) and crashes; and the check that a child shard is
-//! read only after its parents finished.
+//! shard, freezes (answers in flight arrive late) and crashes; enhanced fan-out (consumers and
+//! subscriptions whose events come every 100-800 ms, go silent, fail, or are taken over); and
+//! the check that a child shard is read only after its parents finished.
 
 use std::sync::Arc;
 
@@ -10,10 +11,12 @@ use futures::future::BoxFuture;
 use squall::coord::CheckpointPosition;
 use squall::kinesis::{KinesisError, ShardDescription};
 use squall::sink::{PutEntryError, SinkRecord, TransmitCheck};
-use squall::spout::{Batch, Record, ShardApi, StartAt};
+use squall::spout::{
+    Batch, ConsumerDescription, ConsumerStatus, Record, ShardApi, ShardEvent, ShardEvents, StartAt, SubscribeError,
+};
 use squall::stage::codec::{self, Payload, StageRecord};
 use squall::topology::Value;
-use squall_test_support::kinesismodel::{IteratorType, KError};
+use squall_test_support::kinesismodel::{IteratorType, KError, Rec, Subscription};
 
 use crate::world::{Shared, lock, wait_network};
 
@@ -48,6 +51,127 @@ fn error(op: &'static str, stream: &str, shard: &str, e: KError, now: i64, at_ms
         KError::InvalidArgument(message) | KError::ResourceInUse(message) => {
             KinesisError::Refused { op, stream: stream.into(), message }
         }
+    }
+}
+
+fn record(shard: &Arc<str>, r: Rec) -> Record {
+    Record {
+        shard_id: shard.clone(),
+        sequence: r.sequence.into(),
+        sub_sequence: 0,
+        partition_key: r.partition_key.into(),
+        arrival_ms: r.arrival_ms,
+        data: Bytes::from(r.data),
+    }
+}
+
+fn iterator_type(pos: StartAt<'_>) -> (IteratorType, Option<i64>) {
+    match pos {
+        StartAt::Checkpoint(CheckpointPosition::TrimHorizon) => (IteratorType::TrimHorizon, None),
+        StartAt::Checkpoint(CheckpointPosition::AtTimestamp { millis }) => {
+            (IteratorType::AtTimestamp(*millis), Some(*millis))
+        }
+        StartAt::Checkpoint(CheckpointPosition::AfterSequence { sequence, .. }) => {
+            (IteratorType::AtSequence(sequence.clone()), None)
+        }
+        StartAt::AfterFetched(sequence) => (IteratorType::AfterSequence(sequence.to_string()), None),
+    }
+}
+
+/// What a subscription's event stream carries between events.
+struct Events {
+    world: Shared,
+    worker: u32,
+    stream: String,
+    shard: Arc<str>,
+    sub: Subscription,
+    /// Events left before it goes silent (a hung connection), if it does.
+    silent_after: Option<u32>,
+    /// Ended (an error was sent).
+    done: bool,
+}
+
+impl Events {
+    /// The next event: after 100-800 ms (AWS pushes records as they come, at least every 5 s),
+    /// and the way back (a freeze holds it; a crashed worker never gets it).
+    async fn next(mut self) -> Option<(Result<ShardEvent, SubscribeError>, Self)> {
+        if self.done {
+            return None;
+        }
+        if self.silent_after == Some(0) {
+            // the connection hangs: nothing more, ever (the reader's watchdog must notice)
+            return std::future::pending().await;
+        }
+        let d = lock(&self.world).rng.range(100, 800);
+        tokio::time::sleep(std::time::Duration::from_millis(d)).await;
+        wait_network(&self.world, self.worker).await;
+        let world = self.world.clone();
+        let out = {
+            let mut w = lock(&world);
+            let now = w.now_ms();
+            w.kinesis.set_now(now);
+            let p = w.faults.efo_error;
+            if w.faults.on && w.rng.chance(p) {
+                w.injected("efo event error");
+                w.event(format!("w{} kinesis SubscribeToShard {}: event stream error", self.worker, self.shard));
+                let error = KinesisError::Unreachable {
+                    endpoint: "sim".into(),
+                    op: "SubscribeToShard",
+                    message: "InternalFailure (simulated)".into(),
+                };
+                self.done = true;
+                drop(w);
+                return Some((Err(SubscribeError { error, in_use: false }), self));
+            }
+            match w.kinesis.next_event(&mut self.sub, 10_000) {
+                Ok(None) => {
+                    w.event(format!("w{} kinesis SubscribeToShard {}: ended by Kinesis", self.worker, self.shard));
+                    return None;
+                }
+                Ok(Some(ev)) => {
+                    if !ev.records.is_empty() || ev.continuation.is_none() {
+                        w.event(format!(
+                            "w{} kinesis event {}: {} records{}",
+                            self.worker,
+                            self.shard,
+                            ev.records.len(),
+                            if ev.continuation.is_none() { ", shard end" } else { "" }
+                        ));
+                    }
+                    if let Some(n) = self.silent_after.as_mut() {
+                        *n -= 1;
+                    }
+                    Ok(ShardEvent {
+                        records: ev.records.into_iter().map(|r| record(&self.shard, r)).collect(),
+                        continuation: ev.continuation.unwrap_or_default(),
+                        millis_behind_latest: ev.millis_behind_latest,
+                        children: ev.child_shards,
+                    })
+                }
+                Err(e) => {
+                    w.event(format!("w{} kinesis SubscribeToShard {}: event stream {e:?}", self.worker, self.shard));
+                    self.done = true;
+                    Err(subscribe_error(&self.stream, &self.shard, e, now, None))
+                }
+            }
+        };
+        Some((out, self))
+    }
+}
+
+/// A SubscribeToShard error as the SDK path classifies it.
+fn subscribe_error(stream: &str, shard: &str, e: KError, now: i64, at_ms: Option<i64>) -> SubscribeError {
+    match e {
+        KError::ResourceInUse(message) => SubscribeError {
+            error: KinesisError::Refused { op: "SubscribeToShard", stream: stream.into(), message },
+            in_use: true,
+        },
+        // AWS answers a consumer (or stream) that is gone with ResourceNotFound
+        KError::ResourceNotFound(_) => SubscribeError {
+            error: KinesisError::StreamNotFound { stream: stream.into(), endpoint: "sim".into() },
+            in_use: false,
+        },
+        e => SubscribeError { error: error("SubscribeToShard", stream, shard, e, now, at_ms), in_use: false },
     }
 }
 
@@ -86,7 +210,144 @@ impl SimKinesis {
     }
 }
 
+fn parents_of(w: &crate::world::World, stream: &str, shard: &str) -> Vec<String> {
+    w.kinesis
+        .list_shards(stream)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|s| s.shard_id == shard)
+        .map(|s| s.parent.into_iter().chain(s.adjacent_parent).collect())
+        .unwrap_or_default()
+}
+
 impl ShardApi for SimKinesis {
+    fn stream_arn<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<String, KinesisError>> {
+        Box::pin(async move {
+            self.there("DescribeStreamSummary", stream).await?;
+            let r = lock(&self.world).kinesis.stream_arn(stream);
+            self.back().await;
+            r.map_err(|_| KinesisError::StreamNotFound { stream: stream.into(), endpoint: "sim".into() })
+        })
+    }
+
+    fn describe_consumer<'a>(
+        &'a self,
+        stream: &'a str,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ConsumerDescription>, KinesisError>> {
+        Box::pin(async move {
+            self.there("DescribeStreamConsumer", stream).await?;
+            let r = {
+                let mut w = lock(&self.world);
+                let now = w.now_ms();
+                w.kinesis.set_now(now);
+                let r = w.kinesis.describe_consumer(stream_arn, name);
+                w.event(format!("w{} kinesis DescribeStreamConsumer {name}: {r:?}", self.worker));
+                match r {
+                    Ok((arn, status)) => Ok(Some(ConsumerDescription {
+                        arn,
+                        status: match status {
+                            "ACTIVE" => ConsumerStatus::Active,
+                            "DELETING" => ConsumerStatus::Deleting,
+                            _ => ConsumerStatus::Creating,
+                        },
+                    })),
+                    Err(KError::ResourceNotFound(_)) => Ok(None),
+                    Err(e) => Err(error("DescribeStreamConsumer", stream, "", e, now, None)),
+                }
+            };
+            self.back().await;
+            r
+        })
+    }
+
+    fn register_consumer<'a>(
+        &'a self,
+        stream: &'a str,
+        stream_arn: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<bool, KinesisError>> {
+        Box::pin(async move {
+            self.there("RegisterStreamConsumer", stream).await?;
+            let r = {
+                let mut w = lock(&self.world);
+                let now = w.now_ms();
+                w.kinesis.set_now(now);
+                let r = w.kinesis.register_consumer(stream_arn, name);
+                w.event(format!("w{} kinesis RegisterStreamConsumer {name}: {r:?}", self.worker));
+                match r {
+                    Ok(_) => Ok(true),
+                    Err(KError::ResourceInUse(_)) => Ok(false),
+                    Err(e) => Err(error("RegisterStreamConsumer", stream, "", e, now, None)),
+                }
+            };
+            self.back().await;
+            r
+        })
+    }
+
+    fn subscribe<'a>(
+        &'a self,
+        stream: &'a str,
+        consumer_arn: &'a str,
+        shard: &'a Arc<str>,
+        pos: StartAt<'a>,
+    ) -> BoxFuture<'a, Result<ShardEvents, SubscribeError>> {
+        Box::pin(async move {
+            self.there("SubscribeToShard", stream).await.map_err(|error| SubscribeError { error, in_use: false })?;
+            let (kind, at_ms) = iterator_type(pos);
+            let (r, lost) = {
+                let mut w = lock(&self.world);
+                let now = w.now_ms();
+                w.kinesis.set_now(now);
+                let parents = parents_of(&w, stream, shard);
+                w.iterator_asked(self.worker, stream, shard, &parents);
+                let r = w.kinesis.subscribe(consumer_arn, shard, kind.clone());
+                let (p_silent, p_lost) = (w.faults.efo_silent, w.faults.efo_subscribe_lost);
+                let silent_after = (w.faults.on && w.rng.chance(p_silent)).then(|| w.rng.range(0, 4) as u32);
+                let lost = r.is_ok() && w.faults.on && w.rng.chance(p_lost);
+                if silent_after.is_some() && r.is_ok() {
+                    w.injected("efo subscription silent");
+                }
+                if lost {
+                    w.injected("efo subscribe answer lost");
+                }
+                w.event(format!(
+                    "w{} kinesis SubscribeToShard {shard} {kind:?}: {}{}{}",
+                    self.worker,
+                    match &r {
+                        Ok(_) => "ok".to_string(),
+                        Err(e) => format!("{e:?}"),
+                    },
+                    if silent_after.is_some() { " (goes silent)" } else { "" },
+                    if lost { " (answer lost)" } else { "" }
+                ));
+                let r = r.map_err(|e| subscribe_error(stream, shard, e, now, at_ms)).map(|sub| Events {
+                    world: self.world.clone(),
+                    worker: self.worker,
+                    stream: stream.to_string(),
+                    shard: shard.clone(),
+                    sub,
+                    silent_after,
+                    done: false,
+                });
+                (r, lost)
+            };
+            self.back().await;
+            if lost {
+                let error = KinesisError::Unreachable {
+                    endpoint: "sim".into(),
+                    op: "SubscribeToShard",
+                    message: "timed out (simulated: the answer was lost)".into(),
+                };
+                return Err(SubscribeError { error, in_use: false });
+            }
+            let events = r?;
+            Ok(Box::pin(futures::stream::unfold(events, Events::next)) as ShardEvents)
+        })
+    }
+
     fn list_shards<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<Vec<ShardDescription>, KinesisError>> {
         Box::pin(async move {
             self.there("ListShards", stream).await?;
@@ -242,28 +503,12 @@ impl ShardApi for SimKinesis {
     ) -> BoxFuture<'a, Result<String, KinesisError>> {
         Box::pin(async move {
             self.there("GetShardIterator", stream).await?;
-            let (kind, at_ms) = match pos {
-                StartAt::Checkpoint(CheckpointPosition::TrimHorizon) => (IteratorType::TrimHorizon, None),
-                StartAt::Checkpoint(CheckpointPosition::AtTimestamp { millis }) => {
-                    (IteratorType::AtTimestamp(*millis), Some(*millis))
-                }
-                StartAt::Checkpoint(CheckpointPosition::AfterSequence { sequence, .. }) => {
-                    (IteratorType::AtSequence(sequence.clone()), None)
-                }
-                StartAt::AfterFetched(sequence) => (IteratorType::AfterSequence(sequence.to_string()), None),
-            };
+            let (kind, at_ms) = iterator_type(pos);
             let r = {
                 let mut w = lock(&self.world);
                 let now = w.now_ms();
                 w.kinesis.set_now(now);
-                let parents: Vec<String> = w
-                    .kinesis
-                    .list_shards(stream)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .find(|s| s.shard_id == shard)
-                    .map(|s| s.parent.into_iter().chain(s.adjacent_parent).collect())
-                    .unwrap_or_default();
+                let parents = parents_of(&w, stream, shard);
                 w.iterator_asked(self.worker, stream, shard, &parents);
                 let r = w.kinesis.get_shard_iterator(stream, shard, kind.clone());
                 w.event(format!(
@@ -303,18 +548,7 @@ impl ShardApi for SimKinesis {
                     Err(e) => w.event(format!("w{} kinesis GetRecords {shard}: {e:?}", self.worker)),
                 }
                 r.map_err(|e| error("GetRecords", stream, shard, e, now, None)).map(|out| Batch {
-                    records: out
-                        .records
-                        .into_iter()
-                        .map(|r| Record {
-                            shard_id: shard.clone(),
-                            sequence: r.sequence.into(),
-                            sub_sequence: 0,
-                            partition_key: r.partition_key.into(),
-                            arrival_ms: r.arrival_ms,
-                            data: Bytes::from(r.data),
-                        })
-                        .collect(),
+                    records: out.records.into_iter().map(|r| record(shard, r)).collect(),
                     next_iterator: out.next_iterator,
                     millis_behind_latest: Some(out.millis_behind_latest),
                     children: out.child_shards,

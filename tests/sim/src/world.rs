@@ -119,6 +119,17 @@ pub struct Faults {
     /// A PutRecords call (a stage writer's) is applied, and its answer lost.
     #[serde(default)]
     pub put_lost_after: f64,
+    /// An enhanced fan-out subscription goes silent after a few events (its connection hangs:
+    /// no event, no error, no end).
+    #[serde(default)]
+    pub efo_silent: f64,
+    /// An enhanced fan-out event is an error instead (InternalFailure: the subscription ends).
+    #[serde(default)]
+    pub efo_error: f64,
+    /// A SubscribeToShard is applied and its answer lost (the next one within 5 s is refused:
+    /// ResourceInUse).
+    #[serde(default)]
+    pub efo_subscribe_lost: f64,
     /// Whether faults are on (off once the fault phase is over).
     pub on: bool,
 }
@@ -151,6 +162,11 @@ pub struct Checks {
     pub lease_holder: BTreeMap<String, u32>,
     /// When a worker stopped holding a shard's lease (released, or its session ended).
     pub lease_lost: BTreeMap<(String, u32), i64>,
+    /// Per `stream/shard`, the checkpoint its holder's hold began from (the holder changed and
+    /// the previous one can write no more): `None` for no checkpoint, `Some(None)` finished.
+    pub hold_from: BTreeMap<String, Option<Option<(String, u64)>>>,
+    /// Deliveries of a record the hold's starting checkpoint covered.
+    pub covered_again: u64,
     /// Per key: each record's arrival time (the service's clock, ms), by its `n`.
     pub arrival: BTreeMap<String, Vec<i64>>,
     /// Per stream: records put and not delivered yet, by arrival time (the service's clock, ms),
@@ -349,6 +365,21 @@ impl World {
                     Some(h) => {
                         self.checks.lease_holder.insert(shard.clone(), h);
                         self.checks.lease_lost.remove(&(shard.clone(), h));
+                        // where the new hold starts: the last checkpoint (the previous holder's
+                        // lease is gone, so it can write no more)
+                        let from = self
+                            .zk
+                            .data_any(&format!("{}/checkpoints/{shard_id}", self.stream_path(stream)))
+                            .and_then(|d| serde_json::from_slice::<Checkpoint>(&d).ok())
+                            .map(|c| match c.position {
+                                _ if c.finished => None,
+                                CheckpointPosition::AfterSequence { sequence, sub_sequence } => {
+                                    Some((sequence, sub_sequence))
+                                }
+                                // TRIM_HORIZON, AT_TIMESTAMP: covers nothing
+                                _ => Some((String::new(), 0)),
+                            });
+                        self.checks.hold_from.insert(shard.clone(), from);
                     }
                     None => {
                         self.checks.lease_holder.remove(&shard);
@@ -360,9 +391,31 @@ impl World {
 
     /// A delivery to a sink bolt of `worker`: per key, no record before an earlier one of its key;
     /// and only from a shard whose lease the worker holds (a zombie hands nothing on).
-    pub fn deliver(&mut self, worker: u32, stream: &str, key: &str, n: u64, shard: &str, sequence: &str) {
+    pub fn deliver(&mut self, worker: u32, stream: &str, key: &str, n: u64, shard: &str, at: (&str, u64)) {
         let now = self.now_ms();
+        let (sequence, sub) = at;
         let held = format!("{stream}/{shard}");
+        // A hold hands on nothing its starting checkpoint covers: every record at or below it
+        // was processed (a reader resuming inside a KPL aggregate skips the user records at or
+        // below it; a renewed subscription starts after the last event handed on).
+        if self.checks.lease_holder.get(&held) == Some(&worker)
+            && let Some(Some(from)) = self.checks.hold_from.get(&held)
+        {
+            let covered = match from {
+                None => Some("the shard had finished".to_string()),
+                Some((seq, s)) if !seq.is_empty() && sequence_cmp(sequence, seq).then(sub.cmp(s)).is_le() => {
+                    Some(format!("its checkpoint was after {seq}/{s}"))
+                }
+                Some(_) => None,
+            };
+            if let Some(why) = covered {
+                self.checks.covered_again += 1;
+                self.violation(format!(
+                    "checkpointed record handed on again: w{worker} handed on {stream}/{key}:{n} ({shard} {sequence}/{sub}) \
+                     in a hold that began when {why}"
+                ));
+            }
+        }
         // per-key order is per stream: keys are `{stream}/{key}` in the checks
         let key = &format!("{stream}/{key}");
         if self.checks.lease_holder.get(&held) != Some(&worker) {
@@ -390,7 +443,10 @@ impl World {
         // Per-key order within a shard's lineage: the first delivery of n comes after a delivery
         // of every earlier record of its key.
         let missing = (n > from && first).then(|| (from..n).rev().find(|m| !seen.contains(m))).flatten();
-        self.event(format!("w{worker} deliver {key}:{n} {shard} {sequence}{}", if first { "" } else { " again" }));
+        self.event(format!(
+            "w{worker} deliver {key}:{n} {shard} {sequence}/{sub}{}",
+            if first { "" } else { " again" }
+        ));
         if let Some(m) = missing {
             self.violation(format!(
                 "per-key order: w{worker} delivered {key}:{n} (shard {shard}, sequence {sequence}) before {key}:{m}"
