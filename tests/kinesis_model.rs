@@ -15,13 +15,22 @@
 //! code of the refusal of another shard's sequence number (kinesis-local
 //! ResourceNotFoundException, AWS InvalidArgumentException: only that both refuse is compared). Iterator
 //! expiry (5 minutes) is the model's own, not compared here.
+//!
+//! Enhanced fan-out (the second test): a consumer registered in both, random puts, splits and
+//! subscriptions (TRIM_HORIZON, AT_SEQUENCE_NUMBER, AFTER_SEQUENCE_NUMBER, AT_TIMESTAMP, and
+//! AFTER_SEQUENCE_NUMBER of an earlier subscription's last continuation sequence), each read
+//! until caught up; compared: the records delivered, in order. Left out: the end of a closed
+//! shard (kinesis-local sends no ChildShards and keeps a continuation), the rule that refuses a
+//! second subscription within 5 s (kinesis-local refuses one only while another is live, inside
+//! the event stream; the model follows AWS, and the test moves the model's clock 5 s on between
+//! subscriptions), how often events come, and the consumer's CREATING time.
 
 use squall_test_support as support;
 
 use std::time::Duration;
 
 use aws_sdk_kinesis::primitives::{Blob, DateTime};
-use aws_sdk_kinesis::types::ShardIteratorType;
+use aws_sdk_kinesis::types::{ShardIteratorType, StartingPosition, SubscribeToShardEventStream};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use support::TestStream;
@@ -298,4 +307,236 @@ async fn the_kinesis_model_answers_as_kinesis_local_does_where_it_follows_aws() 
         run_seed(seed, 50).await;
     }
     eprintln!("Kinesis model: {seeds} seeds of 50 steps each agree with kinesis-local (seeds {first}..)");
+}
+
+/// Where a subscription of the EFO differential test starts.
+#[derive(Debug, Clone)]
+enum From {
+    TrimHorizon,
+    AtSeq(usize),
+    AfterSeq(usize),
+    AtMark(usize),
+    /// After an earlier subscription's last continuation sequence (real, model).
+    Continuation(usize),
+}
+
+/// Reads a real subscription until an event says it is caught up: the records (partition key,
+/// data) and the last continuation sequence. kinesis-local refuses a subscription while the
+/// previous one to the shard is still live (inside the event stream): retried.
+async fn read_real(
+    client: &aws_sdk_kinesis::Client,
+    consumer: &str,
+    shard: &str,
+    pos: StartingPosition,
+) -> Result<(Vec<(String, Vec<u8>)>, Option<String>), String> {
+    for _ in 0..20 {
+        let out = client
+            .subscribe_to_shard()
+            .consumer_arn(consumer)
+            .shard_id(shard)
+            .starting_position(pos.clone())
+            .send()
+            .await;
+        let mut out = match out {
+            Ok(o) => o,
+            Err(e) => return Err(format!("error {:?}", aws_sdk_kinesis::error::ProvideErrorMetadata::code(&e))),
+        };
+        let mut recs = Vec::new();
+        let mut cont = None;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let ev = tokio::time::timeout_at(deadline, out.event_stream.recv())
+                .await
+                .map_err(|_| format!("no caught-up event from {shard} in 20 s"))?;
+            match ev {
+                Ok(Some(SubscribeToShardEventStream::SubscribeToShardEvent(ev))) => {
+                    recs.extend(ev.records.iter().map(|r| (r.partition_key.clone(), r.data.as_ref().to_vec())));
+                    cont = Some(ev.continuation_sequence_number.clone());
+                    if ev.millis_behind_latest == 0 {
+                        return Ok((recs, cont));
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return Ok((recs, cont)),
+                Err(e) if format!("{e:?}").contains("ResourceInUse") => break,
+                Err(e) => return Err(format!("event stream error {e:?}")),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(format!("the subscription to {shard} stayed in use"))
+}
+
+async fn run_efo_seed(seed: u64, steps: usize) {
+    use support::kinesismodel::{CONSUMER_CREATING_MS, RESUBSCRIBE_IN_USE_MS};
+    let s = TestStream::create("kmodel-efo", 2).await;
+    let (client, name) = (s.client.clone(), s.name.clone());
+    let mut model = KinesisModel::new();
+    // the model's clock: the real one plus `offset`, moved on between subscriptions (the model
+    // refuses a second one within 5 s, as AWS does)
+    let mut offset = 0i64;
+    model.set_now(squall::coord::now_ms());
+    let ranges: Vec<(u128, u128)> = support::ops::list_shards(&client, &name)
+        .await
+        .iter()
+        .map(|d| (d.starting_hash_key.parse().unwrap(), d.ending_hash_key.parse().unwrap()))
+        .collect();
+    model.create_stream_with_ranges(&name, &ranges).unwrap();
+    let stream_arn = client
+        .describe_stream_summary()
+        .stream_name(&name)
+        .send()
+        .await
+        .unwrap()
+        .stream_description_summary
+        .unwrap()
+        .stream_arn;
+    let real_consumer = client
+        .register_stream_consumer()
+        .stream_arn(&stream_arn)
+        .consumer_name("model")
+        .send()
+        .await
+        .unwrap()
+        .consumer
+        .unwrap()
+        .consumer_arn;
+    let model_consumer = model.register_consumer(&model.stream_arn(&name).unwrap(), "model").unwrap();
+    offset += CONSUMER_CREATING_MS;
+    // the real consumer ACTIVE
+    for _ in 0..100 {
+        let d = client.describe_stream_consumer().consumer_arn(&real_consumer).send().await.unwrap();
+        if d.consumer_description.unwrap().consumer_status == aws_sdk_kinesis::types::ConsumerStatus::Active {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut rng = StdRng::seed_from_u64(seed);
+    // records put: (real sequence, model sequence, shard)
+    let mut recs: Vec<(String, String, String)> = Vec::new();
+    // times between puts: (real, model)
+    let mut marks: Vec<(i64, i64)> = Vec::new();
+    // continuations of earlier subscriptions: (real, model, shard)
+    let mut conts: Vec<(String, String, String)> = Vec::new();
+    let mut trace = Vec::new();
+    for i in 0..steps {
+        model.set_now(squall::coord::now_ms() + offset);
+        let (what, r, m) = match rng.random_range(0..10) {
+            0..=4 => {
+                let key = KEYS[rng.random_range(0..KEYS.len())];
+                let data = vec![rng.random::<u8>(); rng.random_range(1..4)];
+                let real = client
+                    .put_record()
+                    .stream_name(&name)
+                    .partition_key(key)
+                    .data(Blob::new(data.clone()))
+                    .send()
+                    .await
+                    .unwrap();
+                model.set_now(squall::coord::now_ms() + offset);
+                let (shard, seq) = model.put_record(&name, key, &data, None).unwrap();
+                recs.push((real.sequence_number.clone(), seq, shard.clone()));
+                (format!("put {key}"), real.shard_id, shard)
+            }
+            5 => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let now = squall::coord::now_ms();
+                marks.push((now, now + offset));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            6 => {
+                let open: Vec<_> =
+                    model.list_shards(&name).unwrap().into_iter().filter(|s| s.end_seq.is_none()).collect();
+                if open.len() >= 4 {
+                    continue;
+                }
+                let sh = &open[rng.random_range(0..open.len())];
+                let r = squall::kinesis::split_shard(&client, &s.label(), &name, &sh.shard_id)
+                    .await
+                    .map_or_else(|e| format!("error {e}"), |_| "split".to_string());
+                let mid = sh.start_hash + (sh.end_hash - sh.start_hash) / 2 + 1;
+                let m = model
+                    .split_shard(&name, &sh.shard_id, mid)
+                    .map_or_else(|e| format!("error {}", e.code()), |()| "split".to_string());
+                (format!("split {}", sh.shard_id), r, m)
+            }
+            _ => {
+                let shards = model.list_shards(&name).unwrap();
+                let shard = shards[rng.random_range(0..shards.len())].shard_id.clone();
+                let mine: Vec<usize> = (0..recs.len()).filter(|k| recs[*k].2 == shard).collect();
+                let theirs: Vec<usize> = (0..conts.len()).filter(|k| conts[*k].2 == shard).collect();
+                let from = match rng.random_range(0..5) {
+                    1 if !mine.is_empty() => From::AtSeq(mine[rng.random_range(0..mine.len())]),
+                    2 if !mine.is_empty() => From::AfterSeq(mine[rng.random_range(0..mine.len())]),
+                    3 if !marks.is_empty() => From::AtMark(rng.random_range(0..marks.len())),
+                    4 if !theirs.is_empty() => From::Continuation(theirs[rng.random_range(0..theirs.len())]),
+                    _ => From::TrimHorizon,
+                };
+                let b = StartingPosition::builder();
+                let (pos, kind) = match &from {
+                    From::TrimHorizon => (b.r#type(ShardIteratorType::TrimHorizon), IteratorType::TrimHorizon),
+                    From::AtSeq(k) => (
+                        b.r#type(ShardIteratorType::AtSequenceNumber).sequence_number(&recs[*k].0),
+                        IteratorType::AtSequence(recs[*k].1.clone()),
+                    ),
+                    From::AfterSeq(k) => (
+                        b.r#type(ShardIteratorType::AfterSequenceNumber).sequence_number(&recs[*k].0),
+                        IteratorType::AfterSequence(recs[*k].1.clone()),
+                    ),
+                    From::AtMark(k) => (
+                        b.r#type(ShardIteratorType::AtTimestamp).timestamp(DateTime::from_millis(marks[*k].0)),
+                        IteratorType::AtTimestamp(marks[*k].1),
+                    ),
+                    From::Continuation(k) => (
+                        b.r#type(ShardIteratorType::AfterSequenceNumber).sequence_number(&conts[*k].0),
+                        IteratorType::AfterSequence(conts[*k].1.clone()),
+                    ),
+                };
+                let real = read_real(&client, &real_consumer, &shard, pos.build().unwrap()).await;
+                offset += RESUBSCRIBE_IN_USE_MS;
+                model.set_now(squall::coord::now_ms() + offset);
+                let mm = model.subscribe(&model_consumer, &shard, kind).and_then(|mut sub| {
+                    let mut got = Vec::new();
+                    let mut cont = None;
+                    while let Some(ev) = model.next_event(&mut sub, 10_000)? {
+                        got.extend(ev.records.iter().map(|r| (r.partition_key.clone(), r.data.clone())));
+                        let end = ev.continuation.is_none();
+                        cont = ev.continuation;
+                        if ev.millis_behind_latest == 0 || end {
+                            break;
+                        }
+                    }
+                    Ok((got, cont))
+                });
+                let r = match &real {
+                    Ok((got, _)) => format!("{got:?}"),
+                    Err(e) => e.clone(),
+                };
+                let m = match &mm {
+                    Ok((got, _)) => format!("{got:?}"),
+                    Err(e) => format!("error {:?}", e.code()),
+                };
+                // the continuations of both, for a later subscription (a closed shard's end has
+                // none in the model: AWS; kinesis-local keeps one)
+                if let (Ok((_, Some(rc))), Ok((_, Some(mc)))) = (&real, &mm) {
+                    conts.push((rc.clone(), mc.clone(), shard.clone()));
+                }
+                (format!("subscribe {shard} {from:?}"), r, m)
+            }
+        };
+        trace.push(format!("{i}: {what}\n    kinesis-local: {r}\n    model:         {m}"));
+        assert_eq!(r, m, "seed {seed}, step {i} differs:\n{}", trace.join("\n"));
+    }
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kinesis_models_subscriptions_deliver_what_kinesis_local_delivers() {
+    let seeds: u64 = std::env::var("SQUALL_KINESIS_MODEL_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
+    let first: u64 = std::env::var("SQUALL_KINESIS_MODEL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    for seed in first..first + seeds {
+        run_efo_seed(seed, 30).await;
+    }
+    eprintln!("Kinesis model, enhanced fan-out: {seeds} seeds of 30 steps each agree with kinesis-local (seeds {first}..)");
 }
