@@ -538,5 +538,7 @@ async fn the_kinesis_models_subscriptions_deliver_what_kinesis_local_delivers() 
     for seed in first..first + seeds {
         run_efo_seed(seed, 30).await;
     }
-    eprintln!("Kinesis model, enhanced fan-out: {seeds} seeds of 30 steps each agree with kinesis-local (seeds {first}..)");
+    eprintln!(
+        "Kinesis model, enhanced fan-out: {seeds} seeds of 30 steps each agree with kinesis-local (seeds {first}..)"
+    );
 }

@@ -116,6 +116,11 @@ pub struct Scenario {
     pub efo_renew_ms: u64,
     #[serde(default)]
     pub efo_silence_ms: u64,
+    /// A bolt beside the checking sink takes up to this many ms per tuple (0: none), of the
+    /// spout's tuples and of the window firer's firings: trees complete late, so handoffs,
+    /// drains, checkpoints and firings wait on tuples in flight.
+    #[serde(default)]
+    pub slow_ms: u64,
 }
 
 impl Scenario {
@@ -220,6 +225,7 @@ impl Scenario {
             efo: false,
             efo_renew_ms: 0,
             efo_silence_ms: 0,
+            slow_ms: 0,
         }
         .with_initial_position(rng)
     }
@@ -586,6 +592,27 @@ impl Bolt for FiredSink {
     }
 }
 
+/// A bolt that takes time (0 to `max_ms` of simulated time per tuple, drawn from the seed) beside
+/// the checking sink: the spout's tuple trees, and a window firer's firings, complete only once
+/// it is done, so handoffs, drains, checkpoints and firings wait on tuples in flight.
+struct Slow {
+    world: Shared,
+    worker: u32,
+    max_ms: u64,
+}
+
+impl Bolt for Slow {
+    async fn execute(&mut self, _t: Tuple, _out: &mut BoltOutput) -> Result<(), ComponentError> {
+        let ms = lock(&self.world).rng.range(0, self.max_ms);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        if lock(&self.world).net(self.worker).0 {
+            // A crashed process does nothing more.
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+}
+
 /// Per key: the records put with it, over every stream (what exactly-once must count).
 fn expected_counts(w: &World) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
@@ -823,12 +850,14 @@ impl Fleet {
             }
         };
         let (mid_shards, third, down_world) = (self.scenario.mid_shards, self.scenario.third, self.world.clone());
+        let (slow_ms, slow_world) = (self.scenario.slow_ms, self.world.clone());
         let global_finals = self.scenario.global_finals;
         let handle = tokio::task::spawn_local(async move {
             let staged_eo = eo.clone().filter(|_| mid_shards > 0);
             let first = Stages::new("main", move |b, spout| {
                 b.set_bolt("sink", SINK_TASKS, move |_| Sink { world: sink_world.clone(), worker: id, task: 0 })
                     .fields_grouping(spout, &["partition_key"]);
+                let mut fires = false;
                 match eo {
                     Some(cfg) if mid_shards > 0 => {
                         let mut cfg = cfg;
@@ -851,6 +880,7 @@ impl Fleet {
                             .fields(&fields);
                         b.set_bolt("fired", 1, move |_| FiredSink { world: fired_world.clone(), worker: id })
                             .shuffle_grouping("fire");
+                        fires = true;
                     }
                     Some(cfg) => {
                         b.set_bolt("eo", 2, move |_| ExactlyOnce::new(cfg.clone(), CountByKey))
@@ -862,6 +892,15 @@ impl Fleet {
                             .fields(&RELAY_FIELDS);
                     }
                     None => {}
+                }
+                if slow_ms > 0 {
+                    let world = slow_world.clone();
+                    let mut d =
+                        b.set_bolt("slow", 2, move |_| Slow { world: world.clone(), worker: id, max_ms: slow_ms });
+                    d.shuffle_grouping(spout);
+                    if fires {
+                        d.shuffle_grouping("fire");
+                    }
                 }
             });
             let stages = match staged_eo {
