@@ -48,6 +48,30 @@ enum Kind {
     Future,
 }
 
+/// Splits a random open shard in kinesis-local and the model (in the middle of its hash range,
+/// as `squall::kinesis::split_shard` does), unless `max_open` shards are open: the step, and
+/// what each answered.
+async fn split_both(
+    s: &TestStream,
+    model: &mut KinesisModel,
+    rng: &mut StdRng,
+    max_open: usize,
+) -> Option<(String, String, String)> {
+    let open: Vec<_> = model.list_shards(&s.name).unwrap().into_iter().filter(|s| s.end_seq.is_none()).collect();
+    if open.len() >= max_open {
+        return None;
+    }
+    let sh = &open[rng.random_range(0..open.len())];
+    let r = squall::kinesis::split_shard(&s.client, &s.label(), &s.name, &sh.shard_id)
+        .await
+        .map_or_else(|e| format!("error {e}"), |_| "split".to_string());
+    let mid = sh.start_hash + (sh.end_hash - sh.start_hash) / 2 + 1;
+    let m = model
+        .split_shard(&s.name, &sh.shard_id, mid)
+        .map_or_else(|e| format!("error {}", e.code()), |()| "split".to_string());
+    Some((format!("split {}", sh.shard_id), r, m))
+}
+
 async fn run_seed(seed: u64, steps: usize) {
     let s = TestStream::create("kmodel", 2).await;
     let (client, name) = (s.client.clone(), s.name.clone());
@@ -204,22 +228,10 @@ async fn run_seed(seed: u64, steps: usize) {
                 }
                 (format!("get {k} limit {limit}"), r, m)
             }
-            10 => {
-                let open: Vec<_> =
-                    model.list_shards(&name).unwrap().into_iter().filter(|s| s.end_seq.is_none()).collect();
-                if open.len() >= 6 {
-                    continue;
-                }
-                let sh = &open[rng.random_range(0..open.len())];
-                let r = squall::kinesis::split_shard(&client, &s.label(), &name, &sh.shard_id)
-                    .await
-                    .map_or_else(|e| format!("error {e}"), |_| "split".to_string());
-                let mid = sh.start_hash + (sh.end_hash - sh.start_hash) / 2 + 1;
-                let m = model
-                    .split_shard(&name, &sh.shard_id, mid)
-                    .map_or_else(|e| format!("error {}", e.code()), |()| "split".to_string());
-                (format!("split {}", sh.shard_id), r, m)
-            }
+            10 => match split_both(&s, &mut model, &mut rng, 6).await {
+                Some(step) => step,
+                None => continue,
+            },
             11 => {
                 let mut open: Vec<_> =
                     model.list_shards(&name).unwrap().into_iter().filter(|s| s.end_seq.is_none()).collect();
@@ -445,22 +457,10 @@ async fn run_efo_seed(seed: u64, steps: usize) {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             }
-            6 => {
-                let open: Vec<_> =
-                    model.list_shards(&name).unwrap().into_iter().filter(|s| s.end_seq.is_none()).collect();
-                if open.len() >= 4 {
-                    continue;
-                }
-                let sh = &open[rng.random_range(0..open.len())];
-                let r = squall::kinesis::split_shard(&client, &s.label(), &name, &sh.shard_id)
-                    .await
-                    .map_or_else(|e| format!("error {e}"), |_| "split".to_string());
-                let mid = sh.start_hash + (sh.end_hash - sh.start_hash) / 2 + 1;
-                let m = model
-                    .split_shard(&name, &sh.shard_id, mid)
-                    .map_or_else(|e| format!("error {}", e.code()), |()| "split".to_string());
-                (format!("split {}", sh.shard_id), r, m)
-            }
+            6 => match split_both(&s, &mut model, &mut rng, 4).await {
+                Some(step) => step,
+                None => continue,
+            },
             _ => {
                 let shards = model.list_shards(&name).unwrap();
                 let shard = shards[rng.random_range(0..shards.len())].shard_id.clone();

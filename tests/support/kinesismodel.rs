@@ -190,6 +190,26 @@ pub fn hash_key(partition_key: &str) -> u128 {
     squall::kinesis::kpl::partition_key_hash(partition_key)
 }
 
+/// The shards whose parent (or adjacent parent) is `shard`.
+fn children(stream: &Stream, shard: &str) -> Vec<String> {
+    stream
+        .shards
+        .iter()
+        .filter(|s| s.info.parent.as_deref() == Some(shard) || s.info.adjacent_parent.as_deref() == Some(shard))
+        .map(|s| s.info.shard_id.clone())
+        .collect()
+}
+
+/// MillisBehindLatest: 0 when nothing is left after the records taken, else how far the last
+/// one taken is from the shard's newest.
+fn behind(left: usize, last: Option<&Rec>, newest: Option<i64>) -> i64 {
+    match (left, last, newest) {
+        (0, _, _) => 0,
+        (_, Some(r), Some(n)) => (n - r.arrival_ms).max(0),
+        _ => 0,
+    }
+}
+
 fn seq_str(n: u128) -> String {
     format!("{n:056}")
 }
@@ -385,24 +405,8 @@ impl KinesisModel {
         let newest = shard.records.last().map(|(_, r)| r.arrival_ms);
         let left = pending.len() - taken.len();
         let at_end = shard.info.end_seq.is_some() && left == 0;
-        let child_shards: Vec<String> = if at_end {
-            stream
-                .shards
-                .iter()
-                .filter(|s| {
-                    s.info.parent.as_deref() == Some(it.shard.as_str())
-                        || s.info.adjacent_parent.as_deref() == Some(it.shard.as_str())
-                })
-                .map(|s| s.info.shard_id.clone())
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let behind = match (left, taken.last(), newest) {
-            (0, _, _) => 0,
-            (_, Some(r), Some(n)) => (n - r.arrival_ms).max(0),
-            _ => 0,
-        };
+        let child_shards = if at_end { children(stream, &it.shard) } else { Vec::new() };
+        let behind = behind(left, taken.last(), newest);
         let next_iterator = if at_end {
             None
         } else {
@@ -588,25 +592,9 @@ impl KinesisModel {
             sub.after = n;
         }
         let newest = shard.records.last().map(|(_, r)| r.arrival_ms);
-        let behind = match (left, taken.last(), newest) {
-            (0, _, _) => 0,
-            (_, Some(r), Some(n)) => (n - r.arrival_ms).max(0),
-            _ => 0,
-        };
+        let behind = behind(left, taken.last(), newest);
         let at_end = shard.info.end_seq.is_some() && left == 0;
-        let child_shards: Vec<String> = if at_end {
-            stream
-                .shards
-                .iter()
-                .filter(|s| {
-                    s.info.parent.as_deref() == Some(sub.shard.as_str())
-                        || s.info.adjacent_parent.as_deref() == Some(sub.shard.as_str())
-                })
-                .map(|s| s.info.shard_id.clone())
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let child_shards = if at_end { children(stream, &sub.shard) } else { Vec::new() };
         sub.ended = at_end;
         let continuation = (!at_end).then(|| seq_str(sub.after));
         Ok(Some(EventOut { records: taken, continuation, millis_behind_latest: behind, child_shards }))
