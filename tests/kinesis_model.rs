@@ -48,6 +48,22 @@ enum Kind {
     Future,
 }
 
+/// A new stream of two shards in kinesis-local, and the model's stream over the same hash
+/// ranges (kinesis-local splits the key space a little differently from AWS; the model's own
+/// split, AWS's, is checked below).
+async fn stream_and_model(prefix: &str) -> (TestStream, KinesisModel) {
+    let s = TestStream::create(prefix, 2).await;
+    let mut model = KinesisModel::new();
+    model.set_now(squall::coord::now_ms());
+    let ranges: Vec<(u128, u128)> = support::ops::list_shards(&s.client, &s.name)
+        .await
+        .iter()
+        .map(|d| (d.starting_hash_key.parse().unwrap(), d.ending_hash_key.parse().unwrap()))
+        .collect();
+    model.create_stream_with_ranges(&s.name, &ranges).unwrap();
+    (s, model)
+}
+
 /// Splits a random open shard in kinesis-local and the model (in the middle of its hash range,
 /// as `squall::kinesis::split_shard` does), unless `max_open` shards are open: the step, and
 /// what each answered.
@@ -73,18 +89,8 @@ async fn split_both(
 }
 
 async fn run_seed(seed: u64, steps: usize) {
-    let s = TestStream::create("kmodel", 2).await;
+    let (s, mut model) = stream_and_model("kmodel").await;
     let (client, name) = (s.client.clone(), s.name.clone());
-    let mut model = KinesisModel::new();
-    model.set_now(squall::coord::now_ms());
-    // kinesis-local splits the key space a little differently from AWS (the model's own split,
-    // AWS's, is checked below): the model starts from the engine's ranges
-    let ranges: Vec<(u128, u128)> = support::ops::list_shards(&client, &name)
-        .await
-        .iter()
-        .map(|d| (d.starting_hash_key.parse().unwrap(), d.ending_hash_key.parse().unwrap()))
-        .collect();
-    model.create_stream_with_ranges(&name, &ranges).unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
     // records put so far: (real sequence, model sequence)
     let mut recs: Vec<(String, String)> = Vec::new();
@@ -381,28 +387,12 @@ async fn read_real(
 
 async fn run_efo_seed(seed: u64, steps: usize) {
     use support::kinesismodel::{CONSUMER_CREATING_MS, RESUBSCRIBE_IN_USE_MS};
-    let s = TestStream::create("kmodel-efo", 2).await;
+    let (s, mut model) = stream_and_model("kmodel-efo").await;
     let (client, name) = (s.client.clone(), s.name.clone());
-    let mut model = KinesisModel::new();
     // the model's clock: the real one plus `offset`, moved on between subscriptions (the model
     // refuses a second one within 5 s, as AWS does)
     let mut offset = 0i64;
-    model.set_now(squall::coord::now_ms());
-    let ranges: Vec<(u128, u128)> = support::ops::list_shards(&client, &name)
-        .await
-        .iter()
-        .map(|d| (d.starting_hash_key.parse().unwrap(), d.ending_hash_key.parse().unwrap()))
-        .collect();
-    model.create_stream_with_ranges(&name, &ranges).unwrap();
-    let stream_arn = client
-        .describe_stream_summary()
-        .stream_name(&name)
-        .send()
-        .await
-        .unwrap()
-        .stream_description_summary
-        .unwrap()
-        .stream_arn;
+    let stream_arn = support::ops::stream_arn(&client, &name).await;
     let real_consumer = client
         .register_stream_consumer()
         .stream_arn(&stream_arn)

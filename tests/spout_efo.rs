@@ -354,16 +354,7 @@ async fn efo_consumer_deregistered_under_a_running_worker_is_registered_again() 
     let m1 = put(&s, 200).await;
     let r = cluster.wait_delivered(std::slice::from_ref(&m1), Duration::from_secs(60)).await;
     assert_eq!(r.lost, 0, "{r:?}\n{}", cluster.logs());
-    let arn = s
-        .client
-        .describe_stream_summary()
-        .stream_name(&s.name)
-        .send()
-        .await
-        .unwrap()
-        .stream_description_summary
-        .unwrap()
-        .stream_arn;
+    let arn = support::ops::stream_arn(&s.client, &s.name).await;
     s.client.deregister_stream_consumer().stream_arn(&arn).consumer_name(&name).send().await.expect("deregister");
     // past a renewal (2 s): the next subscriptions name the deregistered consumer
     tokio::time::sleep(Duration::from_secs(5)).await;

@@ -145,6 +145,19 @@ pub async fn list_shards(client: &aws_sdk_kinesis::Client, stream: &str) -> Vec<
     squall::kinesis::list_shards(client, "test", stream).await.unwrap_or_else(|e| panic!("listing {stream}: {e}"))
 }
 
+/// A stream's ARN (DescribeStreamSummary).
+pub async fn stream_arn(client: &aws_sdk_kinesis::Client, stream: &str) -> String {
+    client
+        .describe_stream_summary()
+        .stream_name(stream)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("describing {stream}: {e:?}"))
+        .stream_description_summary
+        .unwrap_or_else(|| panic!("{stream} has no description"))
+        .stream_arn
+}
+
 /// A znode's data as JSON (None when it does not exist or is not JSON).
 pub async fn znode_json(zk: &zookeeper_client::Client, path: &str) -> Option<serde_json::Value> {
     let (data, _) = zk.get_data(path).await.ok()?;
