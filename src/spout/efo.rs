@@ -295,72 +295,89 @@ impl ShardSource {
         }
     }
 
-    /// SubscribeToShard; the SDK's event stream as [`ShardEvents`].
+    /// SubscribeToShard (the SDK's event stream as [`ShardEvents`]); an error of an AT_TIMESTAMP
+    /// start names its timestamp.
     async fn subscribe(
         &self,
         consumer_arn: &str,
         shard: &Arc<str>,
         from: StartAt<'_>,
     ) -> Result<ShardEvents, SubscribeError> {
-        let (client, endpoint, stream) = match self {
-            ShardSource::Kinesis { client, endpoint, stream } => (client, endpoint, stream),
-            ShardSource::Api { api, stream } => return api.subscribe(stream, consumer_arn, shard, from).await,
+        let r = match self {
+            ShardSource::Kinesis { client, endpoint, stream } => {
+                subscribe_sdk(client, endpoint, stream, consumer_arn, shard, from).await
+            }
+            ShardSource::Api { api, stream } => api.subscribe(stream, consumer_arn, shard, from).await,
         };
-        let pos = StartingPosition::builder();
-        let pos = match from {
-            StartAt::Checkpoint(CheckpointPosition::TrimHorizon) => pos.r#type(ShardIteratorType::TrimHorizon),
-            StartAt::Checkpoint(CheckpointPosition::AtTimestamp { millis }) => {
-                pos.r#type(ShardIteratorType::AtTimestamp).timestamp(DateTime::from_millis(*millis))
+        r.map_err(|mut e| {
+            if let StartAt::Checkpoint(CheckpointPosition::AtTimestamp { millis }) = from {
+                e.error = e.error.with_start_timestamp(*millis);
             }
-            StartAt::Checkpoint(CheckpointPosition::AfterSequence { sequence, .. }) => {
-                pos.r#type(ShardIteratorType::AtSequenceNumber).sequence_number(sequence)
-            }
-            StartAt::AfterFetched(sequence) => {
-                pos.r#type(ShardIteratorType::AfterSequenceNumber).sequence_number(sequence)
-            }
-        };
-        let pos = pos.build().map_err(|e| SubscribeError {
-            error: KinesisError::Config { field: "starting position".into(), reason: e.to_string() },
-            in_use: false,
-        })?;
-        let out = client
-            .subscribe_to_shard()
-            .consumer_arn(consumer_arn)
-            .shard_id(shard.as_ref())
-            .starting_position(pos)
-            .send()
-            .await
-            .map_err(|e| classify("SubscribeToShard", stream, endpoint, e, |e| e.is_resource_in_use_exception()))?;
+            e
+        })
+    }
+}
+
+/// SubscribeToShard through the SDK.
+async fn subscribe_sdk(
+    client: &aws_sdk_kinesis::Client,
+    endpoint: &str,
+    stream: &str,
+    consumer_arn: &str,
+    shard: &Arc<str>,
+    from: StartAt<'_>,
+) -> Result<ShardEvents, SubscribeError> {
+    let pos = StartingPosition::builder();
+    let pos = match from {
+        StartAt::Checkpoint(CheckpointPosition::TrimHorizon) => pos.r#type(ShardIteratorType::TrimHorizon),
+        StartAt::Checkpoint(CheckpointPosition::AtTimestamp { millis }) => {
+            pos.r#type(ShardIteratorType::AtTimestamp).timestamp(DateTime::from_millis(*millis))
+        }
+        StartAt::Checkpoint(CheckpointPosition::AfterSequence { sequence, .. }) => {
+            pos.r#type(ShardIteratorType::AtSequenceNumber).sequence_number(sequence)
+        }
+        StartAt::AfterFetched(sequence) => pos.r#type(ShardIteratorType::AfterSequenceNumber).sequence_number(sequence),
+    };
+    let pos = pos.build().map_err(|e| SubscribeError {
+        error: KinesisError::Config { field: "starting position".into(), reason: e.to_string() },
+        in_use: false,
+    })?;
+    let out = client
+        .subscribe_to_shard()
+        .consumer_arn(consumer_arn)
+        .shard_id(shard.as_ref())
+        .starting_position(pos)
+        .send()
+        .await
+        .map_err(|e| classify("SubscribeToShard", stream, endpoint, e, |e| e.is_resource_in_use_exception()))?;
+    let (shard, stream, endpoint) = (shard.clone(), stream.to_string(), endpoint.to_string());
+    let events = futures::stream::unfold(Some(out), move |rx| {
         let (shard, stream, endpoint) = (shard.clone(), stream.clone(), endpoint.clone());
-        let events = futures::stream::unfold(Some(out), move |rx| {
-            let (shard, stream, endpoint) = (shard.clone(), stream.clone(), endpoint.clone());
-            async move {
-                let mut rx = rx?;
-                loop {
-                    match rx.event_stream.recv().await {
-                        Ok(Some(SubscribeToShardEventStream::SubscribeToShardEvent(ev))) => {
-                            let event = ShardEvent {
-                                records: ev.records.into_iter().map(|r| record_from_sdk(&shard, r)).collect(),
-                                continuation: ev.continuation_sequence_number,
-                                millis_behind_latest: ev.millis_behind_latest,
-                                children: ev.child_shards.unwrap_or_default().into_iter().map(|c| c.shard_id).collect(),
-                            };
-                            return Some((Ok(event), Some(rx)));
-                        }
-                        Ok(Some(_)) => continue,
-                        Ok(None) => return None,
-                        Err(e) => {
-                            let e = classify("SubscribeToShard", &stream, &endpoint, e, |e| {
-                                e.is_resource_in_use_exception()
-                            });
-                            return Some((Err(e), None));
-                        }
+        async move {
+            let mut rx = rx?;
+            loop {
+                match rx.event_stream.recv().await {
+                    Ok(Some(SubscribeToShardEventStream::SubscribeToShardEvent(ev))) => {
+                        let event = ShardEvent {
+                            records: ev.records.into_iter().map(|r| record_from_sdk(&shard, r)).collect(),
+                            continuation: ev.continuation_sequence_number,
+                            millis_behind_latest: ev.millis_behind_latest,
+                            children: ev.child_shards.unwrap_or_default().into_iter().map(|c| c.shard_id).collect(),
+                        };
+                        return Some((Ok(event), Some(rx)));
+                    }
+                    Ok(Some(_)) => continue,
+                    Ok(None) => return None,
+                    Err(e) => {
+                        let e =
+                            classify("SubscribeToShard", &stream, &endpoint, e, |e| e.is_resource_in_use_exception());
+                        return Some((Err(e), None));
                     }
                 }
             }
-        });
-        Ok(events.boxed())
-    }
+        }
+    });
+    Ok(events.boxed())
 }
 
 /// Where a shard's reading stands, carried from one subscription to the next.
@@ -507,21 +524,6 @@ impl ReaderCtx {
         }
     }
 
-    /// Opens a subscription to `shard`.
-    async fn subscribe(
-        &self,
-        consumer_arn: &str,
-        shard: &Arc<str>,
-        from: StartAt<'_>,
-    ) -> Result<ShardEvents, SubscribeError> {
-        self.source.subscribe(consumer_arn, shard, from).await.map_err(|mut e| {
-            if let StartAt::Checkpoint(CheckpointPosition::AtTimestamp { millis }) = from {
-                e.error = e.error.with_start_timestamp(*millis);
-            }
-            e
-        })
-    }
-
     /// Reads one shard by enhanced fan-out until its end or cancellation (see the module docs).
     pub(super) async fn run_efo(
         self: Arc<Self>,
@@ -569,7 +571,7 @@ impl ReaderCtx {
             let arn = efo.consumer_arn();
             let sub = tokio::select! {
                 _ = cancel.cancelled() => return,
-                r = self.subscribe(&arn, &shard, from) => r,
+                r = self.source.subscribe(&arn, &shard, from) => r,
             };
             let ended = match sub {
                 Err(SubscribeError { error, in_use }) => Ended::Error(error, in_use),
