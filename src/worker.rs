@@ -311,15 +311,32 @@ pub async fn run_stages_until(
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
-    let mut events = match watch_lifecycle(&store).await {
-        Ok(events) => Some(events),
-        // The session expired after the deployment was read: the loop below watches again on the
-        // next one (its new-generation arm), as after any expiry.
-        Err(e) if e.is_session_lost() => {
-            tracing::warn!(error = %e, "the worker's ZooKeeper session was lost while it started; waiting for the new one");
-            None
+    let mut events = loop {
+        match watch_lifecycle(&store).await {
+            Ok(events) => break Some(events),
+            // The session expired after the deployment was read: the loop below watches again on
+            // the next one (its new-generation arm), as after any expiry.
+            Err(e) if e.is_session_lost() => {
+                tracing::warn!(error = %e, "the worker's ZooKeeper session was lost while it started; waiting for the new one");
+                break None;
+            }
+            // ZooKeeper away longer than the watch's short retries (a partition while the worker
+            // starts, found by the simulator, seed 5791): try again on the same session until it
+            // is replaced (the loop below watches on the new one) or gives up. The session
+            // channel is only looked at, not marked seen: the loop's session arm must see a change.
+            Err(e) if e.is_transient() => {
+                let view = sessions.borrow().clone();
+                if let Health::Failed(msg) = &view.health {
+                    anyhow::bail!("worker of topology {}: {msg}", args.topology);
+                }
+                if view.generation != generation {
+                    break None;
+                }
+                tracing::warn!(error = %e, "ZooKeeper did not answer while the worker armed its lifecycle watch; trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => anyhow::bail!("worker of topology {}: {e}", args.topology),
         }
-        Err(e) => anyhow::bail!("worker of topology {}: {e}", args.topology),
     };
     let mut publish = tokio::time::interval(Duration::from_secs(2));
     publish.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);

@@ -662,10 +662,16 @@ impl ReaderCtx {
                     return;
                 }
                 Ended::Closed => {
-                    tracing::info!(stream = %self.stream, shard = %shard, after = ?resume,
+                    // Polled after the last record handed on (or from the ownership's start when
+                    // none was), not after the continuation: a continuation sequence need not be
+                    // a record's, and GetShardIterator may refuse one that names no record of the
+                    // shard (the model does, as for any such sequence; found by the simulator,
+                    // seed 4637: an empty shard closed by a merge, its fallback refused for ever,
+                    // its children never read). Whatever lies between is records the events had
+                    // not carried yet.
+                    tracing::info!(stream = %self.stream, shard = %shard, after = ?last_fetched,
                         "the shard is closed and no event names its end: finishing it by polling to its end");
-                    let after = resume.as_deref().map(Arc::from);
-                    self.poll(shard, epoch, &start, skip, after, cancel).await;
+                    self.poll(shard, epoch, &start, skip, last_fetched, cancel).await;
                     return;
                 }
             }

@@ -131,8 +131,9 @@ impl Events {
                 Ok(Some(ev)) => {
                     if !ev.records.is_empty() || ev.continuation.is_none() {
                         w.event(format!(
-                            "w{} kinesis event {}: {} records{}",
+                            "w{} kinesis event {}/{}: {} records{}",
                             self.worker,
+                            self.stream,
                             self.shard,
                             ev.records.len(),
                             if ev.continuation.is_none() { ", shard end" } else { "" }
@@ -314,7 +315,7 @@ impl ShardApi for SimKinesis {
                     w.injected("efo subscribe answer lost");
                 }
                 w.event(format!(
-                    "w{} kinesis SubscribeToShard {shard} {kind:?}: {}{}{}",
+                    "w{} kinesis SubscribeToShard {stream}/{shard} {kind:?}: {}{}{}",
                     self.worker,
                     match &r {
                         Ok(_) => "ok".to_string(),

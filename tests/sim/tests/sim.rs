@@ -341,12 +341,16 @@ const FOUND: &[(u64, &str)] = &[
     (143, "gc-one-listing"),
     (189, "zombie-emits"),
     (223, "drain-inactive-stages"),
+    (244, "start-watch-gap"),
     (511, "firer-connect-give-up"),
     (738, "latest-closed-finished"),
     (1180, "zombie-drains-late"),
     (1487, "firer-open-session"),
     (1698, "obey-lost-read"),
+    (2044, "production-floor-scope"),
     (2498, "listing-orphan-parent"),
+    (4637, "the EFO reader's closed-shard fallback polling after a continuation that names no record"),
+    (5791, "a worker's start stopped by its lifecycle watch refused through a partition"),
 ];
 
 /// Every seed of [`FOUND`] holds every invariant on today's code.
