@@ -325,12 +325,14 @@ pub async fn run_stages_until(
             // is replaced (the loop below watches on the new one) or gives up. The session
             // channel is only looked at, not marked seen: the loop's session arm must see a change.
             Err(e) if e.is_transient() => {
-                let view = sessions.borrow().clone();
-                if let Health::Failed(msg) = &view.health {
-                    anyhow::bail!("worker of topology {}: {msg}", args.topology);
-                }
-                if view.generation != generation {
-                    break None;
+                {
+                    let view = sessions.borrow();
+                    if let Health::Failed(msg) = &view.health {
+                        anyhow::bail!("worker of topology {}: {msg}", args.topology);
+                    }
+                    if view.generation != generation {
+                        break None;
+                    }
                 }
                 tracing::warn!(error = %e, "ZooKeeper did not answer while the worker armed its lifecycle watch; trying again");
                 tokio::time::sleep(Duration::from_secs(1)).await;
